@@ -1,0 +1,138 @@
+"""Turning what users write ('gpu:1', 3, CustomPlace('npu', 0), ...) into Paddle places."""
+
+from __future__ import annotations
+
+import re
+
+from paddle.base import core
+
+__all__ = ["available_devices", "device_name", "to_place"]
+
+_PLACE_TYPES = (core.CPUPlace, core.CUDAPlace, core.XPUPlace, core.CustomPlace, core.CUDAPinnedPlace)
+_DEVICE_RE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(?::\s*(\d+))?\s*$")
+
+
+def _count(kind: str) -> int:
+    try:
+        if kind == "gpu":
+            return core.get_cuda_device_count() if core.is_compiled_with_cuda() else 0
+        if kind == "xpu":
+            return core.get_xpu_device_count() if core.is_compiled_with_xpu() else 0
+        return core.get_custom_device_count(kind)
+    except Exception:  # a driver that fails to answer has no usable device
+        return 0
+
+
+def _accelerator_kinds() -> list[str]:
+    kinds = ["gpu", "xpu"]
+    kinds += sorted(core.get_all_custom_device_type() or [])
+    return [k for k in kinds if _count(k) > 0]
+
+
+def available_devices() -> list[str]:
+    """Every device this process can use, e.g. ``['cpu', 'gpu:0', 'sim:0', 'sim:1']``."""
+    names = ["cpu"]
+    for kind in _accelerator_kinds():
+        names += [f"{kind}:{i}" for i in range(_count(kind))]
+    return names
+
+
+def device_name(place) -> str:
+    """``'cpu'``, ``'gpu:0'``, ``'sim:1'``: the same names ``paddle.device.get_device()`` uses."""
+    if place.is_cpu_place():
+        return "cpu"
+    if place.is_gpu_place():
+        return f"gpu:{place.gpu_device_id()}"
+    if place.is_xpu_place():
+        return f"xpu:{place.xpu_device_id()}"
+    if place.is_custom_place():
+        return f"{place.custom_device_type()}:{place.custom_device_id()}"
+    if place.is_cuda_pinned_place():
+        return "gpu_pinned"
+    return str(place)
+
+
+def _unknown(device, why: str = "") -> ValueError:
+    return ValueError(
+        f"unknown device {device!r}{': ' + why if why else ''}; "
+        f"available devices: {', '.join(available_devices())}"
+    )
+
+
+def _make(kind: str, index: int | None, original):
+    if kind == "cpu":
+        if index not in (None, 0):
+            raise _unknown(original, "cpu takes no index")
+        return core.CPUPlace()
+    if kind in ("cuda", "dcu"):
+        kind = "gpu"
+    count = _count(kind)
+    if count == 0:
+        known = kind in ("gpu", "xpu") or kind in (core.get_all_custom_device_type() or [])
+        raise _unknown(original, f"no {kind} device in this process" if known else f"no device type {kind!r}")
+    index = 0 if index is None else index
+    if not 0 <= index < count:
+        raise _unknown(original, f"{kind} has {count} device(s)")
+    if kind == "gpu":
+        return core.CUDAPlace(index)
+    if kind == "xpu":
+        return core.XPUPlace(index)
+    return core.CustomPlace(kind, index)
+
+
+def normalize(place):
+    """A generic ``core.Place`` (what ``tensor.place`` returns) as its concrete type.
+
+    Paddle treats a generic ``core.Place`` stored as the expected place as "not
+    set yet", so concrete places must be stored.
+    """
+    if type(place) is not core.Place:
+        return place
+    if place.is_cpu_place():
+        return core.CPUPlace()
+    if place.is_gpu_place():
+        return core.CUDAPlace(place.gpu_device_id())
+    if place.is_xpu_place():
+        return core.XPUPlace(place.xpu_device_id())
+    if place.is_custom_place():
+        return core.CustomPlace(place.custom_device_type(), place.custom_device_id())
+    if place.is_cuda_pinned_place():
+        return core.CUDAPinnedPlace()
+    return place
+
+
+def to_place(device):
+    """Validate ``device`` and return a concrete Paddle place.
+
+    Accepts ``'cpu'``, ``'gpu'``, ``'gpu:N'``, ``'cuda:N'``, ``'xpu:N'``,
+    ``'<custom_type>:N'``, an ``int`` N (the N-th device of the first
+    accelerator type present), and place objects. Raises ``ValueError`` naming
+    the available devices.
+    """
+    if isinstance(device, core.Place) or isinstance(device, _PLACE_TYPES):
+        place = normalize(device)
+        if place.is_cpu_place() or place.is_cuda_pinned_place():
+            return place
+        return _make(*_split(device_name(place)), device)
+    if isinstance(device, bool):
+        raise _unknown(device, "expected a device name, index or place")
+    if isinstance(device, int):
+        kinds = _accelerator_kinds()
+        if not kinds:
+            raise _unknown(device, "no accelerator in this process")
+        return _make(kinds[0], device, device)
+    if isinstance(device, str):
+        kind, index = _split(device, original=device)
+        return _make(kind, index, device)
+    raise _unknown(device, f"expected str, int or a Paddle place, got {type(device).__name__}")
+
+
+def _split(text: str, original=None):
+    match = _DEVICE_RE.match(text)
+    if match is None:
+        raise _unknown(original if original is not None else text, "expected 'type' or 'type:index'")
+    kind = match.group(1).lower()
+    if kind not in ("cpu", "gpu", "cuda", "dcu", "xpu"):
+        kind = match.group(1)  # custom device types are case-sensitive
+    index = match.group(2)
+    return kind, None if index is None else int(index)

@@ -1,0 +1,179 @@
+"""Per-thread, per-task device state, on both of Paddle's levels.
+
+The model, in two lines:
+
+* The **global** device (``framework._global_expected_place_``, and the
+  shared Tracer's ``_expected_place``) is the main thread's device, exactly as
+  in stock Paddle. Every context with no device of its own follows it live.
+* An **override** lives in a ContextVar, so it belongs to one thread, or to one
+  asyncio task. A context with an override runs on a private Tracer whose
+  ``_expected_place`` carries it, so Paddle's C++ side (which reads the
+  calling thread's Tracer) agrees with the Python side.
+
+``paddle.set_device`` on the main thread, outside any ``PlaceEnv``, moves the
+global device (stock behaviour); anywhere else it sets the override.
+"""
+
+from __future__ import annotations
+
+import threading
+from contextvars import ContextVar
+
+from . import _internals as _pd
+from .places import normalize
+
+_framework = _pd.FRAMEWORK
+_global_var = _pd.global_var
+_switch_tracer = _pd.switch_tracer
+
+#: The current context's own device; None means "follow the main thread".
+override: ContextVar = ContextVar("placeenv_override", default=None)
+#: Per-context stack of tokens for context managers that cannot keep state on
+#: their instance (PlaceEnv, paddle.device.device, ...): a linked list of tuples.
+scopes: ContextVar = ContextVar("placeenv_scopes", default=None)
+
+_MAIN = threading.main_thread().ident
+_GLOBAL = object()  # token kind: the main thread changed the global device
+
+
+class _Tracers(threading.local):
+    private = None  # this thread's own Tracer, made when it first diverges
+    base = None  # the Tracer Paddle had installed before we switched to ours
+
+
+_tracers = _Tracers()
+_stock_current = None  # stock _current_expected_place_, set by the patch
+
+
+def init_global():
+    """The global device, running Paddle's own first-use detection if unset."""
+    return _stock_current()
+
+
+def current():
+    """The device of the calling thread/task."""
+    place = override.get()
+    if place is None:
+        place = _framework._global_expected_place_
+        if place is None or type(place) is _pd.core.Place:
+            place = init_global()
+    return place
+
+
+def _switch(tracer) -> None:
+    # Not ``global_var._dygraph_tracer_ = tracer``: GlobalThreadLocal.__setattr__
+    # would also rebind framework._dygraph_tracer_, the Tracer every *new*
+    # thread starts with.
+    _global_var.__dict__["_dygraph_tracer_"] = tracer
+    _switch_tracer(tracer)
+
+
+def _new_tracer(like):
+    tracer = _pd.Tracer()
+    tracer._train_mode = like._train_mode
+    tracer._use_promote = like._use_promote
+    return tracer
+
+
+def sync_tracer(place) -> None:
+    """Make the calling thread's C++ Tracer agree with ``place`` (None: follow main)."""
+    tracers = _tracers
+    active = _global_var.__dict__.get("_dygraph_tracer_")
+    if place is None:
+        if tracers.base is not None and active is tracers.private:
+            _switch(tracers.base)
+            tracers.base = None
+        return
+    if active is None:  # static-graph mode: there is no Tracer to carry a place
+        return
+    private = tracers.private
+    if private is None:
+        private = tracers.private = _new_tracer(active)
+    if active is not private:
+        tracers.base = active
+        _switch(private)
+    private._expected_place = place
+
+
+def _set_global(place) -> None:
+    _framework._global_expected_place_ = place
+    tracer = _global_var.__dict__.get("_dygraph_tracer_")
+    if tracer is not None and place is not None:
+        tracer._expected_place = place
+
+
+def set_place(place) -> None:
+    """What ``paddle.set_device`` does: global on the bare main thread, else per context."""
+    place = normalize(place)
+    if override.get() is None and threading.get_ident() == _MAIN:
+        _set_global(place)
+    else:
+        override.set(place)
+        sync_tracer(place)
+
+
+def push(place):
+    """Enter a temporary device; returns a token for :func:`pop`.
+
+    On the bare main thread this swaps the global device, as stock Paddle's
+    guards do (``paddle.disable_static`` holds one open for the whole program);
+    elsewhere it is scoped to the context.
+    """
+    place = normalize(place)
+    if override.get() is None and threading.get_ident() == _MAIN:
+        previous = _framework._global_expected_place_
+        _set_global(place)
+        return (_GLOBAL, previous)
+    token = override.set(place)
+    sync_tracer(place)
+    return (override, token)
+
+
+def pop(token) -> None:
+    kind, value = token
+    if kind is _GLOBAL:
+        _set_global(value)
+        return
+    override.reset(value)
+    sync_tracer(override.get())
+
+
+def enter(place) -> None:
+    """Make ``place`` this context's device until :func:`leave` (PlaceEnv: scoped everywhere)."""
+    scopes.set(((override, override.set(place)), scopes.get()))
+    sync_tracer(place)
+
+
+def enter_guard(place) -> None:
+    """Like :func:`push`, with the token kept on the context's stack (Paddle's guards)."""
+    scopes.set((push(place), scopes.get()))
+
+
+def leave() -> None:
+    """Undo the innermost :func:`enter` or :func:`enter_guard` of this context."""
+    token, rest = scopes.get()
+    scopes.set(rest)
+    pop(token)
+
+
+def step_in(place, stack):
+    """Activate a suspended body's device and scope stack (decorated generators, coroutines)."""
+    tokens = override.set(place), scopes.set(stack)
+    sync_tracer(place)
+    return tokens
+
+
+def step_out(tokens):
+    """Suspend the body: returns its device and scope stack, restores the caller's."""
+    place, stack = override.get(), scopes.get()
+    scopes.reset(tokens[1])
+    override.reset(tokens[0])
+    sync_tracer(override.get())
+    return place, stack
+
+
+def restore_thread() -> None:
+    """Put back the Tracer Paddle had installed in the calling thread (used by uninstall)."""
+    if _tracers.base is not None and _global_var.__dict__.get("_dygraph_tracer_") is _tracers.private:
+        _switch(_tracers.base)
+    _tracers.base = None
