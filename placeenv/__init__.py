@@ -21,6 +21,7 @@ import sys
 
 __all__ = [
     "PlaceEnv",
+    "aio",
     "available_devices",
     "bind",
     "current_place",
@@ -32,6 +33,7 @@ __all__ = [
 ]
 
 _LAZY = {
+    "aio": None,
     "PlaceEnv": "placeenv.env",
     "bind": "placeenv.env",
     "current_place": "placeenv.env",
@@ -45,10 +47,12 @@ _LAZY = {
 
 
 def __getattr__(name: str):
-    module = _LAZY.get(name)
-    if module is None:
+    if name not in _LAZY:
         raise AttributeError(f"module 'placeenv' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    module = _LAZY[name]
+    value = importlib.import_module(f"placeenv.{name}") if module is None else getattr(
+        importlib.import_module(module), name
+    )
     globals()[name] = value
     return value
 

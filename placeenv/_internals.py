@@ -54,12 +54,16 @@ switch_tracer = core._switch_tracer
 #: threading.local with the Python-side tracer of each thread.
 global_var = framework.global_var
 
-#: Functions whose ``__code__`` is replaced: name in framework -> replacement.
+#: Functions whose ``__code__`` is replaced, by dotted name inside framework.
 #: ``_dygraph_place_guard`` is a contextmanager; its generator is ``__wrapped__``.
+#: ``GlobalThreadLocal.__setattr__`` rebinds ``framework._dygraph_tracer_`` (the
+#: Tracer each new thread starts with) whenever *any* thread switches Tracer,
+#: which would hand a thread's private Tracer to every thread started later.
 CODE_TARGETS = (
     "_current_expected_place_",
     "_set_expected_place",
     "_dygraph_place_guard",
+    "GlobalThreadLocal.__setattr__",
 )
 
 #: Context-manager classes whose ``__enter__``/``__exit__`` keep state on the
@@ -78,7 +82,9 @@ ALIASES = ((paddle, "PlaceEnv"), (paddle.device, "PlaceEnv"))
 
 def code_owner(name: str):
     """The function object whose ``__code__`` we swap for ``framework.<name>``."""
-    fn = getattr(framework, name)
+    fn = framework
+    for part in name.split("."):
+        fn = getattr(fn, part)
     return getattr(fn, "__wrapped__", fn)
 
 
@@ -107,8 +113,16 @@ def _dygraph_place_guard(place):
         _placeenv_pop(token)  # noqa: F821
 
 
+def __setattr__(self, name, val):
+    if name == "_dygraph_tracer_":
+        _placeenv_tracer_switched(val)  # noqa: F821
+        core._switch_tracer(val)
+    self.__dict__[name] = val
+
+
 REPLACEMENTS = {
     "_current_expected_place_": _current_expected_place_,
     "_set_expected_place": _set_expected_place,
     "_dygraph_place_guard": _dygraph_place_guard,
+    "GlobalThreadLocal.__setattr__": __setattr__,
 }

@@ -123,7 +123,11 @@ def _stepped(carry, gen):
         try:
             value, error = (yield item), None
         except GeneratorExit:
-            gen.close()
+            tokens = state.step_in(*carry)  # the body's finally blocks run on its device
+            try:
+                gen.close()
+            finally:
+                state.step_out(tokens)
             raise
         except BaseException as exc:  # forwarded into the body, as ``yield from`` does
             value, error = None, exc

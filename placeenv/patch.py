@@ -43,6 +43,7 @@ def _injected() -> dict:
         "_placeenv_set_place": state.set_place,
         "_placeenv_push": state.push,
         "_placeenv_pop": state.pop,
+        "_placeenv_tracer_switched": state.tracer_switched,
     }
 
 

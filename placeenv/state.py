@@ -36,6 +36,10 @@ _MAIN = threading.main_thread().ident
 _GLOBAL = object()  # token kind: the main thread changed the global device
 
 
+class PrivateTracer(_pd.Tracer):
+    """A Tracer that carries one thread's (or task's) own device."""
+
+
 class _Tracers(threading.local):
     private = None  # this thread's own Tracer, made when it first diverges
     base = None  # the Tracer Paddle had installed before we switched to ours
@@ -69,7 +73,7 @@ def _switch(tracer) -> None:
 
 
 def _new_tracer(like):
-    tracer = _pd.Tracer()
+    tracer = PrivateTracer()
     tracer._train_mode = like._train_mode
     tracer._use_promote = like._use_promote
     return tracer
@@ -93,6 +97,17 @@ def sync_tracer(place) -> None:
         tracers.base = active
         _switch(private)
     private._expected_place = place
+
+
+def tracer_switched(tracer) -> None:
+    """Paddle code set ``global_var._dygraph_tracer_`` in the calling thread.
+
+    Stock Paddle then makes it the Tracer of every thread started later. Only
+    the main thread's own (non-private) Tracer may play that role: a private
+    Tracer stands in for the main thread's base, and other threads never do.
+    """
+    if threading.get_ident() == _MAIN:
+        _framework._dygraph_tracer_ = _tracers.base if isinstance(tracer, PrivateTracer) else tracer
 
 
 def _set_global(place) -> None:
