@@ -1,0 +1,169 @@
+"""install / uninstall, the version guard, import order and the sim plugin itself."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import paddle
+import pytest
+
+import placeenv
+from placeenv import _internals
+from conftest import run_threads, where
+
+
+def _code_objects():
+    return {name: _internals.code_owner(name).__code__ for name in _internals.CODE_TARGETS}
+
+
+def _methods():
+    return {cls: (cls.__dict__["__enter__"], cls.__dict__["__exit__"]) for cls in _internals.GUARD_CLASSES}
+
+
+def test_uninstall_restores_exactly_and_round_trips():
+    placeenv.uninstall()
+    stock_code, stock_methods = _code_objects(), _methods()
+    framework_names = set(vars(paddle.base.framework))
+    assert not placeenv.installed()
+    assert not hasattr(paddle, "PlaceEnv") and not hasattr(paddle.device, "PlaceEnv")
+
+    placeenv.install()
+    placeenv.install()  # idempotent
+    assert placeenv.installed()
+    assert all(_code_objects()[n] is not stock_code[n] for n in stock_code)
+    assert paddle.PlaceEnv is placeenv.PlaceEnv
+
+    placeenv.uninstall()
+    placeenv.uninstall()  # idempotent
+    assert _code_objects() == stock_code  # the very same code objects
+    assert _methods() == stock_methods
+    assert set(vars(paddle.base.framework)) == framework_names  # injected helpers gone
+
+    # Stock behaviour is back: a child thread's set_device moves the main thread.
+    paddle.set_device("sim:3")
+    run_threads(lambda: paddle.set_device("sim:1"))
+    assert paddle.get_device() == "sim:1"
+
+    placeenv.install()
+    paddle.set_device("sim:3")
+    run_threads(lambda: paddle.set_device("sim:1"))
+    assert paddle.get_device() == "sim:3"
+
+
+def test_version_guard():
+    _internals.check_version("3.3.1")
+    with pytest.raises(_internals.UnsupportedPaddleError, match="tested with Paddle 3.3.x; this is Paddle 3.4.0"):
+        _internals.check_version("3.4.0")
+
+
+def test_version_guard_override(monkeypatch):
+    monkeypatch.setenv(_internals.ALLOW_UNTESTED_ENV, "1")
+    with pytest.warns(RuntimeWarning, match="3.9.0"):
+        _internals.check_version("3.9.0")
+
+
+def test_import_placeenv_before_paddle_installs_on_paddle_import(sim_run):
+    out = sim_run(
+        """
+        import sys, json, placeenv
+        before = "paddle" in sys.modules
+        import paddle
+        print(json.dumps([before, placeenv.installed(), hasattr(paddle, "PlaceEnv")]))
+        """
+    ).json()
+    assert out == [False, True, True]
+
+
+def test_import_placeenv_after_paddle_installs_at_once(sim_run):
+    out = sim_run("import json, paddle, placeenv; print(json.dumps(placeenv.installed()))").json()
+    assert out is True
+
+
+def test_untested_paddle_version_fails_clearly(sim_run):
+    result = sim_run(
+        """
+        import paddle
+        paddle.__version__ = "9.0.0"
+        import placeenv
+        """,
+        check=False,
+    )
+    assert result.returncode != 0
+    assert "tested with Paddle 3.3.x; this is Paddle 9.0.0" in result.stderr
+
+
+def test_threads_that_touched_paddle_before_install_are_handled(sim_run):
+    out = sim_run(
+        """
+        import json, threading
+        import numpy as np
+        import paddle
+        paddle.set_device("sim:3")
+        go, done = threading.Event(), threading.Event()
+        seen = {}
+        def early():
+            paddle.ones([1])                       # touched Paddle before placeenv
+            go.wait()
+            seen["inherit"] = str(paddle.Tensor(np.ones(1, "float32")).place)
+            paddle.set_device("sim:1")
+            seen["own"] = (paddle.get_device(), str(paddle.Tensor(np.ones(1, "float32")).place))
+        t = threading.Thread(target=early); t.start()
+        import placeenv
+        go.set(); t.join()
+        seen["main"] = (paddle.get_device(), str(paddle.Tensor(np.ones(1, "float32")).place))
+        print(json.dumps(seen))
+        """
+    ).json()
+    assert out == {"inherit": "Place(sim:3)", "own": ["sim:1", "Place(sim:1)"], "main": ["sim:3", "Place(sim:3)"]}
+
+
+def test_prepare_after_paddle_import_is_a_clear_error():
+    from placeenv import sim
+
+    with pytest.raises(sim.SimSetupError, match=r"before `import paddle`"):
+        sim.prepare(2)
+
+
+def test_sim_device_count_and_data(sim_run):
+    out = sim_run(
+        """
+        import json, numpy as np, paddle
+        x = np.arange(12, dtype="float32").reshape(3, 4)
+        t = paddle.to_tensor(x, place="sim:1")
+        moved = t.to("sim:0").to("cpu").numpy()
+        print(json.dumps({
+            "devices": paddle.device.get_available_device(),
+            "default": paddle.get_device(),
+            "roundtrip": bool((moved == x).all()),
+            "view": t.T[:, 1].numpy().tolist(),
+            "matmul": (t @ t.T).numpy().tolist() == (x @ x.T).tolist(),
+        }))
+        """,
+        devices=2,
+    ).json()
+    assert out["devices"] == ["sim:0", "sim:1"]
+    assert out["default"] == "sim:0"
+    assert out["roundtrip"] and out["matmul"]
+    assert out["view"] == [4.0, 5.0, 6.0, 7.0]
+
+
+def test_sim_env_cli_prints_exports():
+    result = subprocess.run(
+        [sys.executable, "-m", "placeenv.sim", "env", "--devices", "3"], capture_output=True, text=True, check=True
+    )
+    lines = dict(line.removeprefix("export ").split("=", 1) for line in result.stdout.splitlines())
+    assert lines["PLACEENV_SIM_DEVICES"] == "3"
+    assert lines["FLAGS_use_stride_kernel"] == "0"
+    assert lines["CUSTOM_DEVICE_ROOT"].strip("'")
+    bad = subprocess.run([sys.executable, "-m", "placeenv.sim", "env", "--devices", "0"], capture_output=True, text=True)
+    assert bad.returncode == 1 and "between 1 and 64" in bad.stderr
+
+
+def test_sim_devices_are_distinct_places():
+    a = paddle.ones([2], device="sim:1")
+    b = paddle.ones([2], device="sim:2")
+    assert (where(a), where(b)) == ("sim:1", "sim:2")
+    assert placeenv.available_devices() == ["cpu", "sim:0", "sim:1", "sim:2", "sim:3"]
+    np.testing.assert_array_equal((a + 1).numpy(), [2.0, 2.0])
