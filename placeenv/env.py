@@ -8,6 +8,8 @@ import inspect
 import types
 
 from . import state
+from .state import enter as _enter
+from .state import leave as _leave
 from .places import device_name, to_place
 
 __all__ = ["PlaceEnv", "bind", "current_place"]
@@ -45,11 +47,12 @@ class PlaceEnv:
         return f"PlaceEnv({device_name(self.place)!r})"
 
     def __enter__(self):
-        state.enter(self.place)
-        return self.place
+        place = self.place
+        _enter(place)
+        return place
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        state.leave()
+        _leave()
         return False
 
     def __call__(self, fn):

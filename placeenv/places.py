@@ -59,7 +59,29 @@ def _unknown(device, why: str = "") -> ValueError:
     )
 
 
+_CANONICAL: dict[str, object] = {}
+_CANONICAL_IDS: set[int] = set()
+
+
+def canonical(place):
+    """One shared place object per device, so hot paths can key caches by identity."""
+    name = device_name(place)
+    shared = _CANONICAL.get(name)
+    if shared is None:
+        shared = _CANONICAL[name] = place
+        _CANONICAL_IDS.add(id(place))
+    return shared
+
+
+def is_canonical(place) -> bool:
+    return id(place) in _CANONICAL_IDS
+
+
 def _make(kind: str, index: int | None, original):
+    return canonical(_build(kind, index, original))
+
+
+def _build(kind: str, index: int | None, original):
     if kind == "cpu":
         if index not in (None, 0):
             raise _unknown(original, "cpu takes no index")

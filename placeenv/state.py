@@ -17,10 +17,10 @@ global device (stock behaviour); anywhere else it sets the override.
 from __future__ import annotations
 
 import threading
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 
 from . import _internals as _pd
-from .places import normalize
+from .places import is_canonical, normalize
 
 _framework = _pd.FRAMEWORK
 _global_var = _pd.global_var
@@ -37,15 +37,15 @@ _GLOBAL = object()  # token kind: the main thread changed the global device
 
 
 class PrivateTracer(_pd.Tracer):
-    """A Tracer that carries one thread's (or task's) own device."""
+    """A Tracer that carries one thread's own device."""
 
 
-class _Tracers(threading.local):
-    private = None  # this thread's own Tracer, made when it first diverges
-    base = None  # the Tracer Paddle had installed before we switched to ours
-
-
-_tracers = _Tracers()
+# Per-thread Tracer bookkeeping, in one plain dict per thread (hot path: one
+# threading.local lookup). Keys: "base" -> the Tracer Paddle had installed
+# before we switched to ours; id(canonical place) -> a PrivateTracer aimed at
+# it once (setting Tracer._expected_place costs more than switching Tracers);
+# "other"/"other_place" -> one re-aimable Tracer for any other place object.
+_local = threading.local()
 _stock_current = None  # stock _current_expected_place_, set by the patch
 
 
@@ -64,39 +64,47 @@ def current():
     return place
 
 
-def _switch(tracer) -> None:
-    # Not ``global_var._dygraph_tracer_ = tracer``: GlobalThreadLocal.__setattr__
-    # would also rebind framework._dygraph_tracer_, the Tracer every *new*
-    # thread starts with.
-    _global_var.__dict__["_dygraph_tracer_"] = tracer
-    _switch_tracer(tracer)
-
-
-def _new_tracer(like):
+def _new_tracer(like, place):
     tracer = PrivateTracer()
     tracer._train_mode = like._train_mode
     tracer._use_promote = like._use_promote
+    tracer._expected_place = place
     return tracer
 
 
-def sync_tracer(place) -> None:
+def _private_tracer(td, place, like):
+    if is_canonical(place):
+        tracer = td[id(place)] = _new_tracer(like, place)
+        return tracer
+    other = td.get("other")
+    if other is None:
+        other = td["other"] = _new_tracer(like, place)
+    elif td.get("other_place") is not place:
+        other._expected_place = place
+    td["other_place"] = place
+    return other
+
+
+def sync_tracer(place, _gv=_global_var, _local=_local, _private=PrivateTracer) -> None:
     """Make the calling thread's C++ Tracer agree with ``place`` (None: follow main)."""
-    tracers = _tracers
-    active = _global_var.__dict__.get("_dygraph_tracer_")
+    gd = _gv.__dict__
+    active = gd.get("_dygraph_tracer_")
+    td = _local.__dict__
     if place is None:
-        if tracers.base is not None and active is tracers.private:
-            _switch(tracers.base)
-            tracers.base = None
+        base = td.get("base")
+        if base is not None and type(active) is _private:
+            td["base"] = None
+            gd["_dygraph_tracer_"] = base
+            _switch_tracer(base)
         return
     if active is None:  # static-graph mode: there is no Tracer to carry a place
         return
-    private = tracers.private
-    if private is None:
-        private = tracers.private = _new_tracer(active)
-    if active is not private:
-        tracers.base = active
-        _switch(private)
-    private._expected_place = place
+    tracer = td.get(id(place)) or _private_tracer(td, place, active)
+    if active is not tracer:
+        if type(active) is not _private:
+            td["base"] = active
+        gd["_dygraph_tracer_"] = tracer
+        _switch_tracer(tracer)
 
 
 def tracer_switched(tracer) -> None:
@@ -107,7 +115,7 @@ def tracer_switched(tracer) -> None:
     Tracer stands in for the main thread's base, and other threads never do.
     """
     if threading.get_ident() == _MAIN:
-        _framework._dygraph_tracer_ = _tracers.base if isinstance(tracer, PrivateTracer) else tracer
+        _framework._dygraph_tracer_ = _local.__dict__.get("base") if isinstance(tracer, PrivateTracer) else tracer
 
 
 def _set_global(place) -> None:
@@ -153,9 +161,9 @@ def pop(token) -> None:
     sync_tracer(override.get())
 
 
-def enter(place) -> None:
+def enter(place, _set=override.set, _stack=scopes.get, _restack=scopes.set) -> None:
     """Make ``place`` this context's device until :func:`leave` (PlaceEnv: scoped everywhere)."""
-    scopes.set(((override, override.set(place)), scopes.get()))
+    _restack((_set(place), _stack()))
     sync_tracer(place)
 
 
@@ -164,11 +172,16 @@ def enter_guard(place) -> None:
     scopes.set((push(place), scopes.get()))
 
 
-def leave() -> None:
+def leave(_stack=scopes.get, _restack=scopes.set, _reset=override.reset, _missing=Token.MISSING) -> None:
     """Undo the innermost :func:`enter` or :func:`enter_guard` of this context."""
-    token, rest = scopes.get()
-    scopes.set(rest)
-    pop(token)
+    token, rest = _stack()
+    _restack(rest)
+    if type(token) is tuple:  # from enter_guard
+        pop(token)
+        return
+    _reset(token)
+    previous = token.old_value
+    sync_tracer(None if previous is _missing else previous)
 
 
 def step_in(place, stack):
@@ -189,6 +202,4 @@ def step_out(tokens):
 
 def restore_thread() -> None:
     """Put back the Tracer Paddle had installed in the calling thread (used by uninstall)."""
-    if _tracers.base is not None and _global_var.__dict__.get("_dygraph_tracer_") is _tracers.private:
-        _switch(_tracers.base)
-    _tracers.base = None
+    sync_tracer(None)
