@@ -77,6 +77,7 @@ def install() -> None:
             saved["aliases"][(module, attr)] = module.__dict__.get(attr, _MISSING)
             setattr(module, attr, PlaceEnv)
         _saved = saved
+        state.enabled = True
 
 
 def uninstall() -> None:
@@ -90,6 +91,8 @@ def uninstall() -> None:
         if _saved is None:
             return
         saved, _saved = _saved, None
+        state.restore_thread()
+        state.enabled = False
         framework = _pd.FRAMEWORK
         for name, code in saved["code"].items():
             _pd.code_owner(name).__code__ = code
@@ -102,7 +105,6 @@ def uninstall() -> None:
                 delattr(module, attr)
             else:
                 setattr(module, attr, value)
-        state.restore_thread()
         state.override.set(None)
         state.scopes.set(None)
 

@@ -34,6 +34,11 @@ scopes: ContextVar = ContextVar("placeenv_scopes", default=None)
 
 _MAIN = threading.main_thread().ident
 _GLOBAL = object()  # token kind: the main thread changed the global device
+_STOCK = object()  # token kind: placeenv is uninstalled, Paddle's own set/restore was used
+
+#: True while installed. Uninstalled, PlaceEnv degrades to what Paddle's own
+#: guard does (set the device, restore it after): stock semantics, leaks included.
+enabled = False
 
 
 class PrivateTracer(_pd.Tracer):
@@ -87,6 +92,8 @@ def _private_tracer(td, place, like):
 
 def sync_tracer(place, _gv=_global_var, _local=_local, _private=PrivateTracer) -> None:
     """Make the calling thread's C++ Tracer agree with ``place`` (None: follow main)."""
+    if not enabled:
+        return
     gd = _gv.__dict__
     active = gd.get("_dygraph_tracer_")
     td = _local.__dict__
@@ -152,10 +159,19 @@ def push(place):
     return (override, token)
 
 
+def _push_stock(place):
+    previous = _framework._current_expected_place_()
+    _framework._set_expected_place(place)
+    return (_STOCK, previous)
+
+
 def pop(token) -> None:
     kind, value = token
     if kind is _GLOBAL:
         _set_global(value)
+        return
+    if kind is _STOCK:
+        _framework._set_expected_place(value)
         return
     override.reset(value)
     sync_tracer(override.get())
@@ -163,7 +179,7 @@ def pop(token) -> None:
 
 def enter(place, _set=override.set, _stack=scopes.get, _restack=scopes.set) -> None:
     """Make ``place`` this context's device until :func:`leave` (PlaceEnv: scoped everywhere)."""
-    _restack((_set(place), _stack()))
+    _restack((_set(place) if enabled else _push_stock(place), _stack()))
     sync_tracer(place)
 
 
@@ -186,6 +202,8 @@ def leave(_stack=scopes.get, _restack=scopes.set, _reset=override.reset, _missin
 
 def step_in(place, stack):
     """Activate a suspended body's device and scope stack (decorated generators, coroutines)."""
+    if not enabled:
+        return _push_stock(place)
     tokens = override.set(place), scopes.set(stack)
     sync_tracer(place)
     return tokens
@@ -193,6 +211,10 @@ def step_in(place, stack):
 
 def step_out(tokens):
     """Suspend the body: returns its device and scope stack, restores the caller's."""
+    if tokens[0] is _STOCK:
+        place = _framework._current_expected_place_()
+        pop(tokens)
+        return place, None
     place, stack = override.get(), scopes.get()
     scopes.reset(tokens[1])
     override.reset(tokens[0])

@@ -167,3 +167,20 @@ def test_sim_devices_are_distinct_places():
     assert (where(a), where(b)) == ("sim:1", "sim:2")
     assert placeenv.available_devices() == ["cpu", "sim:0", "sim:1", "sim:2", "sim:3"]
     np.testing.assert_array_equal((a + 1).numpy(), [2.0, 2.0])
+
+
+def test_placeenv_after_uninstall_acts_like_paddles_own_guard(stock):
+    """Uninstalled, PlaceEnv is Paddle's set/restore: it works, and leaks, like stock code."""
+    with placeenv.PlaceEnv("cpu"):
+        assert paddle.get_device() == "cpu"
+        seen = []
+        run_threads(lambda: seen.append(paddle.get_device()))
+        assert seen == ["cpu"]  # the global moved: stock semantics
+    assert paddle.get_device() == "sim:0"
+
+    @placeenv.PlaceEnv("sim:2")
+    def gen():
+        yield paddle.get_device()
+
+    assert list(gen()) == ["sim:2"]
+    assert paddle.get_device() == "sim:0"
