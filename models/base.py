@@ -51,8 +51,12 @@ class Model(abc.ABC):
             "output": cls.output,
         }
 
-    def initialize(self, place) -> None:
-        """Build this replica's network with its weights on ``place``, in eval mode."""
+    def initialize(self, place, strict: bool = True) -> dict[str, str]:
+        """Build this replica's network with its weights on ``place``, in eval mode.
+
+        Returns ``{weight name: device}`` for weights that landed elsewhere; with
+        ``strict`` (the default) any such weight is an error instead.
+        """
         place = placeenv.to_place(place)
         with PlaceEnv(place):
             network = self.build()
@@ -61,9 +65,10 @@ class Model(abc.ABC):
         # state_dict covers buffers too (BatchNorm statistics), not just parameters.
         found = {k: device_name(v.place) for k, v in network.state_dict().items()}
         stray = {k: d for k, d in found.items() if d != want}
-        if stray:
+        if stray and strict:
             raise RuntimeError(f"{self.name}: weights not on {want}: {stray}")
         self.network, self.place = network, place
+        return stray
 
     @abc.abstractmethod
     def build(self) -> paddle.nn.Layer:

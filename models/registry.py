@@ -6,9 +6,10 @@ from typing import Any
 
 from .base import Model
 from .digits import Digits
+from .faulty import Faulty
 from .mobilenet import MobileNet
 
-_MODELS: dict[str, type[Model]] = {cls.name: cls for cls in (Digits, MobileNet)}
+_MODELS: dict[str, type[Model]] = {cls.name: cls for cls in (Digits, MobileNet, Faulty)}
 
 
 def available() -> list[str]:

@@ -243,17 +243,17 @@ def test_mobilenet_rejects_a_wrong_shape():
 
 
 def test_registry_lists_describes_and_rejects_unknown_names():
-    assert models.available() == ["digits", "mobilenet"]
+    assert models.available() == ["digits", "faulty", "mobilenet"]
     for name in ("resnet", "../digits", "models.digits.Digits"):
         with pytest.raises(KeyError) as caught:
             models.create(name)
         assert "digits" in str(caught.value) and "mobilenet" in str(caught.value)
-    with pytest.raises(KeyError, match="available: digits, mobilenet"):
+    with pytest.raises(KeyError, match="available: digits, faulty, mobilenet"):
         models.create(["digits"])  # an unhashable JSON value, still a KeyError
     described = json.loads(json.dumps(models.describe(), allow_nan=False))
-    assert [d["name"] for d in described] == ["digits", "mobilenet"]
-    assert described[0]["input_shape"] == [64] and described[1]["input_shape"] == [3, 32, 32]
-    assert "random weights" in described[1]["description"].lower()
+    assert [d["name"] for d in described] == ["digits", "faulty", "mobilenet"]
+    assert described[0]["input_shape"] == [64] and described[2]["input_shape"] == [3, 32, 32]
+    assert "random weights" in described[2]["description"].lower()
     for d in described:
         assert {"name", "description", "input_shape", "output"} <= set(d)
 

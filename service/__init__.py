@@ -1,0 +1,1 @@
+"""Multi-device Paddle inference service built on placeenv (see ``python -m service --help``)."""

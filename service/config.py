@@ -1,0 +1,82 @@
+"""Service configuration: environment variables ``PLACEENV_*`` and matching CLI flags.
+
+Nothing here imports Paddle: ``python -m service`` reads the settings first,
+so it can prepare simulated devices before Paddle loads its device plugins.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+from typing import Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Every field is ``PLACEENV_<NAME>`` in the environment and ``--<name>`` on the command line."""
+
+    model_config = SettingsConfigDict(env_prefix="PLACEENV_", cli_kebab_case=True, extra="ignore")
+
+    devices: str = Field(
+        "auto",
+        description="comma-separated devices, e.g. 'gpu:0,gpu:1,cpu' or 'sim:0,sim:1'; "
+        "'auto': every accelerator, or sim devices when there is none",
+    )
+    workers_per_device: int = Field(2, ge=1, le=64, description="worker threads per device")
+    queue_capacity: int = Field(64, ge=1, description="requests waiting per device before 503")
+    max_batch_size: int = Field(8, ge=1, le=1024, description="examples per forward pass")
+    max_batch_delay_ms: float = Field(2.0, ge=0, le=1000, description="wait for more requests to batch")
+    request_timeout_s: float = Field(10.0, gt=0, description="end-to-end limit per request (504 after)")
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="request body limit (413 above)")
+    max_examples_per_request: int = Field(32, ge=1, description="examples in one request (422 above)")
+    models: str = Field("digits,mobilenet", description="comma-separated models to serve")
+    host: str = Field("127.0.0.1", description="bind address; the container sets 0.0.0.0")
+    port: int = Field(8000, ge=0, le=65535)
+    isolation: Literal["on", "off"] = Field(
+        "on",
+        description="'off' is a demonstration of stock Paddle: placeenv uninstalled, workers "
+        "call set_device before every batch, and the leak counters climb",
+    )
+    sim_devices: int = Field(4, ge=1, le=64, description="how many sim devices 'auto' creates")
+    preprocess_threads: int = Field(2, ge=1, le=64, description="CPU threads for parsing and to_tensor")
+    on_device_failure: Literal["fail", "skip"] = Field(
+        "fail", description="a device that cannot start: refuse to start, or start without it"
+    )
+    shutdown_grace_s: float = Field(30.0, ge=0, description="SIGTERM: time to finish accepted requests")
+    shutdown_delay_s: float = Field(
+        0.0, ge=0, description="SIGTERM: keep answering readyz 503 this long before closing the listener, "
+        "so a load balancer stops routing here"
+    )
+    retry_after_s: int = Field(1, ge=1, description="Retry-After on 503/429")
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+
+    @field_validator("devices", "models")
+    @classmethod
+    def _not_empty(cls, value: str) -> str:
+        if not [part for part in value.split(",") if part.strip()]:
+            raise ValueError("must name at least one")
+        return value
+
+    def device_list(self) -> list[str]:
+        return [part.strip() for part in self.devices.split(",") if part.strip()]
+
+    def model_list(self) -> list[str]:
+        return [part.strip() for part in self.models.split(",") if part.strip()]
+
+    def wants_sim(self) -> bool:
+        """Whether sim devices must be prepared before Paddle is imported."""
+        names = self.device_list()
+        if names == ["auto"]:
+            return not gpu_present()
+        return any(name.split(":")[0].strip() == "sim" for name in names)
+
+
+def gpu_present() -> bool:
+    """A CUDA build of Paddle and an NVIDIA driver, checked without importing Paddle."""
+    try:
+        importlib.metadata.distribution("paddlepaddle-gpu")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return os.path.exists("/proc/driver/nvidia/version") or os.path.exists("/dev/nvidiactl")

@@ -1,0 +1,171 @@
+"""Requests in flight: jobs, per-device bounded queues, least-loaded dispatch, batching.
+
+The event loop thread submits jobs; worker threads take batches. Every job is
+answered exactly once, whichever of worker, timeout or shutdown comes first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import metrics
+
+
+class QueueFull(Exception):
+    """Every device queue is at capacity."""
+
+
+class Draining(Exception):
+    """The service is shutting down and takes no new work."""
+
+
+@dataclass(eq=False)
+class Job:
+    """One accepted request. ``resolve``/``fail`` answer it; the first answer wins."""
+
+    model: str
+    inputs: Any  # preprocessed CPU tensor [n, ...]
+    examples: int
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
+    arrived: float
+    deadline: float
+    device: str = ""
+    enqueued: float = 0.0
+    started: float = 0.0
+    _answered: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def _answer(self, setter, value) -> bool:
+        with self._lock:
+            if self._answered:
+                return False
+            self._answered = True
+        self.loop.call_soon_threadsafe(_settle, self.future, setter, value)
+        return True
+
+    def resolve(self, value) -> bool:
+        return self._answer("set_result", value)
+
+    def fail(self, error: BaseException) -> bool:
+        return self._answer("set_exception", error)
+
+    @property
+    def answered(self) -> bool:
+        return self._answered
+
+
+def _settle(future: asyncio.Future, setter: str, value) -> None:
+    if not future.done():  # the waiter may have been cancelled (client gone)
+        getattr(future, setter)(value)
+
+
+class DeviceQueue:
+    """Bounded FIFO of jobs for one device, shared by that device's workers."""
+
+    def __init__(self, device: str, capacity: int, workers: int) -> None:
+        self.device, self.capacity, self.workers = device, capacity, workers
+        self._jobs: collections.deque[Job] = collections.deque()
+        self._cond = threading.Condition()
+        self.busy = 0  # jobs taken by workers, not yet answered
+        self.closed = False
+        self._depth = metrics.QUEUE_DEPTH.labels(device)
+
+    def load(self) -> float:
+        return (len(self._jobs) + self.busy) / self.workers
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def offer(self, job: Job) -> bool:
+        with self._cond:
+            if self.closed or len(self._jobs) >= self.capacity:
+                return False
+            job.device, job.enqueued = self.device, time.perf_counter()
+            self._jobs.append(job)
+            self._depth.set(len(self._jobs))
+            self._cond.notify()
+            return True
+
+    def take_batch(self, max_examples: int, max_delay: float, wait: float) -> list[Job] | None:
+        """Up to ``max_examples`` examples of one model, waiting ``max_delay`` for more.
+
+        Returns None when closed and empty (the worker should exit), [] on an idle ``wait``.
+        """
+        with self._cond:
+            if not self._jobs:
+                if self.closed:
+                    return None
+                self._cond.wait(wait)
+                if not self._jobs:
+                    return None if self.closed else []
+            first = self._jobs.popleft()
+            batch, examples = [first], first.examples
+            until = time.perf_counter() + max_delay
+            while examples < max_examples:
+                nxt = self._next_of(first.model, max_examples - examples)
+                if nxt is not None:
+                    batch.append(nxt)
+                    examples += nxt.examples
+                    continue
+                left = until - time.perf_counter()
+                if left <= 0 or self.closed:
+                    break
+                self._cond.wait(left)
+            self.busy += len(batch)
+            self._depth.set(len(self._jobs))
+            return batch
+
+    def _next_of(self, model: str, room: int) -> Job | None:
+        # Same model only, in arrival order; other models keep their place in line.
+        for i, job in enumerate(self._jobs):
+            if job.model == model and job.examples <= room:
+                del self._jobs[i]
+                return job
+            if i >= 64:
+                break
+        return None
+
+    def done(self, count: int) -> None:
+        with self._cond:
+            self.busy -= count
+
+    def close(self) -> None:
+        with self._cond:
+            self.closed = True
+            self._cond.notify_all()
+
+    def drain_unstarted(self) -> list[Job]:
+        with self._cond:
+            jobs, self._jobs = list(self._jobs), collections.deque()
+            self._depth.set(0)
+            return jobs
+
+
+class Dispatcher:
+    """Sends each job to the least-loaded device that has room."""
+
+    def __init__(self, queues: dict[str, DeviceQueue]) -> None:
+        self.queues = queues
+        self._tiebreak = itertools.count()
+        self.draining = False
+
+    def submit(self, job: Job) -> DeviceQueue:
+        if self.draining:
+            raise Draining()
+        turn, queues = next(self._tiebreak), list(self.queues.values())
+        # Least loaded first; equal loads take turns, so idle devices all get work.
+        order = sorted(range(len(queues)), key=lambda i: (queues[i].load(), (i - turn) % len(queues)))
+        for queue in (queues[i] for i in order):
+            if queue.offer(job):
+                return queue
+        raise QueueFull()
+
+    def idle(self) -> bool:
+        return all(len(q) == 0 and q.busy == 0 for q in self.queues.values())

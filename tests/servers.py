@@ -1,0 +1,94 @@
+"""Real service processes for tests: ``python -m service`` on 127.0.0.1 with sim devices."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServiceProcess:
+    """Starts the service with ``PLACEENV_*`` settings; ``stop()`` sends SIGTERM and waits."""
+
+    def __init__(self, **settings) -> None:
+        self.port = free_port()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PLACEENV_")}
+        env.update({"PLACEENV_DEVICES": "sim:0,sim:1,sim:2,sim:3", "PLACEENV_WORKERS_PER_DEVICE": "2",
+                    "PLACEENV_MODELS": "digits", "PLACEENV_LOG_LEVEL": "info"})
+        env.update({f"PLACEENV_{k.upper()}": str(v) for k, v in settings.items()})
+        env["PLACEENV_PORT"] = str(self.port)
+        env["PLACEENV_HOST"] = "127.0.0.1"
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "service"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+
+    def wait_ready(self, timeout: float = 180) -> "ServiceProcess":
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"service exited with {self.proc.returncode}:\n{self.output()}")
+            try:
+                if httpx.get(self.url + "/readyz", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.kill()
+        raise RuntimeError(f"service not ready in {timeout}s:\n{self.output()}")
+
+    def stop(self, timeout: float = 60) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def output(self) -> str:
+        if self.proc.poll() is None:
+            return "(still running)"
+        return self.proc.stdout.read() if self.proc.stdout else ""
+
+    def metrics(self) -> dict[tuple[str, tuple], float]:
+        """Samples of /metrics: {(name, sorted label items): value}."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        text = httpx.get(self.url + "/metrics", timeout=10).text
+        samples = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+        return samples
+
+    def total(self, name: str, **labels) -> float:
+        return sum(
+            value for (n, items), value in self.metrics().items()
+            if n == name and all(dict(items).get(k) == v for k, v in labels.items())
+        )
+
+    def __enter__(self) -> "ServiceProcess":
+        return self.wait_ready()
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self.stop()
+        finally:
+            self.kill()
