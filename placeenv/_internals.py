@@ -93,12 +93,13 @@ def code_owner(name: str):
 
 
 def _current_expected_place_():
-    place = _placeenv_override.get()  # noqa: F821
-    if place is None:
+    node = _placeenv_own()  # noqa: F821 - the ContextVar's bound get
+    if node is None:
         place = _global_expected_place_  # noqa: F821
         if place is None or type(place) is core.Place:
             return _placeenv_init_global()  # noqa: F821
-    return place
+        return place
+    return node[0]
 
 
 def _set_expected_place(place):

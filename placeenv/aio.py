@@ -27,7 +27,7 @@ def _resync_each_step(awaitable):
     inner = awaitable.__await__()
     value, error = None, None
     while True:
-        state.sync_tracer(state.override.get())
+        state.sync_tracer(state.own_place())
         try:
             item = inner.throw(error) if error is not None else inner.send(value)
         except StopIteration as stop:

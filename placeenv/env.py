@@ -8,8 +8,7 @@ import inspect
 import types
 
 from . import state
-from .state import enter as _enter
-from .state import leave as _leave
+from .state import override as _override
 from .places import device_name, to_place
 
 __all__ = ["PlaceEnv", "bind", "current_place"]
@@ -46,13 +45,23 @@ class PlaceEnv:
     def __repr__(self) -> str:
         return f"PlaceEnv({device_name(self.place)!r})"
 
-    def __enter__(self):
+    # __enter__/__exit__ are state.enter/leave inlined: this is the hot path.
+    def __enter__(self, _get=_override.get, _set=_override.set, _sync=state.sync_tracer):
         place = self.place
-        _enter(place)
+        if state.enabled:
+            _set((place, _get()))
+            _sync(place)
+        else:
+            state.enter_guard(place)
         return place
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
-        _leave()
+    def __exit__(self, exc_type, exc, tb, _get=_override.get, _set=_override.set, _sync=state.sync_tracer):
+        if state.enabled:
+            outer = _get()[1]
+            _set(outer)
+            _sync(None if outer is None else outer[0])
+        else:
+            state.leave_guard()
         return False
 
     def __call__(self, fn):
@@ -60,7 +69,7 @@ class PlaceEnv:
         if inspect.isasyncgenfunction(fn):
             @functools.wraps(fn)
             async def async_gen_wrapper(*args, **kwargs):
-                agen, carry = fn(*args, **kwargs), [place, None]
+                agen, carry = fn(*args, **kwargs), [(place, None)]
                 try:
                     value, error = None, None
                     while True:
@@ -83,7 +92,7 @@ class PlaceEnv:
         if inspect.iscoroutinefunction(fn):
             @functools.wraps(fn)
             async def coroutine_wrapper(*args, **kwargs):
-                return await _step([place, None], fn(*args, **kwargs))
+                return await _step([(place, None)], fn(*args, **kwargs))
 
             return coroutine_wrapper
 
@@ -91,7 +100,7 @@ class PlaceEnv:
             @functools.wraps(fn)
             def generator_wrapper(*args, **kwargs):
                 gen = fn(*args, **kwargs)
-                return (yield from _stepped([place, None], gen))
+                return (yield from _stepped([(place, None)], gen))
 
             return generator_wrapper
 
@@ -109,28 +118,28 @@ class PlaceEnv:
 def _stepped(carry, gen):
     """Drive ``gen`` with ``place`` active during each step and inactive between steps.
 
-    ``carry`` is ``[place, scope stack]`` of the body. The body keeps its own device and scope stack across its suspensions: a
-    ``paddle.set_device`` or an open ``with PlaceEnv`` inside it carries to
-    its next step, never to the consumer.
+    ``carry`` holds the body's scope node ``(place, outer)``: a
+    ``paddle.set_device`` or an open ``with PlaceEnv`` inside the body carries
+    to its next step, never to the consumer.
     """
     send, throw = gen.send, gen.throw
     value, error = None, None
     while True:
-        tokens = state.step_in(*carry)
+        token = state.step_in(carry[0])
         try:
             item = throw(error) if error is not None else send(value)
         except StopIteration as stop:
             return stop.value
         finally:
-            carry[:] = state.step_out(tokens)
+            carry[0] = state.step_out(token)
         try:
             value, error = (yield item), None
         except GeneratorExit:
-            tokens = state.step_in(*carry)  # the body's finally blocks run on its device
+            token = state.step_in(carry[0])  # the body's finally blocks run on its device
             try:
                 gen.close()
             finally:
-                state.step_out(tokens)
+                state.step_out(token)
             raise
         except BaseException as exc:  # forwarded into the body, as ``yield from`` does
             value, error = None, exc
@@ -160,7 +169,7 @@ def bind(fn):
         try:
             return context.copy().run(_run_synced, fn, args, kwargs)
         finally:
-            state.sync_tracer(state.override.get())
+            state.sync_tracer(state.own_place())
 
     return bound
 
@@ -168,5 +177,5 @@ def bind(fn):
 def _run_synced(fn, args, kwargs):
     # The copied context carries the Python-level device; this thread's C++
     # Tracer has to be told too.
-    state.sync_tracer(state.override.get())
+    state.sync_tracer(state.own_place())
     return fn(*args, **kwargs)

@@ -32,13 +32,13 @@ def _guard_enter(self):
 
 
 def _guard_exit(self, exc_type, exc, tb):
-    state.leave()
+    state.leave_guard()
     return False
 
 
 def _injected() -> dict:
     return {
-        "_placeenv_override": state.override,
+        "_placeenv_own": state.override.get,
         "_placeenv_init_global": state.init_global,
         "_placeenv_set_place": state.set_place,
         "_placeenv_push": state.push,
@@ -106,7 +106,7 @@ def uninstall() -> None:
             else:
                 setattr(module, attr, value)
         state.override.set(None)
-        state.scopes.set(None)
+        state.guards.set(None)
 
 
 def installed() -> bool:

@@ -6,9 +6,11 @@ The model, in two lines:
   shared Tracer's ``_expected_place``) is the main thread's device, exactly as
   in stock Paddle. Every context with no device of its own follows it live.
 * An **override** lives in a ContextVar, so it belongs to one thread, or to one
-  asyncio task. A context with an override runs on a private Tracer whose
-  ``_expected_place`` carries it, so Paddle's C++ side (which reads the
-  calling thread's Tracer) agrees with the Python side.
+  asyncio task. Its value is a node ``(place, outer node)``: the innermost
+  scope's device, and what to return to when that scope ends. A context with
+  an override runs on a private Tracer whose ``_expected_place`` carries it,
+  so Paddle's C++ side (which reads the calling thread's Tracer) agrees with
+  the Python side.
 
 ``paddle.set_device`` on the main thread, outside any ``PlaceEnv``, moves the
 global device (stock behaviour); anywhere else it sets the override.
@@ -17,20 +19,21 @@ global device (stock behaviour); anywhere else it sets the override.
 from __future__ import annotations
 
 import threading
-from contextvars import ContextVar, Token
+from threading import get_ident
+from contextvars import ContextVar
 
 from . import _internals as _pd
-from .places import is_canonical, normalize
+from .places import canonical, is_canonical, normalize
 
 _framework = _pd.FRAMEWORK
 _global_var = _pd.global_var
 _switch_tracer = _pd.switch_tracer
 
-#: The current context's own device; None means "follow the main thread".
+#: This context's device scopes: ``(place, outer node)``, or None to follow the main thread.
 override: ContextVar = ContextVar("placeenv_override", default=None)
-#: Per-context stack of tokens for context managers that cannot keep state on
-#: their instance (PlaceEnv, paddle.device.device, ...): a linked list of tuples.
-scopes: ContextVar = ContextVar("placeenv_scopes", default=None)
+#: Restore tokens of Paddle's own guards (paddle.device.device, ...), which cannot
+#: keep them on their shared instances: a linked list ``(token, rest)``.
+guards: ContextVar = ContextVar("placeenv_guards", default=None)
 
 _MAIN = threading.main_thread().ident
 _GLOBAL = object()  # token kind: the main thread changed the global device
@@ -56,17 +59,19 @@ _stock_current = None  # stock _current_expected_place_, set by the patch
 
 def init_global():
     """The global device, running Paddle's own first-use detection if unset."""
-    return _stock_current()
+    place = _framework._global_expected_place_ = canonical(_stock_current())
+    return place
 
 
 def current():
     """The device of the calling thread/task."""
-    place = override.get()
-    if place is None:
+    node = override.get()
+    if node is None:
         place = _framework._global_expected_place_
         if place is None or type(place) is _pd.core.Place:
             place = init_global()
-    return place
+        return place
+    return node[0]
 
 
 def _new_tracer(like, place):
@@ -96,20 +101,25 @@ def sync_tracer(place, _gv=_global_var, _local=_local, _private=PrivateTracer) -
         return
     gd = _gv.__dict__
     active = gd.get("_dygraph_tracer_")
-    td = _local.__dict__
-    if place is None:
-        base = td.get("base")
-        if base is not None and type(active) is _private:
+    if type(active) is not _private:  # on Paddle's own Tracer (or none: static mode)
+        if place is None or active is None:
+            return
+        if place is _framework._global_expected_place_ and get_ident() == _MAIN:
+            # The main thread's own Tracer already carries ``place``, and only the
+            # main thread outside any scope can re-aim it: nothing to switch.
+            return
+        td = _local.__dict__
+        td["base"] = active
+    else:
+        td = _local.__dict__
+        if place is None:
+            tracer = td.get("base") or _framework._dygraph_tracer_
             td["base"] = None
-            gd["_dygraph_tracer_"] = base
-            _switch_tracer(base)
-        return
-    if active is None:  # static-graph mode: there is no Tracer to carry a place
-        return
+            gd["_dygraph_tracer_"] = tracer
+            _switch_tracer(tracer)
+            return
     tracer = td.get(id(place)) or _private_tracer(td, place, active)
     if active is not tracer:
-        if type(active) is not _private:
-            td["base"] = active
         gd["_dygraph_tracer_"] = tracer
         _switch_tracer(tracer)
 
@@ -126,35 +136,45 @@ def tracer_switched(tracer) -> None:
 
 
 def _set_global(place) -> None:
+    if place is not None:
+        place = canonical(place)  # so sync_tracer can compare by identity
     _framework._global_expected_place_ = place
     tracer = _global_var.__dict__.get("_dygraph_tracer_")
     if tracer is not None and place is not None:
         tracer._expected_place = place
 
 
+def own_place():
+    """The calling context's own device, or None when it follows the main thread."""
+    node = override.get()
+    return None if node is None else node[0]
+
+
 def set_place(place) -> None:
-    """What ``paddle.set_device`` does: global on the bare main thread, else per context."""
+    """What ``paddle.set_device`` does: global on the bare main thread, else the innermost scope."""
     place = normalize(place)
-    if override.get() is None and threading.get_ident() == _MAIN:
+    node = override.get()
+    if node is None and get_ident() == _MAIN:
         _set_global(place)
-    else:
-        override.set(place)
-        sync_tracer(place)
+        return
+    override.set((place, None if node is None else node[1]))
+    sync_tracer(place)
 
 
 def push(place):
-    """Enter a temporary device; returns a token for :func:`pop`.
+    """Enter a temporary device for Paddle's own guards; returns a token for :func:`pop`.
 
     On the bare main thread this swaps the global device, as stock Paddle's
     guards do (``paddle.disable_static`` holds one open for the whole program);
     elsewhere it is scoped to the context.
     """
     place = normalize(place)
-    if override.get() is None and threading.get_ident() == _MAIN:
+    node = override.get()
+    if node is None and get_ident() == _MAIN:
         previous = _framework._global_expected_place_
         _set_global(place)
         return (_GLOBAL, previous)
-    token = override.set(place)
+    token = override.set((place, node))
     sync_tracer(place)
     return (override, token)
 
@@ -169,57 +189,62 @@ def pop(token) -> None:
     kind, value = token
     if kind is _GLOBAL:
         _set_global(value)
-        return
-    if kind is _STOCK:
+    elif kind is _STOCK:
         _framework._set_expected_place(value)
-        return
-    override.reset(value)
-    sync_tracer(override.get())
-
-
-def enter(place, _set=override.set, _stack=scopes.get, _restack=scopes.set) -> None:
-    """Make ``place`` this context's device until :func:`leave` (PlaceEnv: scoped everywhere)."""
-    _restack((_set(place) if enabled else _push_stock(place), _stack()))
-    sync_tracer(place)
+    else:
+        override.reset(value)
+        sync_tracer(own_place())
 
 
 def enter_guard(place) -> None:
-    """Like :func:`push`, with the token kept on the context's stack (Paddle's guards)."""
-    scopes.set((push(place), scopes.get()))
+    """:func:`push`, with the token kept on the context's guard stack."""
+    guards.set((push(place) if enabled else _push_stock(place), guards.get()))
 
 
-def leave(_stack=scopes.get, _restack=scopes.set, _reset=override.reset, _missing=Token.MISSING) -> None:
-    """Undo the innermost :func:`enter` or :func:`enter_guard` of this context."""
-    token, rest = _stack()
-    _restack(rest)
-    if type(token) is tuple:  # from enter_guard
-        pop(token)
-        return
-    _reset(token)
-    previous = token.old_value
-    sync_tracer(None if previous is _missing else previous)
+def leave_guard() -> None:
+    token, rest = guards.get()
+    guards.set(rest)
+    pop(token)
 
 
-def step_in(place, stack):
-    """Activate a suspended body's device and scope stack (decorated generators, coroutines)."""
+def enter(place, _get=override.get, _set=override.set) -> None:
+    """Make ``place`` this context's device until :func:`leave` (PlaceEnv: scoped everywhere)."""
+    if enabled:
+        _set((place, _get()))
+        sync_tracer(place)
+    else:
+        enter_guard(place)
+
+
+def leave(_get=override.get, _set=override.set) -> None:
+    """End the innermost :func:`enter` of this context."""
+    if enabled:
+        outer = _get()[1]
+        _set(outer)
+        sync_tracer(None if outer is None else outer[0])
+    else:
+        leave_guard()
+
+
+def step_in(node):
+    """Resume a suspended body (decorated generator or coroutine) with its own scope ``node``."""
     if not enabled:
-        return _push_stock(place)
-    tokens = override.set(place), scopes.set(stack)
-    sync_tracer(place)
-    return tokens
+        return _push_stock(node[0])
+    token = override.set(node)
+    sync_tracer(node[0])
+    return token
 
 
-def step_out(tokens):
-    """Suspend the body: returns its device and scope stack, restores the caller's."""
-    if tokens[0] is _STOCK:
-        place = _framework._current_expected_place_()
-        pop(tokens)
-        return place, None
-    place, stack = override.get(), scopes.get()
-    scopes.reset(tokens[1])
-    override.reset(tokens[0])
-    sync_tracer(override.get())
-    return place, stack
+def step_out(token):
+    """Suspend the body: returns its scope node and restores the caller's."""
+    if type(token) is tuple:  # uninstalled: Paddle's own set/restore
+        node = (_framework._current_expected_place_(), None)
+        pop(token)
+        return node
+    node = override.get()
+    override.reset(token)
+    sync_tracer(own_place())
+    return node
 
 
 def restore_thread() -> None:

@@ -328,3 +328,19 @@ def test_run_in_executor_and_to_thread_carry_the_device():
     via_bind, via_to_thread = asyncio.run(main())
     assert via_bind == on("sim:3")
     assert via_to_thread[:2] == on("sim:3")[:2]
+
+
+def test_main_thread_scope_on_its_own_device_then_moves():
+    """The main thread entering its current device keeps its Tracer; moving inside still moves both levels."""
+    paddle.set_device("sim:1")
+    with PlaceEnv("sim:1"):
+        assert both_levels() == on("sim:1")
+        paddle.set_device("sim:2")
+        assert both_levels() == on("sim:2")
+        with PlaceEnv("cpu"):
+            assert both_levels() == on("cpu")
+        assert both_levels() == on("sim:2")
+        seen = []
+        run_threads(lambda: seen.append(both_levels()))
+        assert seen == [on("sim:1")]  # children follow the global device, not the main's scope
+    assert both_levels() == on("sim:1")
