@@ -21,8 +21,8 @@ def free_port() -> int:
 class ServiceProcess:
     """Starts the service with ``PLACEENV_*`` settings; ``stop()`` sends SIGTERM and waits."""
 
-    def __init__(self, **settings) -> None:
-        self.port = free_port()
+    def __init__(self, port: int | None = None, **settings) -> None:
+        self.port = port or free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith("PLACEENV_")}
         env.update({"PLACEENV_DEVICES": "sim:0,sim:1,sim:2,sim:3", "PLACEENV_WORKERS_PER_DEVICE": "2",
                     "PLACEENV_MODELS": "digits", "PLACEENV_LOG_LEVEL": "info"})

@@ -1,0 +1,129 @@
+"""Locust traffic for the inference service, and the leak gate that fails the run.
+
+    locust -f loadtest/ --headless -u 50 -r 10 -t 60s --host http://127.0.0.1:8000
+
+Defaults live in ``locust.conf`` at the repository root (Locust reads it from
+the working directory). Traffic: valid predictions across the models with
+varied batch sizes, plus a small share of deliberately invalid requests that
+count as correct when they get the expected 4xx.
+
+When the run ends, the gate scrapes ``/metrics`` and compares with the scrape
+taken when it started. The process exits non-zero when any
+``placeenv_device_leaks_total`` grew, when a configured device served no
+request, or when the failure ratio is over ``--max-failure-ratio``.
+While it runs, it samples ``/metrics`` into ``<--csv>_service.csv`` for
+``loadtest/report.py``.
+"""
+
+from __future__ import annotations
+
+import csv
+import random
+import time
+
+import gevent
+from locust import FastHttpUser, between, events, task
+
+from loadtest.gate import Scrape, evaluate
+
+try:  # real handwritten digits when scikit-learn is there (it is in the dev extra)
+    from sklearn.datasets import load_digits
+
+    DIGITS = [[float(v) for v in row] for row in load_digits().data]
+except ImportError:  # pragma: no cover
+    DIGITS = [[float(random.randint(0, 16)) for _ in range(64)] for _ in range(200)]
+
+MOBILENET = [[[[round(random.uniform(-1, 1), 3)] * 32 for _ in range(32)] for _ in range(3)] for _ in range(8)]
+
+INVALID = [  # (name, body, expected status)
+    ("unknown model", {"model": "no-such-model", "inputs": [DIGITS[0]]}, 404),
+    ("wrong shape", {"model": "digits", "inputs": [[1.0] * 63]}, 422),
+    ("out of range", {"model": "digits", "inputs": [[17.0] * 64]}, 422),
+    ("empty inputs", {"model": "digits", "inputs": []}, 422),
+    ("not numbers", {"model": "digits", "inputs": [["x"] * 64]}, 422),
+    ("missing model", {"inputs": [DIGITS[0]]}, 422),
+]
+
+
+@events.init_command_line_parser.add_listener
+def _options(parser):
+    parser.add_argument("--max-failure-ratio", type=float, default=0.01, help="leak gate: allowed failure ratio")
+    parser.add_argument("--metrics-sample-s", type=float, default=2.0, help="how often to sample /metrics")
+
+
+class Client(FastHttpUser):
+    wait_time = between(0.0, 0.05)
+
+    def _predict(self, name: str, body: dict) -> None:
+        with self.client.post("/predict", json=body, name=name, catch_response=True) as r:
+            if r.status_code != 200:
+                r.failure(f"{r.status_code}: {r.text[:200]}")
+            elif len(r.json()["outputs"]) != len(body["inputs"]):
+                r.failure("wrong number of outputs")
+
+    @task(6)
+    def digits(self) -> None:
+        size = random.choice((1, 1, 1, 2, 4, 8))
+        self._predict(f"digits x{size}", {"model": "digits", "inputs": random.sample(DIGITS, size)})
+
+    @task(2)
+    def mobilenet(self) -> None:
+        size = random.choice((1, 1, 2))
+        self._predict(f"mobilenet x{size}", {"model": "mobilenet", "inputs": random.sample(MOBILENET, size)})
+
+    @task(1)
+    def invalid(self) -> None:
+        name, body, expected = random.choice(INVALID)
+        with self.client.post("/predict", json=body, name=f"invalid: {name}", catch_response=True) as r:
+            if r.status_code == expected and "detail" in r.json():
+                r.success()
+            else:
+                r.failure(f"expected {expected}, got {r.status_code}: {r.text[:200]}")
+
+
+_state: dict = {}
+
+
+@events.test_start.add_listener
+def _start(environment, **_):
+    if environment.parsed_options is None or not environment.host:
+        return
+    _state["start"] = Scrape.take(environment.host)
+    csv_prefix = environment.parsed_options.csv_prefix
+    if csv_prefix:
+        _state["sampler"] = gevent.spawn(_sample, environment, f"{csv_prefix}_service.csv")
+
+
+def _sample(environment, path: str) -> None:
+    """Per-device counters and gauges over time, for the report's plots."""
+    start = time.time()
+    with open(path, "w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(["elapsed_s", "device", "requests_ok_total", "queue_depth", "leaks_total"])
+        while True:
+            try:
+                scrape = Scrape.take(environment.host)
+            except Exception:  # noqa: BLE001 - a missed sample is not the gate's business
+                scrape = None
+            if scrape is not None:
+                now = round(time.time() - start, 2)
+                for device in scrape.devices:
+                    out.writerow([now, device, scrape.ok(device), scrape.queue_depth(device), scrape.leaks()])
+                f.flush()
+            gevent.sleep(environment.parsed_options.metrics_sample_s)
+
+
+@events.quitting.add_listener
+def _gate(environment, **_):
+    if "start" not in _state:
+        return
+    if "sampler" in _state:
+        _state["sampler"].kill()
+    stats = environment.stats.total
+    verdict = evaluate(
+        _state["start"], Scrape.take(environment.host), stats.num_requests, stats.num_failures,
+        environment.parsed_options.max_failure_ratio,
+    )
+    print(verdict.summary())
+    if not verdict.ok:
+        environment.process_exit_code = 1
