@@ -107,7 +107,9 @@ class DeviceQueue:
                     return None if self.closed else []
             first = self._jobs.popleft()
             batch, examples = [first], first.examples
-            until = time.perf_counter() + max_delay
+            # Wait for more only under load (others were queued too): an idle
+            # service answers a lone request at once instead of paying the delay.
+            until = time.perf_counter() + (max_delay if self._jobs else 0.0)
             while examples < max_examples:
                 nxt = self._next_of(first.model, max_examples - examples)
                 if nxt is not None:

@@ -1,0 +1,292 @@
+"""Service benchmarks against what users do today (issue #5), measured side by side in one run.
+
+    python benchmarks/bench_service.py [--model digits] [--devices 2] [--seconds 10] [--connections 16]
+
+Needs ``wrk`` (Debian package). Everything runs on this machine's cores with
+sim devices; the load generator shares the cores with the server, as it would
+for any in-process comparison. Prints a Markdown table and writes
+``results/bench_service.json`` and ``results/bench_service.png``.
+
+  a. bare model ceiling: preprocess -> to(device) -> execute -> postprocess called
+     directly, 1 thread and N threads (one per device), vs the service at
+     concurrency 1 (p50) and at saturation (throughput);
+  b. global-lock workaround: benchmarks/global_lock_app.py, same devices;
+  c. process per device: N service processes with one device each, vs one;
+  d. dynamic batching on (max batch 8) vs off (max batch 1), at saturation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "results"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def example_body(model: str) -> str:
+    if model == "digits":
+        inputs = [[0, 0, 5, 13, 9, 1, 0, 0, 0, 0, 13, 15, 10, 15, 5, 0, 0, 3, 15, 2, 0, 11, 8, 0, 0, 4, 12, 0, 0, 8,
+                   8, 0, 0, 5, 8, 0, 0, 9, 8, 0, 0, 4, 11, 0, 1, 12, 7, 0, 0, 2, 14, 5, 10, 12, 0, 0, 0, 0, 6, 13,
+                   10, 0, 0, 0]]
+    else:
+        inputs = [[[[0.25] * 32] * 32] * 3]
+    return json.dumps({"model": model, "inputs": inputs})
+
+
+# -- bare model (runs in a child process: `bench_service.py bare ...`) ---------------------------
+
+
+def bare(model: str, devices: list[str], seconds: float) -> dict:
+    import placeenv.sim
+
+    placeenv.sim.prepare(4)
+    import paddle
+
+    import placeenv  # noqa: F401
+    from models import registry
+
+    inputs = json.loads(example_body(model))["inputs"]
+
+    def loop(device: str, out: list, stop_at: float) -> None:
+        paddle.set_device(device)
+        replica = registry.create(model)
+        replica.initialize(device)
+        for _ in range(5):  # warm-up
+            replica.postprocess(replica.execute(replica.preprocess(inputs).to(device)))
+        barrier.wait()
+        stop_at = time.perf_counter() + seconds
+        while time.perf_counter() < stop_at:
+            t = time.perf_counter()
+            replica.postprocess(replica.execute(replica.preprocess(inputs).to(device)))
+            out.append(time.perf_counter() - t)
+
+    result = {}
+    for name, group in (("single", devices[:1]), ("threads", devices)):
+        barrier = threading.Barrier(len(group))
+        samples = [[] for _ in group]
+        threads = [threading.Thread(target=loop, args=(d, s, 0)) for d, s in zip(group, samples)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        flat = [x for s in samples for x in s]
+        result[name] = {"rps": len(flat) / seconds, "p50_ms": statistics.median(flat) * 1000}
+    return result
+
+
+# -- servers and load ------------------------------------------------------------------------------
+
+
+class Server:
+    def __init__(self, command: list[str], env: dict, port: int) -> None:
+        self.port, self.url = port, f"http://127.0.0.1:{port}"
+        full = {k: v for k, v in os.environ.items() if not k.startswith("PLACEENV_")}
+        full.update(env)
+        self.proc = subprocess.Popen(command, env=full, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 240
+        probe = "/readyz" if "service" in command else "/openapi.json"
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{command} exited: {self.proc.stderr.read().decode()[-2000:]}")
+            try:
+                if httpx.get(self.url + probe, timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        raise RuntimeError(f"{command} not ready")
+
+    def rss_mb(self) -> float:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        return float("nan")
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def service(devices: list[str], model: str, port: int | None = None, **settings) -> Server:
+    port = port or free_port()
+    env = {"PLACEENV_DEVICES": ",".join(devices), "PLACEENV_MODELS": model, "PLACEENV_PORT": str(port),
+           "PLACEENV_WORKERS_PER_DEVICE": "1", "PLACEENV_LOG_LEVEL": "warning", "PLACEENV_QUEUE_CAPACITY": "256"}
+    env.update({f"PLACEENV_{k.upper()}": str(v) for k, v in settings.items()})
+    return Server([sys.executable, "-m", "service"], env, port)
+
+
+def wrk(urls: list[str], body: str, connections: int, seconds: float) -> dict:
+    """Run wrk against each URL at once (connections split among them); sum throughput."""
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
+        script.write(f'wrk.method = "POST"\nwrk.body = {json.dumps(body)}\n'
+                     'wrk.headers["Content-Type"] = "application/json"\n')
+    per = max(1, connections // len(urls))
+    procs = [
+        subprocess.Popen(["wrk", "-t1", f"-c{per}", f"-d{int(seconds)}s", "--latency", "-s", script.name,
+                          url + "/predict"], stdout=subprocess.PIPE, text=True)
+        for url in urls
+    ]
+    outs = [p.communicate()[0] for p in procs]
+    os.unlink(script.name)
+    rps = sum(float(re.search(r"Requests/sec:\s+([\d.]+)", o).group(1)) for o in outs)
+    errors = sum(int(m.group(1)) for o in outs for m in [re.search(r"Non-2xx or 3xx responses: (\d+)", o)] if m)
+    p50 = [_ms(re.search(r"\s50%\s+([\d.]+\w+)", o).group(1)) for o in outs]
+    p99 = [_ms(re.search(r"\s99%\s+([\d.]+\w+)", o).group(1)) for o in outs]
+    return {"rps": rps, "p50_ms": max(p50), "p99_ms": max(p99), "non_2xx": errors}
+
+
+def _ms(text: str) -> float:
+    value, unit = re.match(r"([\d.]+)(\w+)", text).groups()
+    return float(value) * {"us": 1e-3, "ms": 1.0, "s": 1000.0, "m": 60000.0}[unit]
+
+
+def warm(url: str, body: str, n: int = 20) -> None:
+    with httpx.Client(timeout=60) as http:
+        for _ in range(n):
+            http.post(url + "/predict", content=body, headers={"content-type": "application/json"})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", nargs="?", default="all", choices=["all", "bare"])
+    parser.add_argument("--model", default="digits")
+    parser.add_argument("--devices", type=int, default=2)
+    parser.add_argument("--seconds", type=float, default=10)
+    parser.add_argument("--connections", type=int, default=16)
+    args = parser.parse_args()
+    devices = [f"sim:{i}" for i in range(args.devices)]
+    if args.command == "bare":
+        print(json.dumps(bare(args.model, devices, args.seconds)))
+        return
+    if shutil.which("wrk") is None:
+        sys.exit("wrk is not installed (apt-get install wrk)")
+    body, secs, conns = example_body(args.model), args.seconds, args.connections
+    r: dict = {"model": args.model, "devices": devices, "seconds": secs, "connections": conns,
+               "date": str(datetime.date.today()), "machine": f"{platform.machine()}, {os.cpu_count()} cores"}
+
+    out = subprocess.run([sys.executable, __file__, "bare", "--model", args.model, "--devices", str(args.devices),
+                          "--seconds", str(secs)], capture_output=True, text=True, cwd=ROOT, check=True)
+    r["bare"] = json.loads(out.stdout.strip().splitlines()[-1])
+
+    ours = service(devices, args.model)
+    try:
+        warm(ours.url, body)
+        r["service_c1"] = wrk([ours.url], body, 1, secs)
+        r["service_sat"] = wrk([ours.url], body, conns, secs)
+        r["service_rss_mb"] = ours.rss_mb()
+    finally:
+        ours.stop()
+
+    port = free_port()
+    lock = Server([sys.executable, "-m", "uvicorn", "benchmarks.global_lock_app:app", "--port", str(port),
+                   "--log-level", "warning"], {"PLACEENV_DEVICES": ",".join(devices),
+                                                "PLACEENV_MODELS": args.model}, port)
+    try:
+        warm(lock.url, body)
+        r["global_lock_sat"] = wrk([lock.url], body, conns, secs)
+    finally:
+        lock.stop()
+
+    per_device = [service([d], args.model) for d in devices]
+    try:
+        for s in per_device:
+            warm(s.url, body, 10)
+        r["process_per_device_sat"] = wrk([s.url for s in per_device], body, conns, secs)
+        r["process_per_device_rss_mb"] = sum(s.rss_mb() for s in per_device)
+    finally:
+        for s in per_device:
+            s.stop()
+
+    unbatched = service(devices, args.model, MAX_BATCH_SIZE=1, MAX_BATCH_DELAY_MS=0)
+    try:
+        warm(unbatched.url, body)
+        r["batching_off_sat"] = wrk([unbatched.url], body, conns, secs)
+    finally:
+        unbatched.stop()
+
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "bench_service.json").write_text(json.dumps(r, indent=2))
+    print(table(r))
+    plot(r, RESULTS / "bench_service.png")
+
+
+def table(r: dict) -> str:
+    n = len(r["devices"])
+    bare, c1, sat = r["bare"], r["service_c1"], r["service_sat"]
+    lock, ppd, off = r["global_lock_sat"], r["process_per_device_sat"], r["batching_off_sat"]
+    rows = [
+        ("a", "p50 at concurrency 1: service vs bare forward (1 thread)",
+         f"{c1['p50_ms']:.2f} ms vs {bare['single']['p50_ms']:.2f} ms",
+         f"+{c1['p50_ms'] - bare['single']['p50_ms']:.2f} ms", "<= +1 ms",
+         c1["p50_ms"] <= bare["single"]["p50_ms"] + 1),
+        ("a", f"saturated throughput: service vs bare forward ({n} threads)",
+         f"{sat['rps']:.0f} vs {bare['threads']['rps']:.0f} req/s",
+         f"{sat['rps'] / bare['threads']['rps']:.0%}", ">= 90%", sat["rps"] >= 0.9 * bare["threads"]["rps"]),
+        ("b", f"throughput: service vs global-lock app ({n} devices)", f"{sat['rps']:.0f} vs {lock['rps']:.0f} req/s",
+         f"{sat['rps'] / lock['rps']:.2f}x", ">= 1.8x", sat["rps"] >= 1.8 * lock["rps"]),
+        ("c", f"throughput: one process vs {n} processes", f"{sat['rps']:.0f} vs {ppd['rps']:.0f} req/s",
+         f"{sat['rps'] / ppd['rps']:.2f}x", "same", sat["rps"] >= 0.9 * ppd["rps"]),
+        ("c", f"resident memory: one process vs {n} processes",
+         f"{r['service_rss_mb']:.0f} vs {r['process_per_device_rss_mb']:.0f} MB",
+         f"{r['service_rss_mb'] / r['process_per_device_rss_mb']:.2f}", f"<= 1/{n} = {1 / n:.2f}",
+         r["service_rss_mb"] <= r["process_per_device_rss_mb"] / n),
+        ("d", "throughput: batching on (max 8) vs off (max 1)", f"{sat['rps']:.0f} vs {off['rps']:.0f} req/s",
+         f"{sat['rps'] / off['rps']:.2f}x", "> 1x", sat["rps"] > off["rps"]),
+    ]
+    head = (f"Service benchmarks, {r['date']}, {r['machine']}, model {r['model']}, {n} sim devices x 1 worker, "
+            f"wrk {r['connections']} connections, {r['seconds']:g} s per run\n\n"
+            "| # | comparison | measured | ratio | target | met |\n|---|---|---|---|---|---|\n")
+    extra = (f"\nservice p99 at saturation {sat['p99_ms']:.1f} ms; non-2xx: service {sat['non_2xx']}, "
+             f"global lock {lock['non_2xx']}, per-device {ppd['non_2xx']}, batching off {off['non_2xx']}")
+    return head + "\n".join(f"| {a} | {b} | {c} | {d} | {e} | {'yes' if f else 'NO'} |" for a, b, c, d, e, f in rows) + extra
+
+
+def plot(r: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = len(r["devices"])
+    names = [f"bare\n{n} threads", "service", "global\nlock", f"{n} processes", "batching\noff"]
+    values = [r["bare"]["threads"]["rps"], r["service_sat"]["rps"], r["global_lock_sat"]["rps"],
+              r["process_per_device_sat"]["rps"], r["batching_off_sat"]["rps"]]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    left.bar(names, values, color=["grey", "tab:green", "tab:red", "tab:orange", "tab:blue"])
+    left.set(title=f"Saturated throughput ({r['model']}, {n} sim devices)", ylabel="requests/s")
+    right.bar(["one process", f"{n} processes"], [r["service_rss_mb"], r["process_per_device_rss_mb"]],
+              color=["tab:green", "tab:orange"])
+    right.set(title="Resident memory", ylabel="MB")
+    fig.suptitle(f"placeenv service benchmarks, {r['date']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
+if __name__ == "__main__":
+    main()
