@@ -53,7 +53,7 @@ def main() -> None:
     args = parser.parse_args()
     sys.setswitchinterval(1e-5)
     total = 2 * args.iterations
-    print(f"| mode | python path | C++ path | main thread moved |\n|---|---|---|---|")
+    print("| mode | python path | C++ path | main thread moved |\n|---|---|---|---|")
     for mode in ("placeenv", "stock"):
         placeenv.install() if mode == "placeenv" else placeenv.uninstall()
         c = run(args.iterations)

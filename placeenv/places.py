@@ -9,7 +9,8 @@ from paddle.base import core
 __all__ = ["available_devices", "device_name", "to_place"]
 
 _PLACE_TYPES = (core.CPUPlace, core.CUDAPlace, core.XPUPlace, core.CustomPlace, core.CUDAPinnedPlace)
-_DEVICE_RE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(?::\s*(\d+))?\s*$")
+_DEVICE_RE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(?::\s*(\d{1,9}))?\s*$")
+_MAX_INDEX = 10**9
 
 
 def _count(kind: str) -> int:
@@ -53,8 +54,12 @@ def device_name(place) -> str:
 
 
 def _unknown(device, why: str = "") -> ValueError:
+    if isinstance(device, int) and not -_MAX_INDEX < device < _MAX_INDEX:
+        shown = "an index out of range"  # repr() of a huge int can itself raise
+    else:
+        shown = repr(device) if not isinstance(device, str) or len(device) <= 80 else repr(device[:80] + "...")
     return ValueError(
-        f"unknown device {device!r}{': ' + why if why else ''}; "
+        f"unknown device {shown}{': ' + why if why else ''}; "
         f"available devices: {', '.join(available_devices())}"
     )
 

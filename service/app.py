@@ -8,7 +8,9 @@ least-loaded device queue -> a worker pinned to that device -> answer.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import math
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -16,6 +18,8 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request, Response
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
@@ -53,6 +57,30 @@ class PredictResponse(BaseModel):
 
 class Error(BaseModel):
     detail: str
+
+
+class InvalidRequest(BaseModel):
+    """422: the service's own message, or FastAPI's list of schema errors for a malformed body."""
+
+    detail: str | list[dict[str, Any]]
+
+
+class EscapedJSONResponse(JSONResponse):
+    """JSON with every non-ASCII character escaped: a lone surrogate from the client stays encodable."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
+
+
+def _json_safe(value: Any) -> Any:
+    """Non-finite floats (``NaN``/``Infinity``, which ``json.loads`` accepts) as strings; the rest as is."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {key: _json_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(item) for item in value]
+    return value
 
 
 def resolve_devices(settings: Settings) -> list[str]:
@@ -147,13 +175,21 @@ def create_app(settings: Settings) -> FastAPI:
         lifespan=lifespan,
     )
     errors = {
+        400: {"model": Error, "description": "body not readable as JSON (not UTF-8, too deep)"},
         404: {"model": Error, "description": "unknown model"},
         413: {"model": Error, "description": "body over the limit"},
-        422: {"model": Error, "description": "malformed request or inputs"},
+        422: {"model": InvalidRequest, "description": "malformed request or inputs"},
         500: {"model": Error, "description": "the model failed on this request"},
         503: {"model": Error, "description": "overloaded or shutting down; see Retry-After"},
         504: {"model": Error, "description": "not answered within the request timeout"},
     }
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI's default handler echoes the offending input, and would answer 500 when
+        # that input is NaN/Infinity or holds a lone surrogate ("\ud800"): strict UTF-8
+        # JSON cannot encode either. Same 422 body otherwise.
+        return EscapedJSONResponse({"detail": _json_safe(jsonable_encoder(exc.errors()))}, status_code=422)
 
     def retry_after() -> dict[str, str]:
         return {"Retry-After": str(settings.retry_after_s)}
@@ -180,6 +216,9 @@ def create_app(settings: Settings) -> FastAPI:
             raise HTTPException(
                 422, f"{len(body.inputs)} examples in one request; the limit is {settings.max_examples_per_request}"
             )
+        if not service.dispatcher.has_room():  # refuse before spending CPU on preprocessing
+            metrics.REQUESTS.labels(body.model, "none", "overloaded").inc()
+            raise HTTPException(503, "all device queues are full; retry later", headers=retry_after())
         service._count(+1)
         metrics.IN_FLIGHT.inc()
         try:

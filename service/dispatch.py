@@ -169,5 +169,9 @@ class Dispatcher:
                 return queue
         raise QueueFull()
 
+    def has_room(self) -> bool:
+        """Whether some queue could take a job now (checked before preprocessing, to refuse early)."""
+        return any(len(q) < q.capacity and not q.closed for q in self.queues.values())
+
     def idle(self) -> bool:
         return all(len(q) == 0 and q.busy == 0 for q in self.queues.values())

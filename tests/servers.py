@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -33,6 +34,11 @@ class ServiceProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "service"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
+        # Read the log as it comes: unread, the pipe fills (64 KiB, a dozen tracebacks)
+        # and the service blocks on its next log line.
+        self._lines: list[str] = []
+        self._drain = threading.Thread(target=self._lines.extend, args=(self.proc.stdout,), daemon=True)
+        self._drain.start()
 
     def wait_ready(self, timeout: float = 180) -> "ServiceProcess":
         deadline = time.monotonic() + timeout
@@ -63,9 +69,10 @@ class ServiceProcess:
             self.proc.wait(10)
 
     def output(self) -> str:
-        if self.proc.poll() is None:
-            return "(still running)"
-        return self.proc.stdout.read() if self.proc.stdout else ""
+        """Everything the service printed so far (all of it once it has exited)."""
+        if self.proc.poll() is not None:
+            self._drain.join(10)
+        return "".join(self._lines)
 
     def metrics(self) -> dict[tuple[str, tuple], float]:
         """Samples of /metrics: {(name, sorted label items): value}."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import threading
 import time
 
 import httpx

@@ -1,0 +1,316 @@
+"""Hardening: sustained overload, devices that fail at start-up, faults amid good traffic.
+
+Real ``python -m service`` processes on 127.0.0.1 (sim devices), real HTTP clients.
+Every load loop is bounded in request count and in time; the whole file stays
+well under two minutes on a small, shared machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import time
+
+import httpx
+import numpy as np
+
+from servers import ServiceProcess
+
+MiB = 1024 * 1024
+
+
+def rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS")
+
+
+def percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else 0.0
+
+
+async def _one(http: httpx.AsyncClient, content: bytes) -> tuple:
+    """(status or exception name, client latency in s, headers, body)."""
+    started = time.perf_counter()
+    try:
+        r = await http.post("/predict", content=content, headers={"content-type": "application/json"})
+    except Exception as exc:  # noqa: BLE001 - any client-side failure is a finding, reported by the test
+        return type(exc).__name__, time.perf_counter() - started, {}, str(exc)
+    return r.status_code, time.perf_counter() - started, r.headers, r.text
+
+
+async def closed_loop(url: str, content: bytes, clients: int, seconds: float, max_requests: int) -> tuple:
+    """``clients`` back-to-back senders for ``seconds`` (at most ``max_requests``): (results, elapsed)."""
+    results: list[tuple] = []
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        start = time.perf_counter()
+
+        async def client():
+            while time.perf_counter() - start < seconds and len(results) < max_requests:
+                results.append(await _one(http, content))
+
+        await asyncio.gather(*[client() for _ in range(clients)])
+        return results, time.perf_counter() - start
+
+
+async def open_loop(url: str, content: bytes, rate: float, seconds: float, on_tick=None) -> tuple:
+    """Requests at a fixed ``rate`` per second for ``seconds``, whatever the answers: offered load.
+
+    Each request is its own concurrent client; ``on_tick`` runs about every 0.25 s. Returns
+    (results, lag): lag is how late the last request left, i.e. whether this client kept pace.
+    """
+    count = int(rate * seconds)
+    async with httpx.AsyncClient(
+        base_url=url, timeout=30, limits=httpx.Limits(max_connections=None, max_keepalive_connections=64)
+    ) as http:
+        loop = asyncio.get_running_loop()
+        start, tasks, next_tick = loop.time(), [], 0.0
+        for i in range(count):
+            delay = start + i / rate - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(_one(http, content)))
+            if on_tick is not None and loop.time() - start >= next_tick:
+                on_tick()
+                next_tick += 0.25
+        lag = loop.time() - (start + (count - 1) / rate)
+        return await asyncio.gather(*tasks), lag
+
+
+def _mobilenet_body(seed: int = 0) -> bytes:
+    image = np.random.default_rng(seed).uniform(-1, 1, (3, 32, 32)).round(4)
+    return json.dumps({"model": "mobilenet", "inputs": [image.tolist()]}).encode()
+
+
+def _sequential_latency(url: str, content: bytes, n: int) -> list[float]:
+    latencies = []
+    with httpx.Client(base_url=url, timeout=30) as http:
+        for _ in range(n):
+            started = time.perf_counter()
+            r = http.post("/predict", content=content, headers={"content-type": "application/json"})
+            latencies.append(time.perf_counter() - started)
+            assert r.status_code == 200, r.text
+    return latencies
+
+
+# ---------------------------------------------------------------------------------------------
+# Overload at ~5x capacity
+# ---------------------------------------------------------------------------------------------
+
+OVERLOAD_SECONDS = 10.0
+TIMEOUT_S = 5.0
+
+
+def test_sustained_overload_sheds_load_and_recovers():
+    proc = ServiceProcess(DEVICES="sim:0,sim:1", WORKERS_PER_DEVICE=1, QUEUE_CAPACITY=4, MODELS="mobilenet",
+                          MAX_BATCH_SIZE=1, REQUEST_TIMEOUT_S=TIMEOUT_S)
+    with proc:
+        pid = proc.proc.pid
+        content = _mobilenet_body()
+
+        # Before: single-request latency (after a warm-up), then capacity with 4 clients -- enough
+        # to keep both devices busy, never more than the queues hold, so nothing is refused.
+        _sequential_latency(proc.url, content, 3)
+        single_before = statistics.median(_sequential_latency(proc.url, content, 5))
+        measured, elapsed = asyncio.run(
+            closed_loop(proc.url, content, clients=4, seconds=3.0, max_requests=400)
+        )
+        assert {r[0] for r in measured} == {200}, {r[0] for r in measured}
+        capacity = len(measured) / elapsed  # requests per second
+        rate = min(5 * capacity, 300.0)  # ~5x what it can serve, bounded for a small machine
+
+        rss_before = rss_bytes(pid)
+        rss_samples: list[tuple[float, int]] = []
+        t0 = time.perf_counter()
+        results, lag = asyncio.run(open_loop(
+            proc.url, content, rate, OVERLOAD_SECONDS,
+            on_tick=lambda: rss_samples.append((time.perf_counter() - t0, rss_bytes(pid))),
+        ))
+        rss_samples.append((time.perf_counter() - t0, rss_bytes(pid)))
+        load_ended = time.perf_counter()
+
+        # After: ready again within a few seconds, queues empty, nothing in flight.
+        with httpx.Client(base_url=proc.url, timeout=10) as http:
+            while True:
+                ready = http.get("/readyz").status_code == 200
+                depth = proc.total("inference_queue_depth")
+                in_flight = proc.total("inference_in_flight_requests")
+                if ready and depth == 0 and in_flight == 0:
+                    break
+                assert time.perf_counter() - load_ended < 5, (ready, depth, in_flight, proc.output()[-6000:])
+                time.sleep(0.1)
+        recovered_in = time.perf_counter() - load_ended
+        single_after = statistics.median(_sequential_latency(proc.url, content, 5))
+        served = proc.total("inference_requests_total", status="ok")
+        overloaded = proc.total("inference_requests_total", status="overloaded")
+        others = {
+            status: proc.total("inference_requests_total", status=status)
+            for status in ("timeout", "error", "invalid", "draining", "not_found")
+        }
+        rss_after = rss_bytes(pid)
+
+    statuses = [r[0] for r in results]
+    ok = [r for r in results if r[0] == 200]
+    shed = [r for r in results if r[0] in (503, 429)]
+    accepted_p99 = percentile([r[1] for r in ok], 99)
+    shed_p50, shed_p99 = percentile([r[1] for r in shed], 50), percentile([r[1] for r in shed], 99)
+    peak = max(s for _, s in rss_samples)
+    report = (
+        f"capacity {capacity:.1f}/s, offered {rate:.1f}/s for {OVERLOAD_SECONDS:g}s: "
+        f"{len(results)} requests, {len(ok)} ok, {len(shed)} shed; "
+        f"accepted p50 {percentile([r[1] for r in ok], 50) * 1000:.0f} p99 {accepted_p99 * 1000:.0f} ms; "
+        f"shed p50 {shed_p50 * 1000:.0f} p99 {shed_p99 * 1000:.0f} ms; client lag {lag:.2f}s; "
+        f"single {single_before * 1000:.0f} -> {single_after * 1000:.0f} ms; "
+        f"RSS {rss_before / MiB:.0f} -> max {peak / MiB:.0f} -> {rss_after / MiB:.0f} MiB; "
+        f"recovered in {recovered_in:.2f}s"
+    )
+    print(report)
+
+    # The load was really offered at that rate (the client kept pace).
+    assert lag < 2.0, report
+    # Every request exactly one HTTP answer, and only "served" or "come back later".
+    assert len(results) == int(rate * OVERLOAD_SECONDS)
+    assert set(statuses) <= {200, 503, 429}, (
+        {s: statuses.count(s) for s in set(statuses)},
+        [r for r in results if r[0] not in (200, 503, 429)][:3],
+        report,
+    )
+    assert ok and shed, report  # it served and it shed: the overload was real
+    for status, _, headers, body in shed:
+        assert headers.get("retry-after") == "1", (status, dict(headers), body)
+        assert json.loads(body)["detail"]
+    # The service counted each answer once: the overload's, plus the before/after singles and capacity run.
+    assert served == len(ok) + len(measured) + 3 + 5 + 5, report
+    assert overloaded == len(shed), report
+    assert not any(others.values()), others
+
+    # Accepted requests were answered within the request timeout: queues bound the wait.
+    # Refusals come at once (typically ~10 ms; the median is bounded loosely, since this
+    # machine is shared and a stall of a second or two now and then is not the service's).
+    assert accepted_p99 < TIMEOUT_S, report
+    assert shed_p50 < 0.25 and shed_p99 < TIMEOUT_S, report
+
+    # Memory: bounded growth, and not still climbing at the end of the overload.
+    assert peak - rss_before < 300 * MiB, report
+    half = [s for t, s in rss_samples if t >= OVERLOAD_SECONDS / 2]
+    assert half and half[-1] - half[0] < 100 * MiB, report
+
+    # Recovered: as fast as before the overload (same machine, same request).
+    assert single_after < 3 * single_before + 0.2, report
+
+
+# ---------------------------------------------------------------------------------------------
+# A device that cannot start
+# ---------------------------------------------------------------------------------------------
+
+
+def test_unusable_device_at_startup_fails_fast_by_default():
+    proc = ServiceProcess(DEVICES="sim:0,sim:9")
+    try:
+        deadline = time.monotonic() + 120
+        while proc.proc.poll() is None:  # never ready while it lives
+            assert time.monotonic() < deadline, "the service neither exited nor became ready"
+            try:
+                assert httpx.get(proc.url + "/readyz", timeout=2).status_code != 200, "became ready"
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        code = proc.proc.wait(10)
+        output = proc.output()
+    finally:
+        proc.kill()
+    assert code != 0, output[-3000:]
+    assert "sim:9" in output, output[-3000:]
+    assert "available devices: cpu, sim:0, sim:1, sim:2, sim:3" in output, output[-3000:]
+    assert "cannot be used" in output, output[-3000:]
+
+
+def test_unusable_device_is_skipped_when_asked():
+    with ServiceProcess(DEVICES="sim:0,sim:9", ON_DEVICE_FAILURE="skip") as proc:
+        with httpx.Client(base_url=proc.url, timeout=30) as http:
+            assert http.get("/v1/models").json()["devices"] == ["sim:0"]
+            ready = http.get("/readyz").json()
+            assert ready["ready"] and set(ready["workers"]) == {"sim:0/0", "sim:0/1"}
+            r = http.post("/predict", json={"model": "digits", "inputs": [[0] * 64, [[16] * 8] * 8]})
+            assert r.status_code == 200, r.text
+            assert r.json()["device"] == "sim:0" and len(r.json()["outputs"]) == 2
+        assert proc.total("worker_up") == 2
+    text = proc.output()[-20000:]
+    assert "skipping device 'sim:9'" in text and "available devices: cpu, sim:0" in text, text
+
+
+# ---------------------------------------------------------------------------------------------
+# Faults amid good traffic
+# ---------------------------------------------------------------------------------------------
+
+
+def test_model_faults_and_a_killed_worker_do_not_touch_other_requests():
+    rng = np.random.default_rng(0)
+    digits = [rng.integers(0, 17, 64).tolist() for _ in range(32)]
+
+    with ServiceProcess(MODELS="digits,faulty") as proc:
+        restarts_before = proc.total("worker_restarts_total")
+
+        async def main():
+            async with httpx.AsyncClient(base_url=proc.url, timeout=60) as http:
+                async def send(kind: str, inputs):
+                    try:
+                        model = "digits" if kind == "good" else "faulty"
+                        r = await http.post("/predict", json={"model": model, "inputs": inputs})
+                        return kind, r.status_code, r.text
+                    except Exception as exc:  # noqa: BLE001
+                        return kind, type(exc).__name__, str(exc)
+
+                async def good_client(c: int):
+                    return [await send("good", [digits[(c * 7 + i) % 32]]) for i in range(25)]
+
+                async def raising_client(c: int):
+                    out = []
+                    for i in range(10):
+                        out.append(await send("raise", [[-1.0, 0.25 * (i % 4), 0, c / 8]]))
+                        await asyncio.sleep(0.01)
+                    return out
+
+                async def killer():
+                    await asyncio.sleep(0.2)  # in the middle of the traffic
+                    return [await send("kill", [[-2.0, 0, 0, 0]])]
+
+                batches = await asyncio.gather(
+                    *[good_client(c) for c in range(8)], *[raising_client(c) for c in range(3)], killer()
+                )
+                return [r for batch in batches for r in batch]
+
+        results = asyncio.run(main())
+
+        # The dead worker is replaced, and the service is ready again.
+        deadline = time.monotonic() + 60
+        while True:
+            restarts = proc.total("worker_restarts_total") - restarts_before
+            ready = httpx.get(proc.url + "/readyz", timeout=10).status_code == 200
+            if restarts >= 1 and ready:
+                break
+            assert time.monotonic() < deadline, ("not recovered", restarts, ready, proc.output()[-6000:])
+            time.sleep(0.2)
+        after = [httpx.post(proc.url + "/predict", json={"model": "digits", "inputs": [d]}, timeout=30)
+                 for d in digits[:8]]
+        workers_up = proc.total("worker_up")
+        errors = proc.total("inference_requests_total", status="error")
+        ok = proc.total("inference_requests_total", status="ok")
+
+    kinds = {kind: [r for r in results if r[0] == kind] for kind in ("good", "raise", "kill")}
+    assert [len(kinds[k]) for k in ("good", "raise", "kill")] == [200, 30, 1]  # one answer each
+    bad_good = [r for r in kinds["good"] if r[1] != 200]
+    assert not bad_good, bad_good[:5]
+    assert all(r[1] == 500 and "failed on this request" in r[2] for r in kinds["raise"]), kinds["raise"]
+    # A raising request shares a forward pass only with other faulty requests; if the killer
+    # was one of them, it died with the worker. Otherwise it is the model's own error.
+    assert all("injected model failure" in r[2] or "died" in r[2] for r in kinds["raise"])
+    (kill,) = kinds["kill"]
+    assert kill[1] == 500 and "died" in kill[2], kill
+    assert restarts == 1
+    assert all(r.status_code == 200 for r in after)
+    assert workers_up == 8
+    assert errors == 31 and ok == 200 + 8
