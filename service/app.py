@@ -195,7 +195,7 @@ def create_app(settings: Settings) -> FastAPI:
         return {"Retry-After": str(settings.retry_after_s)}
 
     @app.post("/predict", response_model=PredictResponse, responses=errors)
-    async def predict(body: PredictRequest, request: Request) -> PredictResponse:
+    async def predict(body: PredictRequest, request: Request) -> Response:
         service: Service = request.app.state.service
         service.received += 1  # event-loop thread only
         try:
@@ -203,7 +203,7 @@ def create_app(settings: Settings) -> FastAPI:
         finally:
             service.answered += 1
 
-    async def _admit(service: Service, body: PredictRequest, arrived: float) -> PredictResponse:
+    async def _admit(service: Service, body: PredictRequest, arrived: float) -> Response:
         if service.draining:
             metrics.REQUESTS.labels(body.model, "none", "draining").inc()
             raise HTTPException(503, "the service is shutting down", headers=retry_after())
@@ -227,7 +227,7 @@ def create_app(settings: Settings) -> FastAPI:
             service._count(-1)
             metrics.IN_FLIGHT.dec()
 
-    async def _predict(service: Service, template, body: PredictRequest, arrived: float) -> PredictResponse:
+    async def _predict(service: Service, template, body: PredictRequest, arrived: float) -> Response:
         loop = asyncio.get_running_loop()
         try:
             tensor = await loop.run_in_executor(service.preprocess_pool, template.preprocess, body.inputs)
@@ -268,16 +268,19 @@ def create_app(settings: Settings) -> FastAPI:
         metrics.REQUESTS.labels(body.model, result["device"], "ok").inc()
         metrics.REQUEST_DURATION.labels(body.model, result["device"]).observe(done - arrived)
         started = result["compute_started"]
-        return PredictResponse(
-            model=body.model, outputs=result["outputs"], device=result["device"], worker=result["worker"],
-            batch_size=result["batch_size"],
-            timings={
+        # A plain JSONResponse: the payload is built here to PredictResponse's shape
+        # (the response_model above documents it), and skipping FastAPI's
+        # re-validation of every output saves a measurable share of a small request.
+        return JSONResponse({
+            "model": body.model, "outputs": result["outputs"], "device": result["device"],
+            "worker": result["worker"], "batch_size": result["batch_size"],
+            "timings": {
                 "preprocess_ms": round((preprocessed - arrived) * 1000, 3),
                 "queue_ms": round((started - job.enqueued) * 1000, 3),
                 "compute_ms": round((done - started) * 1000, 3),
                 "total_ms": round((done - arrived) * 1000, 3),
             },
-        )
+        })
 
     @app.get("/v1/models")
     async def list_models(request: Request) -> dict[str, Any]:
