@@ -9,7 +9,10 @@ for any in-process comparison. Prints a Markdown table and writes
 
   a. bare model ceiling: preprocess -> to(device) -> execute -> postprocess called
      directly, 1 thread and N threads (one per device), vs the service at
-     concurrency 1 (p50) and at saturation (throughput);
+     concurrency 1 (p50) and at saturation (throughput). Concurrency 1 runs in
+     interleaved rounds (bare, HTTP floor, service) and reports the median of
+     the per-round differences; the HTTP floor (benchmarks/http_floor_app.py)
+     is the bare forward inline in a FastAPI handler, what HTTP alone adds;
   b. global-lock workaround: benchmarks/global_lock_app.py, same devices;
   c. process per device: N service processes with one device each, vs one;
   d. dynamic batching on (max batch 8) vs off (max batch 1), at saturation.
@@ -56,10 +59,15 @@ def example_body(model: str) -> str:
     return json.dumps({"model": model, "inputs": inputs})
 
 
-# -- bare model (runs in a child process: `bench_service.py bare ...`) ---------------------------
+# -- bare model (a child process: `bench_service.py bare ...`, driven line by line on stdin) -------
 
 
-def bare(model: str, devices: list[str], seconds: float) -> dict:
+def bare(model: str, devices: list[str]) -> None:
+    """Answer "single SECONDS" / "threads SECONDS" on stdin with a JSON line {rps, p50_ms} each.
+
+    One loop thread per device, started once and kept: every round measures the
+    same threads, replicas and warm caches.
+    """
     import placeenv.sim
 
     placeenv.sim.prepare(4)
@@ -69,32 +77,63 @@ def bare(model: str, devices: list[str], seconds: float) -> dict:
     from models import registry
 
     inputs = json.loads(example_body(model))["inputs"]
+    go = [threading.Event() for _ in devices]
+    plan: dict = {}
 
-    def loop(device: str, out: list, stop_at: float) -> None:
+    def loop(index: int, device: str) -> None:
         paddle.set_device(device)
         replica = registry.create(model)
         replica.initialize(device)
         for _ in range(5):  # warm-up
             replica.postprocess(replica.execute(replica.preprocess(inputs).to(device)))
-        barrier.wait()
-        stop_at = time.perf_counter() + seconds
-        while time.perf_counter() < stop_at:
-            t = time.perf_counter()
-            replica.postprocess(replica.execute(replica.preprocess(inputs).to(device)))
-            out.append(time.perf_counter() - t)
+        ready.wait()
+        while True:
+            go[index].wait()
+            go[index].clear()
+            plan["barrier"].wait()
+            samples, stop_at = plan["samples"][index], time.perf_counter() + plan["seconds"]
+            while time.perf_counter() < stop_at:
+                t = time.perf_counter()
+                replica.postprocess(replica.execute(replica.preprocess(inputs).to(device)))
+                samples.append(time.perf_counter() - t)
+            plan["done"].release()
 
-    result = {}
-    for name, group in (("single", devices[:1]), ("threads", devices)):
-        barrier = threading.Barrier(len(group))
-        samples = [[] for _ in group]
-        threads = [threading.Thread(target=loop, args=(d, s, 0)) for d, s in zip(group, samples)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        flat = [x for s in samples for x in s]
-        result[name] = {"rps": len(flat) / seconds, "p50_ms": statistics.median(flat) * 1000}
-    return result
+    ready = threading.Barrier(len(devices) + 1)
+    for i, device in enumerate(devices):
+        threading.Thread(target=loop, args=(i, device), daemon=True).start()
+    ready.wait()
+    print("ready", flush=True)
+    for line in sys.stdin:
+        what, seconds = line.split()
+        group = range(1 if what == "single" else len(devices))
+        plan.update(seconds=float(seconds), samples=[[] for _ in devices], barrier=threading.Barrier(len(group)),
+                    done=threading.Semaphore(0))
+        for i in group:
+            go[i].set()
+        for _ in group:
+            plan["done"].acquire()
+        flat = [t for samples in plan["samples"] for t in samples]
+        print(json.dumps({"rps": len(flat) / float(seconds), "p50_ms": statistics.median(flat) * 1000}), flush=True)
+
+
+class Bare:
+    def __init__(self, model: str, devices: list[str]) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "bare", "--model", model, "--devices", str(len(devices))],
+            cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        )
+        while self.proc.stdout.readline().strip() != "ready":
+            if self.proc.poll() is not None:
+                raise RuntimeError("the bare-model process exited")
+
+    def run(self, what: str, seconds: float) -> dict:
+        self.proc.stdin.write(f"{what} {seconds}\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())
+
+    def stop(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(30)
 
 
 # -- servers and load ------------------------------------------------------------------------------
@@ -179,29 +218,46 @@ def main() -> None:
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=10)
     parser.add_argument("--connections", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds at concurrency 1")
+    parser.add_argument("--round-seconds", type=float, default=3)
     args = parser.parse_args()
     devices = [f"sim:{i}" for i in range(args.devices)]
     if args.command == "bare":
-        print(json.dumps(bare(args.model, devices, args.seconds)))
+        bare(args.model, devices)
         return
     if shutil.which("wrk") is None:
         sys.exit("wrk is not installed (apt-get install wrk)")
     body, secs, conns = example_body(args.model), args.seconds, args.connections
     r: dict = {"model": args.model, "devices": devices, "seconds": secs, "connections": conns,
-               "date": str(datetime.date.today()), "machine": f"{platform.machine()}, {os.cpu_count()} cores"}
+               "rounds": args.rounds, "date": str(datetime.date.today()),
+               "machine": f"{platform.machine()}, {os.cpu_count()} cores"}
 
-    out = subprocess.run([sys.executable, __file__, "bare", "--model", args.model, "--devices", str(args.devices),
-                          "--seconds", str(secs)], capture_output=True, text=True, cwd=ROOT, check=True)
-    r["bare"] = json.loads(out.stdout.strip().splitlines()[-1])
-
-    ours = service(devices, args.model)
+    # (a) at concurrency 1, in interleaved rounds: bare forward, HTTP floor, service. This VM's
+    # speed drifts by 20-30% over minutes; each round compares the three under the same drift.
+    ours, floor, model_only = service(devices, args.model), None, Bare(args.model, devices)
     try:
+        port = free_port()
+        floor = Server([sys.executable, "-m", "uvicorn", "benchmarks.http_floor_app:app", "--port", str(port),
+                        "--log-level", "warning"], {"PLACEENV_DEVICES": devices[0],
+                                                     "PLACEENV_MODELS": args.model}, port)
         warm(ours.url, body)
-        r["service_c1"] = wrk([ours.url], body, 1, secs)
+        warm(floor.url, body)
+        rounds = []
+        for _ in range(args.rounds):
+            rounds.append({
+                "bare": model_only.run("single", args.round_seconds)["p50_ms"],
+                "floor": wrk([floor.url], body, 1, args.round_seconds)["p50_ms"],
+                "service": wrk([ours.url], body, 1, args.round_seconds)["p50_ms"],
+            })
+        r["c1_rounds"] = rounds
+        r["bare"] = {"threads": model_only.run("threads", secs)}
         r["service_sat"] = wrk([ours.url], body, conns, secs)
         r["service_rss_mb"] = ours.rss_mb()
     finally:
         ours.stop()
+        model_only.stop()
+        if floor is not None:
+            floor.stop()
 
     port = free_port()
     lock = Server([sys.executable, "-m", "uvicorn", "benchmarks.global_lock_app:app", "--port", str(port),
@@ -238,13 +294,17 @@ def main() -> None:
 
 def table(r: dict) -> str:
     n = len(r["devices"])
-    bare, c1, sat = r["bare"], r["service_c1"], r["service_sat"]
+    bare, sat = r["bare"], r["service_sat"]
+    c1 = {k: statistics.median(x[k] for x in r["c1_rounds"]) for k in ("bare", "floor", "service")}
+    over = statistics.median(x["service"] - x["bare"] for x in r["c1_rounds"])
+    floor_over = statistics.median(x["floor"] - x["bare"] for x in r["c1_rounds"])
     lock, ppd, off = r["global_lock_sat"], r["process_per_device_sat"], r["batching_off_sat"]
     rows = [
-        ("a", "p50 at concurrency 1: service vs bare forward (1 thread)",
-         f"{c1['p50_ms']:.2f} ms vs {bare['single']['p50_ms']:.2f} ms",
-         f"+{c1['p50_ms'] - bare['single']['p50_ms']:.2f} ms", "<= +1 ms",
-         c1["p50_ms"] <= bare["single"]["p50_ms"] + 1),
+        ("a", f"p50 at concurrency 1: service vs bare forward (1 thread); median of {len(r['c1_rounds'])} "
+         "paired rounds", f"{c1['service']:.2f} ms vs {c1['bare']:.2f} ms", f"+{over:.2f} ms", "<= +1 ms",
+         over <= 1),
+        ("a", "reference: HTTP floor (bare forward inline in a FastAPI handler) vs bare forward",
+         f"{c1['floor']:.2f} ms vs {c1['bare']:.2f} ms", f"+{floor_over:.2f} ms", "-", True),
         ("a", f"saturated throughput: service vs bare forward ({n} threads)",
          f"{sat['rps']:.0f} vs {bare['threads']['rps']:.0f} req/s",
          f"{sat['rps'] / bare['threads']['rps']:.0%}", ">= 90%", sat["rps"] >= 0.9 * bare["threads"]["rps"]),

@@ -8,6 +8,7 @@ Lifecycle per worker thread: ``initialize(place)`` once, then for each request
 from __future__ import annotations
 
 import abc
+import itertools
 import math
 import reprlib
 from typing import Any, ClassVar
@@ -19,6 +20,8 @@ import placeenv
 from placeenv import PlaceEnv, device_name
 
 __all__ = ["InputError", "Model"]
+
+_NUMBER_TYPES = {int, float}
 
 
 class InputError(ValueError):
@@ -38,6 +41,8 @@ class Model(abc.ABC):
     def __init__(self) -> None:
         self.network: paddle.nn.Layer | None = None
         self.place = None
+        self._device = ""  # device_name(place)
+        self._env: PlaceEnv | None = None  # PlaceEnv(place), made once: it keeps no state, so reuse is safe
 
     @classmethod
     def describe(cls) -> dict[str, Any]:
@@ -67,7 +72,7 @@ class Model(abc.ABC):
         stray = {k: d for k, d in found.items() if d != want}
         if stray and strict:
             raise RuntimeError(f"{self.name}: weights not on {want}: {stray}")
-        self.network, self.place = network, place
+        self.network, self.place, self._device, self._env = network, place, want, PlaceEnv(place)
         return stray
 
     @abc.abstractmethod
@@ -92,6 +97,32 @@ class Model(abc.ABC):
         return batch
 
     def _example(self, index: int, example: Any) -> np.ndarray:
+        values = self._well_formed(example)
+        if values is not None:
+            self._check_values(f"example {index}", values)
+            return values.astype(np.float32).reshape(self.input_shape)
+        return self._diagnose(index, example)
+
+    def _well_formed(self, example: Any) -> np.ndarray | None:
+        """The common case, checked by C loops: nested lists of int/float in an accepted shape; else None."""
+        if type(example) is not list:
+            return None
+        try:
+            values = np.asarray(example, dtype=np.float64)  # ragged or huge raises; "1" and True convert...
+        except (ValueError, TypeError, OverflowError):
+            return None
+        if values.shape not in self.accepted_shapes:
+            return None
+        leaves = example
+        for _ in range(values.ndim - 1):
+            if any(type(row) is not list for row in leaves):
+                return None
+            leaves = list(itertools.chain.from_iterable(leaves))
+        # ...so every leaf must be a real int or float (bool, a subclass of int, is refused on purpose).
+        return values if set(map(type, leaves)) <= _NUMBER_TYPES else None
+
+    def _diagnose(self, index: int, example: Any) -> np.ndarray:
+        """The slow path, for anything unusual: validates cell by cell to name the exact problem."""
         where = f"example {index}"
         expected = " or ".join(str(s) for s in self.accepted_shapes)
         try:
@@ -143,12 +174,10 @@ class Model(abc.ABC):
         """Forward pass on this replica's place; ``batch`` must already be there."""
         if self.network is None:
             raise RuntimeError(f"{self.name}: execute before initialize")
-        if device_name(batch.place) != device_name(self.place):
-            raise RuntimeError(
-                f"{self.name}: batch on {device_name(batch.place)}, replica on {device_name(self.place)}"
-            )
+        if device_name(batch.place) != self._device:
+            raise RuntimeError(f"{self.name}: batch on {device_name(batch.place)}, replica on {self._device}")
         # PlaceEnv too: tensors the forward creates itself must land on this replica's place.
-        with PlaceEnv(self.place), paddle.no_grad():
+        with self._env, paddle.no_grad():
             return self.network(batch)
 
     @abc.abstractmethod
@@ -157,7 +186,7 @@ class Model(abc.ABC):
 
     def finalize(self) -> None:
         """Drop the network so its device memory can be reclaimed."""
-        self.network, self.place = None, None
+        self.network, self.place, self._device, self._env = None, None, "", None
 
 
 def softmax(logits: paddle.Tensor) -> np.ndarray:

@@ -38,8 +38,27 @@ def available_devices() -> list[str]:
     return names
 
 
+_NAMES: dict = {}  # place -> name; bounded by the devices a process has
+
+
 def device_name(place) -> str:
     """``'cpu'``, ``'gpu:0'``, ``'sim:1'``: the same names ``paddle.device.get_device()`` uses."""
+    try:
+        return _NAMES[place]  # one hash instead of up to six calls into Paddle; hot on request paths
+    except (KeyError, TypeError):
+        pass
+    name = _name(place)
+    if len(_NAMES) < 1024:
+        try:
+            key = core.Place()
+            key.set_place(place)  # a copy: the caller's object stays free to change
+            _NAMES[key] = name
+        except (TypeError, ValueError, RuntimeError):
+            pass
+    return name
+
+
+def _name(place) -> str:
     if place.is_cpu_place():
         return "cpu"
     if place.is_gpu_place():

@@ -41,6 +41,10 @@ class Settings(BaseSettings):
     )
     sim_devices: int = Field(4, ge=1, le=64, description="how many sim devices 'auto' creates")
     preprocess_threads: int = Field(2, ge=1, le=64, description="CPU threads for parsing and to_tensor")
+    inline_preprocess_bytes: int = Field(
+        4096, ge=0, description="bodies up to this size are preprocessed on the event loop thread, where "
+        "the work costs less than the two thread hand-offs it would take; 0: always on a preprocessing thread"
+    )
     on_device_failure: Literal["fail", "skip"] = Field(
         "fail", description="a device that cannot start: refuse to start, or start without it"
     )

@@ -66,6 +66,7 @@ class Worker:
         self.current: list[Job] = []
         self._stop = threading.Event()
         self._up = metrics.WORKER_UP.labels(name, device)
+        self._metrics: dict[str, tuple] = {}  # model -> labelled children, looked up once
         self.thread = threading.Thread(target=self._run, name=f"worker-{name}", daemon=True)
 
     def start(self) -> None:
@@ -128,9 +129,10 @@ class Worker:
             return
         if not self.isolation:
             paddle.set_device(self.device)  # what naive code does before each batch
+        queue_duration = self._children(replica.name)[0]
         for job in live:
             job.started = now
-            metrics.QUEUE_DURATION.labels(job.model, self.device).observe(now - job.enqueued)
+            queue_duration.observe(now - job.enqueued)
         try:
             outputs = self._forward(replica, live)
         except Exception as exc:  # noqa: BLE001 - a model's failure is the request's 500
@@ -150,11 +152,22 @@ class Worker:
             return
         self._answer([job], outputs)
 
+    def _children(self, model: str) -> tuple:
+        found = self._metrics.get(model)
+        if found is None:
+            found = self._metrics[model] = (
+                metrics.QUEUE_DURATION.labels(model, self.device),
+                metrics.BATCH_SIZE.labels(model),
+                metrics.COMPUTE_DURATION.labels(model, self.device),
+            )
+        return found
+
     def _forward(self, replica, jobs: list[Job]):
         started = time.perf_counter()
+        _, batch_size, compute_duration = self._children(replica.name)
         self.check("worker", paddle.get_device())
         examples = sum(job.examples for job in jobs)
-        metrics.BATCH_SIZE.labels(replica.name).observe(examples)
+        batch_size.observe(examples)
         if len(jobs) == 1:
             host = jobs[0].inputs
         else:
@@ -164,7 +177,7 @@ class Worker:
         out = replica.execute(batch)
         self.check("output", placeenv.device_name(out.place))
         results = replica.postprocess(out)
-        metrics.COMPUTE_DURATION.labels(replica.name, self.device).observe(time.perf_counter() - started)
+        compute_duration.observe(time.perf_counter() - started)
         return results, examples
 
     def _answer(self, jobs: list[Job], outputs) -> None:

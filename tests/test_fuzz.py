@@ -396,3 +396,27 @@ def test_valid_digits_inputs_validate_to_the_same_values(examples):
     tensor = model.preprocess(sent)
     assert placeenv.device_name(tensor.place) == "cpu"
     np.testing.assert_allclose(tensor.numpy(), expected / 16, rtol=1e-6)
+
+
+def _outcome(run):
+    try:
+        return run()
+    except InputError as exc:
+        return f"InputError: {exc}"
+
+
+@given(case=near_valid_digits(), mobilenet_case=near_valid_mobilenet())
+@settings(PROPERTY, max_examples=150)
+def test_fast_validation_path_agrees_with_the_cell_by_cell_path(case, mobilenet_case):
+    # _example takes a vectorised path for well-formed examples; _diagnose is the
+    # cell-by-cell path that names problems. Same value or same error, always.
+    for name, (batch, _) in (("digits", case), ("mobilenet", mobilenet_case)):
+        model = registry.create(name)
+        for example in batch:
+            fast = _outcome(lambda: model._example(0, example))
+            slow = _outcome(lambda: model._diagnose(0, example))
+            if isinstance(slow, str):
+                assert fast == slow
+            else:
+                np.testing.assert_array_equal(fast, slow)
+                assert fast.dtype == slow.dtype == np.float32
