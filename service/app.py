@@ -199,15 +199,6 @@ def create_app(settings: Settings) -> FastAPI:
         # JSON cannot encode either. Same 422 body otherwise.
         return EscapedJSONResponse({"detail": _json_safe(jsonable_encoder(exc.errors()))}, status_code=422)
 
-    labelled: dict[tuple, Any] = {}  # known models, devices and outcomes only: bounded
-
-    def child(metric, *labels):
-        """``metric.labels(*labels)``, looked up once: ``labels()`` takes a lock on every call."""
-        found = labelled.get((metric, *labels))
-        if found is None:
-            found = labelled[(metric, *labels)] = metric.labels(*labels)
-        return found
-
     def retry_after() -> dict[str, str]:
         return {"Retry-After": str(settings.retry_after_s)}
 
@@ -257,7 +248,7 @@ def create_app(settings: Settings) -> FastAPI:
             metrics.REQUESTS.labels(body.model, "none", "invalid").inc()
             raise HTTPException(422, str(exc)) from None
         preprocessed = time.perf_counter()
-        child(metrics.PREPROCESS_DURATION, body.model).observe(preprocessed - arrived)
+        metrics.child(metrics.PREPROCESS_DURATION, body.model).observe(preprocessed - arrived)
         service.check_cpu("preprocess", placeenv.device_name(tensor.place))
         job = Job(
             model=body.model, inputs=tensor, examples=int(tensor.shape[0]), loop=loop,
@@ -287,8 +278,8 @@ def create_app(settings: Settings) -> FastAPI:
         finally:
             timer.cancel()
         done = time.perf_counter()
-        child(metrics.REQUESTS, body.model, result["device"], "ok").inc()
-        child(metrics.REQUEST_DURATION, body.model, result["device"]).observe(done - arrived)
+        metrics.child(metrics.REQUESTS, body.model, result["device"], "ok").inc()
+        metrics.child(metrics.REQUEST_DURATION, body.model, result["device"]).observe(done - arrived)
         started = result["compute_started"]
         # A plain JSONResponse: the payload is built here to PredictResponse's shape
         # (the response_model above documents it), and skipping FastAPI's

@@ -7,6 +7,8 @@ and platform collectors.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import Counter, Gauge, Histogram, disable_created_metrics
 
 disable_created_metrics()  # *_created series double the exposition for no use here
@@ -49,3 +51,19 @@ DEVICE_LEAKS = Counter(
     ["worker", "expected", "actual", "stage"],
 )
 READY = Gauge("service_ready", "1 when every worker is up and the service is not draining.")
+
+
+_CHILDREN: dict[tuple, Any] = {}
+
+
+def child(metric, *labels: str):
+    """``metric.labels(*labels)``, looked up once: ``labels()`` takes a lock on every call.
+
+    For the request path, whose label values are known models, devices, stages
+    and outcomes, so the cache is bounded. Two threads racing on a first lookup
+    both get the one child Prometheus keeps for those labels.
+    """
+    found = _CHILDREN.get((metric, *labels))
+    if found is None:
+        found = _CHILDREN[(metric, *labels)] = metric.labels(*labels)
+    return found

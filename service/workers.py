@@ -37,14 +37,10 @@ class PlaceChecker:
 
     def __init__(self, worker: str, device: str) -> None:
         self.worker, self.device = worker, device
-        self._checks = {}
 
     def __call__(self, stage: str, actual: str, expected: str | None = None) -> bool:
         expected = self.device if expected is None else expected
-        counter = self._checks.get(stage)
-        if counter is None:
-            counter = self._checks[stage] = metrics.PLACE_CHECKS.labels(stage, self.device)
-        counter.inc()
+        metrics.child(metrics.PLACE_CHECKS, stage, self.device).inc()
         if actual == expected:
             return True
         metrics.DEVICE_LEAKS.labels(self.worker, expected, actual, stage).inc()
@@ -66,7 +62,6 @@ class Worker:
         self.current: list[Job] = []
         self._stop = threading.Event()
         self._up = metrics.WORKER_UP.labels(name, device)
-        self._metrics: dict[str, tuple] = {}  # model -> labelled children, looked up once
         self.thread = threading.Thread(target=self._run, name=f"worker-{name}", daemon=True)
 
     def start(self) -> None:
@@ -129,7 +124,7 @@ class Worker:
             return
         if not self.isolation:
             paddle.set_device(self.device)  # what naive code does before each batch
-        queue_duration = self._children(replica.name)[0]
+        queue_duration = metrics.child(metrics.QUEUE_DURATION, replica.name, self.device)
         for job in live:
             job.started = now
             queue_duration.observe(now - job.enqueued)
@@ -152,22 +147,11 @@ class Worker:
             return
         self._answer([job], outputs)
 
-    def _children(self, model: str) -> tuple:
-        found = self._metrics.get(model)
-        if found is None:
-            found = self._metrics[model] = (
-                metrics.QUEUE_DURATION.labels(model, self.device),
-                metrics.BATCH_SIZE.labels(model),
-                metrics.COMPUTE_DURATION.labels(model, self.device),
-            )
-        return found
-
     def _forward(self, replica, jobs: list[Job]):
         started = time.perf_counter()
-        _, batch_size, compute_duration = self._children(replica.name)
         self.check("worker", paddle.get_device())
         examples = sum(job.examples for job in jobs)
-        batch_size.observe(examples)
+        metrics.child(metrics.BATCH_SIZE, replica.name).observe(examples)
         if len(jobs) == 1:
             host = jobs[0].inputs
         else:
@@ -177,7 +161,8 @@ class Worker:
         out = replica.execute(batch)
         self.check("output", placeenv.device_name(out.place))
         results = replica.postprocess(out)
-        compute_duration.observe(time.perf_counter() - started)
+        compute = metrics.child(metrics.COMPUTE_DURATION, replica.name, self.device)
+        compute.observe(time.perf_counter() - started)
         return results, examples
 
     def _answer(self, jobs: list[Job], outputs) -> None:
