@@ -41,7 +41,6 @@ class Model(abc.ABC):
     def __init__(self) -> None:
         self.network: paddle.nn.Layer | None = None
         self.place = None
-        self._device = ""  # device_name(place)
         self._env: PlaceEnv | None = None  # PlaceEnv(place), made once: it keeps no state, so reuse is safe
 
     @classmethod
@@ -72,7 +71,7 @@ class Model(abc.ABC):
         stray = {k: d for k, d in found.items() if d != want}
         if stray and strict:
             raise RuntimeError(f"{self.name}: weights not on {want}: {stray}")
-        self.network, self.place, self._device, self._env = network, place, want, PlaceEnv(place)
+        self.network, self.place, self._env = network, place, PlaceEnv(place)
         return stray
 
     @abc.abstractmethod
@@ -174,8 +173,10 @@ class Model(abc.ABC):
         """Forward pass on this replica's place; ``batch`` must already be there."""
         if self.network is None:
             raise RuntimeError(f"{self.name}: execute before initialize")
-        if device_name(batch.place) != self._device:
-            raise RuntimeError(f"{self.name}: batch on {device_name(batch.place)}, replica on {self._device}")
+        if device_name(batch.place) != device_name(self.place):  # both cached lookups
+            raise RuntimeError(
+                f"{self.name}: batch on {device_name(batch.place)}, replica on {device_name(self.place)}"
+            )
         # PlaceEnv too: tensors the forward creates itself must land on this replica's place.
         with self._env, paddle.no_grad():
             return self.network(batch)
@@ -186,7 +187,7 @@ class Model(abc.ABC):
 
     def finalize(self) -> None:
         """Drop the network so its device memory can be reclaimed."""
-        self.network, self.place, self._device, self._env = None, None, "", None
+        self.network, self.place, self._env = None, None, None
 
 
 def softmax(logits: paddle.Tensor) -> np.ndarray:

@@ -237,7 +237,9 @@ def create_app(settings: Settings) -> FastAPI:
             service._count(-1)
             metrics.IN_FLIGHT.dec()
 
-    async def _predict(service: Service, template, body: PredictRequest, inline: bool, arrived: float) -> Response:
+    async def _predict(
+        service: Service, template, body: PredictRequest, inline: bool, arrived: float
+    ) -> Response:
         loop = asyncio.get_running_loop()
         try:
             if inline:  # small: cheaper here than two thread hand-offs
