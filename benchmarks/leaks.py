@@ -11,38 +11,20 @@ from __future__ import annotations
 
 import argparse
 import sys
-import threading
 
 import placeenv.sim
 
 placeenv.sim.prepare(4)
 
-import numpy as np  # noqa: E402
 import paddle  # noqa: E402
 
 import placeenv  # noqa: E402
+from placeenv.testing import count_wrong_places  # noqa: E402
 
 
 def run(iterations: int) -> dict[str, int]:
     paddle.set_device("sim:3")
-    counts = {"python": 0, "cpp": 0}
-    lock = threading.Lock()
-
-    def worker(device):
-        paddle.set_device(device)
-        py = cpp = 0
-        for _ in range(iterations):
-            py += placeenv.device_name(paddle.ones([2]).place) != device
-            cpp += placeenv.device_name(paddle.Tensor(np.ones(2, "float32")).place) != device
-        with lock:
-            counts["python"] += py
-            counts["cpp"] += cpp
-
-    threads = [threading.Thread(target=worker, args=(d,)) for d in ("sim:0", "sim:1")]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    counts = count_wrong_places(("sim:0", "sim:1"), iterations)
     counts["main moved"] = int(paddle.get_device() != "sim:3")
     return counts
 

@@ -18,9 +18,50 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 from dataclasses import dataclass
 
 import pytest
+
+
+def count_wrong_places(devices, iterations: int, timeout: float = 120) -> dict[str, int]:
+    """One thread per device: ``set_device(device)``, then ``iterations`` tensors made on each of
+    Paddle's two paths; how many landed elsewhere, per path.
+
+    The Python path is ``paddle.ones`` (``_current_expected_place_``); the C++
+    path is ``paddle.Tensor(ndarray)`` (the Tracer's expected place). Used by
+    the isolation tests and ``benchmarks/leaks.py``. A thread's error is re-raised.
+    """
+    import numpy as np
+    import paddle
+
+    from .places import device_name
+
+    counts, errors, lock = {"python": 0, "cpp": 0}, [], threading.Lock()
+
+    def worker(device: str) -> None:
+        try:
+            paddle.set_device(device)
+            python = cpp = 0
+            for _ in range(iterations):
+                python += device_name(paddle.ones([2]).place) != device
+                cpp += device_name(paddle.Tensor(np.ones(2, "float32")).place) != device
+            with lock:
+                counts["python"] += python
+                counts["cpp"] += cpp
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(device,)) for device in devices]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout)
+        if thread.is_alive():
+            raise TimeoutError(f"a leak-counting thread did not finish in {timeout} s")
+    if errors:
+        raise errors[0]
+    return counts
 
 
 @dataclass

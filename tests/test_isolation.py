@@ -15,6 +15,7 @@ import paddle
 import pytest
 
 from conftest import DEVICES, run_threads, where
+from placeenv.testing import count_wrong_places
 
 
 def test_main_thread_unchanged():
@@ -128,30 +129,9 @@ def test_main_thread_not_moved_by_child(mode):
         assert observed != ("sim:3",) * 3
 
 
-def _stress(n: int):
-    """Two threads on sim:1 / sim:2 creating tensors on both paths; counts wrong places."""
-    counts = {"python": 0, "cpp": 0}
-    lock = threading.Lock()
-
-    def worker(device):
-        paddle.set_device(device)
-        wrong_py = wrong_cpp = 0
-        for _ in range(n):
-            if where(paddle.ones([2])) != device:
-                wrong_py += 1
-            if where(paddle.Tensor(np.ones(2, "float32"))) != device:
-                wrong_cpp += 1
-        with lock:
-            counts["python"] += wrong_py
-            counts["cpp"] += wrong_cpp
-
-    run_threads(lambda: worker("sim:1"), lambda: worker("sim:2"))
-    return counts
-
-
 @pytest.mark.parametrize("path", ["python", "cpp"])
 def test_leak_stress_both_paths(mode, path, fast_switching):
-    counts = _stress(1500)
+    counts = count_wrong_places(("sim:1", "sim:2"), 1500)  # two threads, both creation paths
     if mode == "placeenv":
         assert counts[path] == 0, counts
     else:
