@@ -17,6 +17,7 @@ import paddle
 
 import placeenv
 from models import registry
+from models.base import host_tensor
 
 from . import metrics
 from .dispatch import DeviceQueue, Job
@@ -155,7 +156,7 @@ class Worker:
         if len(jobs) == 1:
             host = jobs[0].inputs
         else:
-            host = paddle.to_tensor(np.concatenate([job.inputs.numpy() for job in jobs]), place=paddle.CPUPlace())
+            host = host_tensor(np.concatenate([job.inputs.numpy() for job in jobs]))
         batch = host.to(self.place)
         self.check("batch", placeenv.device_name(batch.place))
         out = replica.execute(batch)
