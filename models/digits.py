@@ -67,6 +67,8 @@ class Digits(Model):
         return batch / np.float32(PIXEL_MAX)
 
     def postprocess(self, outputs: paddle.Tensor) -> list[dict[str, Any]]:
+        probabilities = softmax(outputs)  # tolist: Python ints and floats, one C call each
         return [
-            {"label": int(row.argmax()), "probabilities": [float(p) for p in row]} for row in softmax(outputs)
+            {"label": label, "probabilities": row}
+            for label, row in zip(probabilities.argmax(axis=1).tolist(), probabilities.tolist())
         ]

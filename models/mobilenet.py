@@ -56,4 +56,5 @@ class MobileNet(Model):
         return network
 
     def postprocess(self, outputs: paddle.Tensor) -> list[dict[str, Any]]:
-        return [{"label": int(row.argmax()), "scores": [float(s) for s in row]} for row in softmax(outputs)]
+        scores = softmax(outputs)  # tolist: Python ints and floats, one C call each
+        return [{"label": label, "scores": row} for label, row in zip(scores.argmax(axis=1).tolist(), scores.tolist())]

@@ -17,7 +17,7 @@ import paddle
 
 import placeenv
 from models import registry
-from models.base import host_tensor
+from models.base import host_tensor, move_to
 
 from . import metrics
 from .dispatch import DeviceQueue, Job
@@ -157,7 +157,7 @@ class Worker:
             host = jobs[0].inputs
         else:
             host = host_tensor(np.concatenate([job.inputs.numpy() for job in jobs]))
-        batch = host.to(self.place)
+        batch = move_to(host, self.place)
         self.check("batch", placeenv.device_name(batch.place))
         out = replica.execute(batch)
         self.check("output", placeenv.device_name(out.place))

@@ -13,7 +13,7 @@ from paddle.base import core
 
 import placeenv
 from models import registry
-from models.base import host_tensor
+from models.base import host_tensor, move_to
 from service.fastjson import FastJSONRequest
 
 BODIES = [
@@ -73,10 +73,25 @@ def _objects_left_after(step, n: int = 300) -> int:
 def test_host_tensor_is_to_tensor_on_cpu(dtype):
     array = (np.arange(24).reshape(2, 3, 4) * 1.5).astype(dtype)
     ours, stock = host_tensor(array), paddle.to_tensor(array, place=paddle.CPUPlace())
-    assert (ours.dtype, ours.shape, placeenv.device_name(ours.place)) == (stock.dtype, stock.shape, "cpu")
+    assert (ours.dtype, ours.shape, ours.stop_gradient, placeenv.device_name(ours.place)) == (
+        stock.dtype, stock.shape, stock.stop_gradient, "cpu"
+    )
     assert np.array_equal(ours.numpy(), stock.numpy())
     array[0, 0, 0] = 99  # a copy, not a view of the caller's array
     assert ours.numpy()[0, 0, 0] == 0
+
+
+@pytest.mark.parametrize("device", ["sim:2", "cpu"])
+@pytest.mark.parametrize("stop_gradient", [True, False])
+def test_move_to_is_tensor_to(device, stop_gradient):
+    source = host_tensor(np.arange(12, dtype="float32").reshape(3, 4))
+    source.stop_gradient = stop_gradient
+    place = placeenv.to_place(device)
+    ours, stock = move_to(source, place), source.to(place)
+    assert (placeenv.device_name(ours.place), ours.dtype, ours.shape, ours.stop_gradient) == (
+        placeenv.device_name(stock.place), stock.dtype, stock.shape, stock.stop_gradient
+    ) == (device, source.dtype, source.shape, stop_gradient)
+    assert np.array_equal(ours.numpy(), source.numpy())
 
 
 def test_the_request_path_leaks_no_python_objects():
@@ -87,8 +102,8 @@ def test_the_request_path_leaks_no_python_objects():
     arrays = [np.full((1, 64), 3.0, dtype="float32") for _ in range(3)]
 
     def request():  # what a worker does with one request, and with a batch of three
-        model.postprocess(model.execute(model.preprocess([example]).to("sim:1")))
-        model.execute(host_tensor(np.concatenate(arrays)).to("sim:1"))
+        model.postprocess(model.execute(move_to(model.preprocess([example]), model.place)))
+        model.execute(move_to(host_tensor(np.concatenate(arrays)), model.place))
 
     assert _objects_left_after(request) < 30
     # The negative control: the same count catches the leak host_tensor avoids.

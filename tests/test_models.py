@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 
 import numpy as np
@@ -138,6 +139,14 @@ def test_invalid_inputs_raise_input_error_naming_the_problem(inputs, message):
     with pytest.raises(InputError) as caught:
         models.create("digits").preprocess(inputs)
     assert message in str(caught.value)
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan")])
+def test_non_finite_values_are_refused_even_with_an_unbounded_range(value, monkeypatch):
+    model = models.create("digits")
+    monkeypatch.setattr(model, "value_range", (-math.inf, math.inf))  # the fast range check passes infinities
+    with pytest.raises(InputError, match="non-finite value"):
+        model.preprocess([GOOD[:4] + [value] + GOOD[5:]])
 
 
 def test_absurd_nesting_is_an_input_error():
