@@ -75,6 +75,7 @@ def bare(model: str, devices: list[str]) -> None:
 
     import placeenv  # noqa: F401
     from models import registry
+    from models.base import move_to
 
     inputs = json.loads(example_body(model))["inputs"]
     go = [threading.Event() for _ in devices]
@@ -85,7 +86,7 @@ def bare(model: str, devices: list[str]) -> None:
         replica = registry.create(model)
         replica.initialize(device)
         for _ in range(5):  # warm-up
-            replica.postprocess(replica.execute(replica.preprocess(inputs).to(device)))
+            replica.postprocess(replica.execute(move_to(replica.preprocess(inputs), replica.place)))
         ready.wait()
         while True:
             go[index].wait()
@@ -94,7 +95,7 @@ def bare(model: str, devices: list[str]) -> None:
             samples, stop_at = plan["samples"][index], time.perf_counter() + plan["seconds"]
             while time.perf_counter() < stop_at:
                 t = time.perf_counter()
-                replica.postprocess(replica.execute(replica.preprocess(inputs).to(device)))
+                replica.postprocess(replica.execute(move_to(replica.preprocess(inputs), replica.place)))
                 samples.append(time.perf_counter() - t)
             plan["done"].release()
 
@@ -301,10 +302,10 @@ def table(r: dict) -> str:
     lock, ppd, off = r["global_lock_sat"], r["process_per_device_sat"], r["batching_off_sat"]
     rows = [
         ("a", f"p50 at concurrency 1: service vs bare forward (1 thread); median of {len(r['c1_rounds'])} "
-         "paired rounds", f"{c1['service']:.2f} ms vs {c1['bare']:.2f} ms", f"+{over:.2f} ms", "<= +1 ms",
+         "paired rounds", f"{c1['service']:.2f} ms vs {c1['bare']:.2f} ms", f"{over:+.2f} ms", "<= +1 ms",
          over <= 1),
         ("a", "reference: HTTP floor (bare forward inline in a FastAPI handler) vs bare forward",
-         f"{c1['floor']:.2f} ms vs {c1['bare']:.2f} ms", f"+{floor_over:.2f} ms", "-", True),
+         f"{c1['floor']:.2f} ms vs {c1['bare']:.2f} ms", f"{floor_over:+.2f} ms", "-", True),
         ("a", f"saturated throughput: service vs bare forward ({n} threads)",
          f"{sat['rps']:.0f} vs {bare['threads']['rps']:.0f} req/s",
          f"{sat['rps'] / bare['threads']['rps']:.0%}", ">= 90%", sat["rps"] >= 0.9 * bare["threads"]["rps"]),

@@ -12,6 +12,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from benchmarks.global_lock_app import DEVICES, REPLICAS, Request
+from models.base import move_to
 
 app = FastAPI()
 
@@ -20,5 +21,5 @@ app = FastAPI()
 async def predict(body: Request) -> dict:
     device = DEVICES[0]
     replica = REPLICAS[device]
-    batch = replica.preprocess(body.inputs).to(device)
+    batch = move_to(replica.preprocess(body.inputs), replica.place)
     return {"model": body.model, "outputs": replica.postprocess(replica.execute(batch)), "device": device}
