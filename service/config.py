@@ -40,7 +40,7 @@ class Settings(BaseSettings):
         "call set_device before every batch, and the leak counters climb",
     )
     sim_devices: int = Field(4, ge=1, le=64, description="how many sim devices 'auto' creates")
-    preprocess_threads: int = Field(2, ge=1, le=64, description="CPU threads for parsing and to_tensor")
+    preprocess_threads: int = Field(2, ge=1, le=64, description="CPU threads that preprocess large bodies")
     inline_preprocess_bytes: int = Field(
         4096, ge=0, description="bodies up to this size are preprocessed on the event loop thread, where "
         "the work costs less than the two thread hand-offs it would take; 0: always on a preprocessing thread"
