@@ -85,8 +85,11 @@ def bare(model: str, devices: list[str]) -> None:
         paddle.set_device(device)
         replica = registry.create(model)
         replica.initialize(device)
-        for _ in range(5):  # warm-up
+        def call() -> None:  # what a worker does with one request, minus the queue
             replica.postprocess(replica.execute(move_to(replica.preprocess(inputs), replica.place)))
+
+        for _ in range(5):  # warm-up
+            call()
         ready.wait()
         while True:
             go[index].wait()
@@ -95,7 +98,7 @@ def bare(model: str, devices: list[str]) -> None:
             samples, stop_at = plan["samples"][index], time.perf_counter() + plan["seconds"]
             while time.perf_counter() < stop_at:
                 t = time.perf_counter()
-                replica.postprocess(replica.execute(move_to(replica.preprocess(inputs), replica.place)))
+                call()
                 samples.append(time.perf_counter() - t)
             plan["done"].release()
 
