@@ -32,7 +32,7 @@ from models.base import InputError
 from . import metrics
 from .config import Settings
 from .dispatch import DeviceQueue, Dispatcher, Draining, Job, QueueFull
-from .fastjson import FastJSONRoute
+from .fastjson import FastJSONResponse, FastJSONRoute
 from .workers import ModelError, PlaceChecker, WorkerDied, WorkerPool
 
 log = logging.getLogger("service")
@@ -174,7 +174,10 @@ def create_app(settings: Settings) -> FastAPI:
         finally:
             await asyncio.to_thread(service.stop)
 
+    otel = settings.opentelemetry
     app = FastAPI(
+        # Off, FastAPI skips its per-request look-up of OpenTelemetry providers (~4% of saturated throughput).
+        telemetry={"tracing": otel, "metrics": otel, "logs": otel},
         title="placeenv inference service",
         version="0.1.0",
         description="Paddle models on several devices from one process; each worker thread pins its own "
@@ -283,10 +286,10 @@ def create_app(settings: Settings) -> FastAPI:
         metrics.child(metrics.REQUESTS, body.model, result["device"], "ok").inc()
         metrics.child(metrics.REQUEST_DURATION, body.model, result["device"]).observe(done - arrived)
         started = result["compute_started"]
-        # A plain JSONResponse: the payload is built here to PredictResponse's shape
-        # (the response_model above documents it), and skipping FastAPI's
+        # A response object, not a dict: the payload is built here to PredictResponse's
+        # shape (the response_model above documents it), and skipping FastAPI's
         # re-validation of every output saves a measurable share of a small request.
-        return JSONResponse({
+        return FastJSONResponse({
             "model": body.model, "outputs": result["outputs"], "device": result["device"],
             "worker": result["worker"], "batch_size": result["batch_size"],
             "timings": {

@@ -54,6 +54,10 @@ class Settings(BaseSettings):
         "so a load balancer stops routing here"
     )
     retry_after_s: int = Field(1, ge=1, description="Retry-After on 503/429")
+    opentelemetry: bool = Field(
+        False, description="FastAPI's native OpenTelemetry instrumentation (spans, metrics and logs to the "
+        "globally configured OTel providers); off, the service's own Prometheus metrics remain"
+    )
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
 
     @field_validator("devices", "models")

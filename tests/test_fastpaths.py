@@ -5,6 +5,10 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import math
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import paddle
@@ -14,7 +18,7 @@ from paddle.base import core
 import placeenv
 from models import registry
 from models.base import host_tensor, move_to
-from service.fastjson import FastJSONRequest
+from service.fastjson import FastJSONRequest, FastJSONResponse
 
 BODIES = [
     b'{"model": "digits", "inputs": [[0, 1.5, -0.0, 1e400]]}',
@@ -45,6 +49,60 @@ def _outcome(parse, body):
 @pytest.mark.parametrize("body", BODIES + INVALID)
 def test_fast_json_body_parses_exactly_as_json_loads(body):
     assert _outcome(_parse, body) == _outcome(json.loads, body)
+
+
+ANSWERS = [
+    {"model": "digits", "outputs": [{"label": 3, "probabilities": [0.1 + 0.2, 1e-300, 5e-324, 1 / 3, 0.0]}],
+     "device": "sim:0", "worker": "sim:0/1", "batch_size": 7, "timings": {"total_ms": 1.234}},
+    {"text": "é ü \u2028 \"quoted\" \\ \n", "nested": [[], {}, [None, True, False]], "big": 2**63},
+]
+
+
+@pytest.mark.parametrize("answer", ANSWERS)
+def test_fast_json_response_is_the_json_of_json_dumps(answer):
+    fast = FastJSONResponse(answer)
+    plain = json.dumps(answer, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+    assert json.loads(fast.body) == json.loads(plain) == answer  # every float round-trips exactly
+    assert fast.headers["content-type"] == "application/json"
+
+
+def test_fast_json_response_names_non_finite_floats_where_json_dumps_raises():
+    answer = {"outputs": [math.nan, math.inf, -math.inf]}
+    with pytest.raises(ValueError):
+        json.dumps(answer, allow_nan=False)
+    assert json.loads(FastJSONResponse(answer).body) == {"outputs": ["NaN", "Infinity", "-Infinity"]}
+
+
+# In a child process: an OpenTelemetry tracer provider is process-global and can be set once.
+_OTEL_PROBE = textwrap.dedent("""
+    import sys, httpx, asyncio
+    from opentelemetry import trace
+    from service.app import create_app
+    from service.config import Settings
+
+    class Counting(trace.TracerProvider):  # a configured provider, to FastAPI
+        asked = 0
+        def get_tracer(self, *args, **kwargs):
+            Counting.asked += 1
+            return trace.NoOpTracer()
+
+    trace.set_tracer_provider(Counting())
+    app = create_app(Settings(opentelemetry=sys.argv[1] == "on", devices="cpu", models="digits"))
+
+    async def main():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+            assert (await client.get("/healthz")).status_code == 200
+    asyncio.run(main())
+    print(Counting.asked)
+""")
+
+
+@pytest.mark.parametrize("setting, traced", [("on", True), ("off", False)])
+def test_opentelemetry_setting_turns_fastapis_tracing_on_and_off(setting, traced):
+    # "on" is the control: the same probe sees FastAPI ask the configured provider for a tracer.
+    out = subprocess.run([sys.executable, "-c", _OTEL_PROBE, setting], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert (int(out.stdout.split()[-1]) > 0) is traced
 
 
 def test_device_name_cache_follows_a_place_object_that_changes():
