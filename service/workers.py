@@ -12,12 +12,11 @@ import logging
 import threading
 import time
 
-import numpy as np
 import paddle
 
 import placeenv
 from models import registry
-from models.base import host_tensor, move_to
+from models.base import move_to
 
 from . import metrics
 from .dispatch import DeviceQueue, Job
@@ -156,7 +155,9 @@ class Worker:
         if len(jobs) == 1:
             host = jobs[0].inputs
         else:
-            host = host_tensor(np.concatenate([job.inputs.numpy() for job in jobs]))
+            # One copy on the host (the inputs' place): 0.8 ms for 8 mobilenet examples where
+            # .numpy() + np.concatenate + a new tensor took 4.3, holding the GIL throughout.
+            host = paddle.concat([job.inputs for job in jobs])
         batch = move_to(host, self.place)
         self.check("batch", placeenv.device_name(batch.place))
         out = replica.execute(batch)

@@ -158,10 +158,11 @@ def test_the_request_path_leaks_no_python_objects():
     model.initialize("sim:1")
     example = [float(i % 17) for i in range(64)]
     arrays = [np.full((1, 64), 3.0, dtype="float32") for _ in range(3)]
+    jobs = [host_tensor(array) for array in arrays]
 
     def request():  # what a worker does with one request, and with a batch of three
         model.postprocess(model.execute(move_to(model.preprocess([example]), model.place)))
-        model.execute(move_to(host_tensor(np.concatenate(arrays)), model.place))
+        model.execute(move_to(paddle.concat(jobs), model.place))
 
     assert _objects_left_after(request) < 30
     # The negative control: the same count catches the leak host_tensor avoids.

@@ -99,6 +99,35 @@ def test_digits_answers_match_a_direct_cpu_forward(service):
     assert np.mean(np.array([o["label"] for o in served]) == Y_TEST[:100]) >= 0.95
 
 
+def test_requests_that_share_a_batch_each_get_their_own_answers(service):
+    import paddle
+
+    requests = [[example(r * 3 + k) for k in range(1 + r % 3)] for r in range(192)]  # 1 to 3 examples each
+
+    async def send_all():
+        async with httpx.AsyncClient(base_url=service.url, timeout=60) as http:
+            gate = asyncio.Semaphore(32)
+
+            async def one(inputs):
+                async with gate:
+                    return await http.post("/predict", json={"model": "digits", "inputs": inputs})
+
+            return await asyncio.gather(*[one(inputs) for inputs in requests])
+
+    answers = asyncio.run(send_all())
+    model = Digits()
+    model.initialize(paddle.CPUPlace())
+    shared = 0
+    for inputs, answer in zip(requests, answers):
+        assert answer.status_code == 200
+        body, direct = answer.json(), model.postprocess(model.execute(model.preprocess(inputs)))
+        assert [o["label"] for o in body["outputs"]] == [o["label"] for o in direct]
+        np.testing.assert_allclose([o["probabilities"] for o in body["outputs"]],
+                                   [o["probabilities"] for o in direct], atol=1e-5)
+        shared += body["batch_size"] > len(inputs)
+    assert shared > 0, "no request shared a batch: the batched path was not exercised"
+
+
 def test_models_health_metrics_and_docs(service):
     with httpx.Client(base_url=service.url, timeout=30) as http:
         listed = http.get("/v1/models").json()
