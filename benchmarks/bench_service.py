@@ -9,10 +9,13 @@ for any in-process comparison. Prints a Markdown table and writes
 
   a. bare model ceiling: preprocess -> to(device) -> execute -> postprocess called
      directly, 1 thread and N threads (one per device), vs the service at
-     concurrency 1 (p50) and at saturation (throughput). Concurrency 1 runs in
-     interleaved rounds (bare, HTTP floor, service) and reports the median of
-     the per-round differences; the HTTP floor (benchmarks/http_floor_app.py)
-     is the bare forward inline in a FastAPI handler, what HTTP alone adds;
+     concurrency 1 (p50) and at saturation (throughput). Concurrency 1 runs
+     twice: in interleaved rounds (a hot bare loop, then HTTP floor, then
+     service, wrk -c1) reporting the median of the per-round differences, and
+     request by request (the three take turns one request at a time, timed by
+     one client) reporting the median of the per-turn differences. The HTTP
+     floor (benchmarks/http_floor_app.py) is the bare forward inline in a
+     FastAPI handler, what HTTP alone adds;
   b. global-lock workaround: benchmarks/global_lock_app.py, same devices;
   c. process per device: N service processes with one device each, vs one;
   d. dynamic batching on (max batch 8) vs off (max batch 1), at saturation.
@@ -63,7 +66,9 @@ def example_body(model: str) -> str:
 
 
 def bare(model: str, devices: list[str]) -> None:
-    """Answer "single SECONDS" / "threads SECONDS" on stdin with a JSON line {rps, p50_ms} each.
+    """Answer "single SECONDS" / "threads SECONDS" / "one CALLS" on stdin with a JSON line {rps, p50_ms}.
+
+    "one CALLS" runs CALLS calls on the first thread only (for request-by-request turns).
 
     One loop thread per device, started once and kept: every round measures the
     same threads, replicas and warm caches.
@@ -73,7 +78,7 @@ def bare(model: str, devices: list[str]) -> None:
     placeenv.sim.prepare(4)
     import paddle
 
-    import placeenv  # noqa: F401
+    import placeenv
     from models import registry
     from models.base import move_to
 
@@ -95,8 +100,8 @@ def bare(model: str, devices: list[str]) -> None:
             go[index].wait()
             go[index].clear()
             plan["barrier"].wait()
-            samples, stop_at = plan["samples"][index], time.perf_counter() + plan["seconds"]
-            while time.perf_counter() < stop_at:
+            samples, stop_at, calls = plan["samples"][index], time.perf_counter() + plan["seconds"], plan["calls"]
+            while (len(samples) < calls) if calls else (time.perf_counter() < stop_at):
                 t = time.perf_counter()
                 call()
                 samples.append(time.perf_counter() - t)
@@ -108,16 +113,18 @@ def bare(model: str, devices: list[str]) -> None:
     ready.wait()
     print("ready", flush=True)
     for line in sys.stdin:
-        what, seconds = line.split()
-        group = range(1 if what == "single" else len(devices))
-        plan.update(seconds=float(seconds), samples=[[] for _ in devices], barrier=threading.Barrier(len(group)),
-                    done=threading.Semaphore(0))
+        what, amount = line.split()
+        group = range(len(devices) if what == "threads" else 1)
+        seconds, calls = (0.0, int(amount)) if what == "one" else (float(amount), 0)
+        plan.update(seconds=seconds, calls=calls, samples=[[] for _ in devices],
+                    barrier=threading.Barrier(len(group)), done=threading.Semaphore(0))
         for i in group:
             go[i].set()
         for _ in group:
             plan["done"].acquire()
         flat = [t for samples in plan["samples"] for t in samples]
-        print(json.dumps({"rps": len(flat) / float(seconds), "p50_ms": statistics.median(flat) * 1000}), flush=True)
+        rps = len(flat) / seconds if seconds else None
+        print(json.dumps({"rps": rps, "p50_ms": statistics.median(flat) * 1000}), flush=True)
 
 
 class Bare:
@@ -130,8 +137,8 @@ class Bare:
             if self.proc.poll() is not None:
                 raise RuntimeError("the bare-model process exited")
 
-    def run(self, what: str, seconds: float) -> dict:
-        self.proc.stdin.write(f"{what} {seconds}\n")
+    def run(self, what: str, amount: float) -> dict:
+        self.proc.stdin.write(f"{what} {amount}\n")
         self.proc.stdin.flush()
         return json.loads(self.proc.stdout.readline())
 
@@ -209,6 +216,62 @@ def _ms(text: str) -> float:
     return float(value) * {"us": 1e-3, "ms": 1.0, "s": 1000.0, "m": 60000.0}[unit]
 
 
+class OneAtATime:
+    """One keep-alive connection that sends one ``POST /predict`` at a time and times it, client side."""
+
+    def __init__(self, port: int, body: str) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        data = body.encode()
+        self.request = (f"POST /predict HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                        f"Content-Length: {len(data)}\r\n\r\n").encode() + data
+
+    def __call__(self) -> float:
+        """Milliseconds from sending the request to the last byte of a 200 answer."""
+        start = time.perf_counter()
+        self.sock.sendall(self.request)
+        buffer = b""
+        while b"\r\n\r\n" not in buffer:
+            buffer += self._recv()
+        head, rest = buffer.split(b"\r\n\r\n", 1)
+        length = int(re.search(rb"(?i)content-length:\s*(\d+)", head).group(1))
+        while len(rest) < length:
+            rest += self._recv()
+        elapsed = (time.perf_counter() - start) * 1000
+        if not head.startswith(b"HTTP/1.1 200"):
+            raise RuntimeError(f"answer {head.splitlines()[0]!r}")
+        return elapsed
+
+    def _recv(self) -> bytes:
+        chunk = self.sock.recv(1 << 16)
+        if not chunk:
+            raise RuntimeError("connection closed")
+        return chunk
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def request_by_request(model_only: Bare, floor: Server, ours: Server, body: str, seconds: float) -> dict:
+    """Concurrency 1 with bare call, HTTP floor and service taking turns one request at a time.
+
+    Every turn sees the same moment of the VM, and each of the three waits while
+    the other two run: the bare call, too, starts after a pause, as a worker does.
+    """
+    steps = {"bare": lambda: model_only.run("one", 1)["p50_ms"], "floor": OneAtATime(floor.port, body),
+             "service": OneAtATime(ours.port, body)}
+    names, turns = list(steps), []
+    stop_at = time.perf_counter() + seconds
+    while time.perf_counter() < stop_at:
+        k = len(turns) % len(names)  # rotate who goes first
+        turns.append({name: steps[name]() for name in names[k:] + names[:k]})
+    for name in ("floor", "service"):
+        steps[name].close()
+    return {"turns": len(turns), **{name: statistics.median(t[name] for t in turns) for name in names},
+            "service_over": statistics.median(t["service"] - t["bare"] for t in turns),
+            "floor_over": statistics.median(t["floor"] - t["bare"] for t in turns)}
+
+
 def warm(url: str, body: str, n: int = 20) -> None:
     with httpx.Client(timeout=60) as http:
         for _ in range(n):
@@ -224,6 +287,8 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds at concurrency 1")
     parser.add_argument("--round-seconds", type=float, default=3)
+    parser.add_argument("--turn-seconds", type=float, default=30,
+                        help="concurrency 1 request by request: bare, floor and service take turns this long")
     args = parser.parse_args()
     devices = [f"sim:{i}" for i in range(args.devices)]
     if args.command == "bare":
@@ -254,6 +319,7 @@ def main() -> None:
                 "service": wrk([ours.url], body, 1, args.round_seconds)["p50_ms"],
             })
         r["c1_rounds"] = rounds
+        r["c1_turns"] = request_by_request(model_only, floor, ours, body, args.turn_seconds)
         r["bare"] = {"threads": model_only.run("threads", secs)}
         r["service_sat"] = wrk([ours.url], body, conns, secs)
         r["service_rss_mb"] = ours.rss_mb()
@@ -303,12 +369,18 @@ def table(r: dict) -> str:
     over = statistics.median(x["service"] - x["bare"] for x in r["c1_rounds"])
     floor_over = statistics.median(x["floor"] - x["bare"] for x in r["c1_rounds"])
     lock, ppd, off = r["global_lock_sat"], r["process_per_device_sat"], r["batching_off_sat"]
+    turns = r["c1_turns"]
     rows = [
-        ("a", f"p50 at concurrency 1: service vs bare forward (1 thread); median of {len(r['c1_rounds'])} "
-         "paired rounds", f"{c1['service']:.2f} ms vs {c1['bare']:.2f} ms", f"{over:+.2f} ms", "<= +1 ms",
+        ("a", (f"p50 at concurrency 1: service vs bare forward (1 thread); median of {len(r['c1_rounds'])} "
+               "paired rounds"), f"{c1['service']:.2f} ms vs {c1['bare']:.2f} ms", f"{over:+.2f} ms", "<= +1 ms",
          over <= 1),
         ("a", "reference: HTTP floor (bare forward inline in a FastAPI handler) vs bare forward",
          f"{c1['floor']:.2f} ms vs {c1['bare']:.2f} ms", f"{floor_over:+.2f} ms", "-", True),
+        ("a", (f"p50 at concurrency 1, request by request: service vs bare forward; median of {turns['turns']} "
+               "turns"), f"{turns['service']:.2f} ms vs {turns['bare']:.2f} ms", f"{turns['service_over']:+.2f} ms",
+         "<= +1 ms", turns["service_over"] <= 1),
+        ("a", "reference: HTTP floor vs bare forward, request by request",
+         f"{turns['floor']:.2f} ms vs {turns['bare']:.2f} ms", f"{turns['floor_over']:+.2f} ms", "-", True),
         ("a", f"saturated throughput: service vs bare forward ({n} threads)",
          f"{sat['rps']:.0f} vs {bare['threads']['rps']:.0f} req/s",
          f"{sat['rps'] / bare['threads']['rps']:.0%}", ">= 90%", sat["rps"] >= 0.9 * bare["threads"]["rps"]),
