@@ -80,7 +80,6 @@ def bare(model: str, devices: list[str]) -> None:
 
     import placeenv
     from models import registry
-    from models.base import move_to
 
     inputs = json.loads(example_body(model))["inputs"]
     go = [threading.Event() for _ in devices]
@@ -90,11 +89,8 @@ def bare(model: str, devices: list[str]) -> None:
         paddle.set_device(device)
         replica = registry.create(model)
         replica.initialize(device)
-        def call() -> None:  # what a worker does with one request, minus the queue
-            replica.postprocess(replica.execute(move_to(replica.preprocess(inputs), replica.place)))
-
         for _ in range(5):  # warm-up
-            call()
+            replica.infer(inputs)
         ready.wait()
         while True:
             go[index].wait()
@@ -103,7 +99,7 @@ def bare(model: str, devices: list[str]) -> None:
             samples, stop_at, calls = plan["samples"][index], time.perf_counter() + plan["seconds"], plan["calls"]
             while (len(samples) < calls) if calls else (time.perf_counter() < stop_at):
                 t = time.perf_counter()
-                call()
+                replica.infer(inputs)  # what a worker does with one request, minus the queue
                 samples.append(time.perf_counter() - t)
             plan["done"].release()
 
@@ -252,7 +248,7 @@ class OneAtATime:
         self.sock.close()
 
 
-def request_by_request(model_only: Bare, floor: Server, ours: Server, body: str, seconds: float) -> dict:
+def request_by_request(model_only: Bare, floor: Server, ours: Server, body: str, seconds: float) -> list[dict]:
     """Concurrency 1 with bare call, HTTP floor and service taking turns one request at a time.
 
     Every turn sees the same moment of the VM, and each of the three waits while
@@ -267,9 +263,15 @@ def request_by_request(model_only: Bare, floor: Server, ours: Server, body: str,
         turns.append({name: steps[name]() for name in names[k:] + names[:k]})
     for name in ("floor", "service"):
         steps[name].close()
-    return {"turns": len(turns), **{name: statistics.median(t[name] for t in turns) for name in names},
-            "service_over": statistics.median(t["service"] - t["bare"] for t in turns),
-            "floor_over": statistics.median(t["floor"] - t["bare"] for t in turns)}
+    return turns
+
+
+def paired(samples: list[dict]) -> dict:
+    """Medians of {bare, floor, service} ms samples (rounds or turns), and of the paired differences."""
+    medians = {k: statistics.median(x[k] for x in samples) for k in ("bare", "floor", "service")}
+    return {**medians, "n": len(samples),
+            "service_over": statistics.median(x["service"] - x["bare"] for x in samples),
+            "floor_over": statistics.median(x["floor"] - x["bare"] for x in samples)}
 
 
 def warm(url: str, body: str, n: int = 20) -> None:
@@ -365,19 +367,15 @@ def main() -> None:
 def table(r: dict) -> str:
     n = len(r["devices"])
     bare, sat = r["bare"], r["service_sat"]
-    c1 = {k: statistics.median(x[k] for x in r["c1_rounds"]) for k in ("bare", "floor", "service")}
-    over = statistics.median(x["service"] - x["bare"] for x in r["c1_rounds"])
-    floor_over = statistics.median(x["floor"] - x["bare"] for x in r["c1_rounds"])
+    c1, turns = paired(r["c1_rounds"]), paired(r["c1_turns"])
     lock, ppd, off = r["global_lock_sat"], r["process_per_device_sat"], r["batching_off_sat"]
-    turns = r["c1_turns"]
     rows = [
-        ("a", (f"p50 at concurrency 1: service vs bare forward (1 thread); median of {len(r['c1_rounds'])} "
-               "paired rounds"), f"{c1['service']:.2f} ms vs {c1['bare']:.2f} ms", f"{over:+.2f} ms", "<= +1 ms",
-         over <= 1),
+        ("a", f"p50 at concurrency 1: service vs bare forward (1 thread); median of {c1['n']} paired rounds",
+         f"{c1['service']:.2f} ms vs {c1['bare']:.2f} ms", f"{c1['service_over']:+.2f} ms", "<= +1 ms",
+         c1["service_over"] <= 1),
         ("a", "reference: HTTP floor (bare forward inline in a FastAPI handler) vs bare forward",
-         f"{c1['floor']:.2f} ms vs {c1['bare']:.2f} ms", f"{floor_over:+.2f} ms", "-", True),
-        ("a", (f"p50 at concurrency 1, request by request: service vs bare forward; median of {turns['turns']} "
-               "turns"), f"{turns['service']:.2f} ms vs {turns['bare']:.2f} ms", f"{turns['service_over']:+.2f} ms",
+         f"{c1['floor']:.2f} ms vs {c1['bare']:.2f} ms", f"{c1['floor_over']:+.2f} ms", "-", True),
+        ("a", f"p50 at concurrency 1, request by request: service vs bare forward; median of {turns['n']} turns", f"{turns['service']:.2f} ms vs {turns['bare']:.2f} ms", f"{turns['service_over']:+.2f} ms",
          "<= +1 ms", turns["service_over"] <= 1),
         ("a", "reference: HTTP floor vs bare forward, request by request",
          f"{turns['floor']:.2f} ms vs {turns['bare']:.2f} ms", f"{turns['floor_over']:+.2f} ms", "-", True),

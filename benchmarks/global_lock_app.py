@@ -25,7 +25,6 @@ from pydantic import BaseModel  # noqa: E402
 
 import placeenv  # noqa: E402
 from models import registry  # noqa: E402
-from models.base import move_to  # noqa: E402
 
 placeenv.uninstall()  # stock Paddle: the lock is the only protection
 
@@ -56,6 +55,5 @@ def predict(body: Request) -> dict:
     replica = REPLICAS[device]
     with LOCK:
         paddle.set_device(device)
-        batch = move_to(replica.preprocess(body.inputs), replica.place)
-        outputs = replica.postprocess(replica.execute(batch))
+        outputs = replica.infer(body.inputs)
     return {"model": body.model, "outputs": outputs, "device": device}

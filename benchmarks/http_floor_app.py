@@ -12,7 +12,6 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from benchmarks.global_lock_app import DEVICES, REPLICAS, Request
-from models.base import move_to
 
 app = FastAPI()
 
@@ -21,5 +20,4 @@ app = FastAPI()
 async def predict(body: Request) -> dict:
     device = DEVICES[0]
     replica = REPLICAS[device]
-    batch = move_to(replica.preprocess(body.inputs), replica.place)
-    return {"model": body.model, "outputs": replica.postprocess(replica.execute(batch)), "device": device}
+    return {"model": body.model, "outputs": replica.infer(body.inputs), "device": device}

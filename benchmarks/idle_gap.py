@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import statistics
 import threading
@@ -35,7 +36,6 @@ from pydantic import BaseModel
 
 import placeenv
 from models import registry
-from models.base import move_to
 
 
 class Body(BaseModel):
@@ -94,9 +94,7 @@ def main() -> None:
         replica = registry.create(args.model)
         replica.initialize("sim:0")
 
-        def call() -> None:
-            replica.postprocess(replica.execute(move_to(replica.preprocess(inputs), replica.place)))
-
+        call = functools.partial(replica.infer, inputs)
         for name, gap in gaps.items():  # warm-up
             for _ in range(20):
                 gap()

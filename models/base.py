@@ -193,6 +193,12 @@ class Model(abc.ABC):
     def postprocess(self, outputs: paddle.Tensor) -> list[dict[str, Any]]:
         """One JSON-able dict per example."""
 
+    def infer(self, inputs: Any) -> list[dict[str, Any]]:
+        """One request end to end in the calling thread: preprocess, move to this replica's place,
+        execute, postprocess. What a worker does for a batch of one, without the queue; the
+        benchmarks' bare forward and the tests' direct answers."""
+        return self.postprocess(self.execute(move_to(self.preprocess(inputs), self.place)))
+
     def finalize(self) -> None:
         """Drop the network so its device memory can be reclaimed."""
         self.network, self.place, self._env = None, None, None
@@ -220,6 +226,11 @@ def move_to(tensor: paddle.Tensor, place) -> paddle.Tensor:
     moved = tensor._copy_to(place, True)
     moved.stop_gradient = tensor.stop_gradient
     return moved
+
+
+def labelled(scores: np.ndarray, key: str) -> list[dict[str, Any]]:
+    """``[{"label": argmax, key: row}]`` per row; ``tolist`` makes Python ints and floats in one C call each."""
+    return [{"label": label, key: row} for label, row in zip(scores.argmax(axis=1).tolist(), scores.tolist())]
 
 
 def softmax(logits: paddle.Tensor) -> np.ndarray:

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import paddle
 
-from .base import Model, softmax
+from .base import Model, labelled, softmax
 
 WEIGHTS = Path(__file__).with_name("weights") / "digits.pdparams"
 PIXEL_MAX = 16.0  # load_digits pixels are integers 0..16
@@ -67,8 +67,4 @@ class Digits(Model):
         return batch / np.float32(PIXEL_MAX)
 
     def postprocess(self, outputs: paddle.Tensor) -> list[dict[str, Any]]:
-        probabilities = softmax(outputs)  # tolist: Python ints and floats, one C call each
-        return [
-            {"label": label, "probabilities": row}
-            for label, row in zip(probabilities.argmax(axis=1).tolist(), probabilities.tolist())
-        ]
+        return labelled(softmax(outputs), "probabilities")

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import paddle
 
-from .base import Model, softmax
+from .base import Model, labelled, softmax
 
 SEED = 0
 
@@ -56,5 +56,4 @@ class MobileNet(Model):
         return network
 
     def postprocess(self, outputs: paddle.Tensor) -> list[dict[str, Any]]:
-        scores = softmax(outputs)  # tolist: Python ints and floats, one C call each
-        return [{"label": label, "scores": row} for label, row in zip(scores.argmax(axis=1).tolist(), scores.tolist())]
+        return labelled(softmax(outputs), "scores")

@@ -161,7 +161,7 @@ def test_the_request_path_leaks_no_python_objects():
     jobs = [host_tensor(array) for array in arrays]
 
     def request():  # what a worker does with one request, and with a batch of three
-        model.postprocess(model.execute(move_to(model.preprocess([example]), model.place)))
+        model.infer([example])
         model.execute(move_to(paddle.concat(jobs), model.place))
 
     assert _objects_left_after(request) < 30

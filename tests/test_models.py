@@ -24,8 +24,7 @@ def held_out():
 
 def serve(model: models.Model, inputs: list) -> list[dict]:
     """What a worker does per request: CPU preprocess, move to its device, execute, postprocess."""
-    batch = model.preprocess(inputs)
-    return model.postprocess(model.execute(batch.to(model.place)))
+    return model.infer(inputs)
 
 
 def digits_on(device: str) -> models.Model:

@@ -87,7 +87,7 @@ def test_digits_answers_match_a_direct_cpu_forward(service):
 
     model = Digits()
     model.initialize(paddle.CPUPlace())
-    direct = model.postprocess(model.execute(model.preprocess([example(i) for i in range(100)])))
+    direct = model.infer([example(i) for i in range(100)])
     with httpx.Client(base_url=service.url, timeout=60) as http:
         served = []
         for start in range(0, 100, 10):
@@ -120,7 +120,7 @@ def test_requests_that_share_a_batch_each_get_their_own_answers(service):
     shared = 0
     for inputs, answer in zip(requests, answers):
         assert answer.status_code == 200
-        body, direct = answer.json(), model.postprocess(model.execute(model.preprocess(inputs)))
+        body, direct = answer.json(), model.infer(inputs)
         assert [o["label"] for o in body["outputs"]] == [o["label"] for o in direct]
         np.testing.assert_allclose([o["probabilities"] for o in body["outputs"]],
                                    [o["probabilities"] for o in direct], atol=1e-5)
