@@ -99,13 +99,13 @@ def test_digits_answers_match_a_direct_cpu_forward(service):
     assert np.mean(np.array([o["label"] for o in served]) == Y_TEST[:100]) >= 0.95
 
 
-def test_requests_that_share_a_batch_each_get_their_own_answers(service):
+def test_requests_that_share_a_batch_each_get_their_own_answers():
     import paddle
 
     requests = [[example(r * 3 + k) for k in range(1 + r % 3)] for r in range(192)]  # 1 to 3 examples each
 
-    async def send_all():
-        async with httpx.AsyncClient(base_url=service.url, timeout=60) as http:
+    async def send_all(url):
+        async with httpx.AsyncClient(base_url=url, timeout=60) as http:
             gate = asyncio.Semaphore(32)
 
             async def one(inputs):
