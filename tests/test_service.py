@@ -114,7 +114,10 @@ def test_requests_that_share_a_batch_each_get_their_own_answers():
 
             return await asyncio.gather(*[one(inputs) for inputs in requests])
 
-    answers = asyncio.run(send_all())
+    # One worker that waits up to 20 ms to fill a batch: requests queue behind it and share
+    # batches whatever the machine's speed (8 workers could keep up with the client and never batch).
+    with ServiceProcess(DEVICES="sim:0", WORKERS_PER_DEVICE=1, MAX_BATCH_DELAY_MS=20) as proc:
+        answers = asyncio.run(send_all(proc.url))
     model = Digits()
     model.initialize(paddle.CPUPlace())
     shared = 0
