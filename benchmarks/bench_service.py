@@ -207,6 +207,14 @@ def wrk(urls: list[str], body: str, connections: int, seconds: float) -> dict:
     return {"rps": rps, "p50_ms": max(p50), "p99_ms": max(p99), "non_2xx": errors}
 
 
+def metric_samples(url: str) -> list:
+    """Every sample the service's /metrics shows now."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(url + "/metrics", timeout=30).text
+    return [sample for family in text_string_to_metric_families(text) for sample in family.samples]
+
+
 def _ms(text: str) -> float:
     value, unit = re.match(r"([\d.]+)(\w+)", text).groups()
     return float(value) * {"us": 1e-3, "ms": 1.0, "s": 1000.0, "m": 60000.0}[unit]

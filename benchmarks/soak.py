@@ -13,22 +13,18 @@ import argparse
 import datetime
 import time
 
-from bench_service import example_body, service, warm, wrk  # noqa: I001 - sibling script
-from prometheus_client.parser import text_string_to_metric_families
-import httpx
+from bench_service import example_body, metric_samples, service, warm, wrk
 
 
 def totals(url: str) -> dict[str, float]:
-    text = httpx.get(url + "/metrics", timeout=30).text
     out = {"checks": 0.0, "leaks": 0.0, "ok": 0.0, "non_ok": 0.0}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name == "placeenv_place_checks_total":
-                out["checks"] += s.value
-            elif s.name == "placeenv_device_leaks_total":
-                out["leaks"] += s.value
-            elif s.name == "inference_requests_total":
-                out["ok" if s.labels["status"] == "ok" else "non_ok"] += s.value
+    for s in metric_samples(url):
+        if s.name == "placeenv_place_checks_total":
+            out["checks"] += s.value
+        elif s.name == "placeenv_device_leaks_total":
+            out["leaks"] += s.value
+        elif s.name == "inference_requests_total":
+            out["ok" if s.labels["status"] == "ok" else "non_ok"] += s.value
     return out
 
 
