@@ -207,6 +207,19 @@ def wrk(urls: list[str], body: str, connections: int, seconds: float) -> dict:
     return {"rps": rps, "p50_ms": max(p50), "p99_ms": max(p99), "non_2xx": errors}
 
 
+def process_per_device(devices: list[str], model: str, body: str, connections: int,
+                       seconds: float) -> tuple[dict, float]:
+    """One service process per device under one wrk load: (wrk result, their total RSS in MB)."""
+    servers = [service([d], model) for d in devices]
+    try:
+        for s in servers:
+            warm(s.url, body, 10)
+        return wrk([s.url for s in servers], body, connections, seconds), sum(s.rss_mb() for s in servers)
+    finally:
+        for s in servers:
+            s.stop()
+
+
 def metric_samples(url: str) -> list:
     """Every sample the service's /metrics shows now."""
     from prometheus_client.parser import text_string_to_metric_families
@@ -349,15 +362,8 @@ def main() -> None:
     finally:
         lock.stop()
 
-    per_device = [service([d], args.model) for d in devices]
-    try:
-        for s in per_device:
-            warm(s.url, body, 10)
-        r["process_per_device_sat"] = wrk([s.url for s in per_device], body, conns, secs)
-        r["process_per_device_rss_mb"] = sum(s.rss_mb() for s in per_device)
-    finally:
-        for s in per_device:
-            s.stop()
+    r["process_per_device_sat"], r["process_per_device_rss_mb"] = process_per_device(
+        devices, args.model, body, conns, secs)
 
     unbatched = service(devices, args.model, MAX_BATCH_SIZE=1, MAX_BATCH_DELAY_MS=0)
     try:

@@ -20,7 +20,7 @@ import json
 import os
 import platform
 
-from bench_service import RESULTS, example_body, metric_samples, service, warm, wrk
+from bench_service import RESULTS, example_body, metric_samples, process_per_device, service, warm, wrk
 
 
 def forward_passes(url: str) -> tuple[float, float]:
@@ -44,15 +44,7 @@ def measure(devices: list[str], model: str, body: str, seconds: float, connectio
         mean_batch = (examples - examples_before) / (passes - passes_before)
     finally:
         one.stop()
-    each = [service([d], model) for d in devices]
-    try:
-        for s in each:
-            warm(s.url, body, 10)
-        each_sat = wrk([s.url for s in each], body, connections, seconds)
-        each_rss = sum(s.rss_mb() for s in each)
-    finally:
-        for s in each:
-            s.stop()
+    each_sat, each_rss = process_per_device(devices, model, body, connections, seconds)
     return {"n": len(devices), "one_rss_mb": one_rss, "each_rss_mb": each_rss,
             "one_rps": one_sat["rps"], "each_rps": each_sat["rps"], "one_mean_batch": mean_batch,
             "non_2xx": one_sat["non_2xx"] + each_sat["non_2xx"]}
