@@ -1,11 +1,13 @@
-"""placeenv overheads, measured side by side in one process (issue #2 targets).
+"""placeenv overheads against stock Paddle, in interleaved rounds in one process.
 
-    python benchmarks/bench_placeenv.py [--rounds 7]
-    eval "$(python -m placeenv.sim env)"; python benchmarks/bench_placeenv.py   # adds row a2
+    python benchmarks/bench_placeenv.py [--rounds 21]
+    eval "$(python -m placeenv.sim env)"; python benchmarks/bench_placeenv.py   # adds rows a2, a-child
 
-Each figure is the best of ``--rounds`` interleaved rounds (stock, patched,
-stock, patched, ...), so both sides see the same machine noise. Prints a
-Markdown table of per-call times and ratios.
+Each round times every case on both sides (stock, then placeenv, in an order
+that alternates from round to round), so both see the same machine noise.
+A side's figure in a round is the best of ``--repeat`` timeit runs; the table
+gives the per-round ratio's median and its spread (min-max over the rounds),
+and each side's median per-call time. Prints a Markdown table.
 """
 
 from __future__ import annotations
@@ -13,18 +15,20 @@ from __future__ import annotations
 import argparse
 import datetime
 import platform
+import statistics
 import threading
 import timeit
 
 import paddle
-import placeenv
 from paddle.base import framework
+
+import placeenv
 
 _current = framework._current_expected_place  # the function object: patched in place
 
 
-def per_call(stmt, number: int) -> float:
-    return timeit.timeit(stmt, number=number) / number
+def per_call(fn, number: int, repeat: int) -> float:
+    return min(timeit.repeat(fn, number=number, repeat=repeat)) / number
 
 
 def enter_exit(ctx):
@@ -34,75 +38,98 @@ def enter_exit(ctx):
     return run
 
 
-def in_child(fn, number):
-    out = []
-    t = threading.Thread(target=lambda: (paddle.ones([1]), out.append(per_call(fn, number))))
-    t.start()
-    t.join()
-    return out[0]
+def in_child(fn):
+    """Time ``fn`` in a new thread that has made a tensor (so its Tracer is set up)."""
+    def run(number, repeat):
+        out = []
+        thread = threading.Thread(target=lambda: (paddle.ones([1]), out.append(per_call(fn, number, repeat))))
+        thread.start()
+        thread.join()
+        return out[0]
+    return run
 
 
-def measure(rounds: int) -> list[tuple[str, str, float, float, str]]:
-    paddle.set_device("cpu")
-    cases = {
-        "a": ("PlaceEnv enter+exit vs paddle.device.device, same device as current", 20000),
-        "a2": ("the same, to another device", 20000),
-        "b-main": ("_current_expected_place(), main thread", 200000),
-        "b-child": ("_current_expected_place(), child thread", 200000),
-        "c": ("paddle.ones([2])", 20000),
-    }
-    best = {k: [float("inf"), float("inf")] for k in cases}
-    other = next((d for d in placeenv.available_devices() if d != "cpu"), None)
-    if other is None:
-        del cases["a2"]
-    device_cm, env = paddle.device.device("cpu"), placeenv.PlaceEnv("cpu")
-    other_cm = paddle.device.device(placeenv.to_place(other)) if other else None
-    other_env = placeenv.PlaceEnv(other) if other else None
+def cases(other: str | None):
+    """{key: (label, target kind, target, calls per run, {side: timer(number, repeat)})}."""
+    env, device_cm = placeenv.PlaceEnv("cpu"), paddle.device.device("cpu")
     ones = lambda: paddle.ones([2])  # noqa: E731
-    for _ in range(rounds):
-        for side in (0, 1):  # 0: stock, 1: patched
+
+    def same(stock, patched):
+        return {0: lambda n, r: per_call(stock, n, r), 1: lambda n, r: per_call(patched, n, r)}
+
+    table = {
+        "a": ("`with PlaceEnv` vs `with paddle.device.device`, main thread, current device",
+              "speed-up", 4.0, 20000, same(enter_exit(device_cm), enter_exit(env))),
+        "b-main": ("`_current_expected_place()`, main thread", "ratio", 1.10, 200000, same(_current, _current)),
+        "b-child": ("`_current_expected_place()`, child thread", "ratio", 1.30, 200000,
+                    {0: in_child(_current), 1: in_child(_current)}),
+        "c": ("`paddle.ones([2])`, main thread", "ratio", 1.03, 20000, same(ones, ones)),
+    }
+    if other is not None:
+        other_env, other_cm = placeenv.PlaceEnv(other), paddle.device.device(placeenv.to_place(other))
+        table["a2"] = (f"the same as a, to another device ({other})", "speed-up", None, 20000,
+                       same(enter_exit(other_cm), enter_exit(other_env)))
+        table["a-child"] = (f"the same as a, in a child thread, to {other} (switches the thread's Tracer)",
+                            "speed-up", None, 20000,
+                            {0: in_child(enter_exit(other_cm)), 1: in_child(enter_exit(other_env))})
+    return table
+
+
+def measure(rounds: int, repeat: int) -> dict[str, dict]:
+    other = next((d for d in placeenv.available_devices() if d != "cpu"), None)
+    table = cases(other)
+    times = {key: ([], []) for key in table}
+    for index in range(rounds):
+        for side in ((0, 1) if index % 2 == 0 else (1, 0)):  # 0: stock, 1: placeenv
             if side:
                 placeenv.install()
             else:
                 placeenv.uninstall()
             paddle.set_device("cpu")  # as each side would set it itself
-            runs = {
-                "a": lambda n: per_call(enter_exit(env if side else device_cm), n),
-                "a2": lambda n: per_call(enter_exit(other_env if side else other_cm), n),
-                "b-main": lambda n: per_call(_current, n),
-                "b-child": lambda n: in_child(_current, n),
-                "c": lambda n: per_call(ones, n),
-            }
-            for key, (_, number) in cases.items():
-                best[key][side] = min(best[key][side], runs[key](number))
+            for key, (*_, number, timers) in table.items():
+                times[key][side].append(timers[side](number, repeat))
     placeenv.install()
-    rows = []
-    for key, (label, _) in cases.items():
-        stock, patched = best[key]
-        rows.append((key, label, stock, patched, ""))
-    return rows
+    results = {}
+    for key, (label, kind, target, _, _) in table.items():
+        stock, patched = times[key]
+        ratios = [s / p if kind == "speed-up" else p / s for s, p in zip(stock, patched)]
+        results[key] = {
+            "label": label, "kind": kind, "target": target, "stock": statistics.median(stock),
+            "placeenv": statistics.median(patched), "median": statistics.median(ratios),
+            "min": min(ratios), "max": max(ratios),
+        }
+    return results
+
+
+def markdown(results: dict[str, dict], rounds: int, repeat: int) -> str:
+    lines = [
+        f"placeenv micro-benchmarks, {datetime.date.today()}, {platform.machine()}, "
+        f"Python {platform.python_version()}, Paddle {paddle.__version__}: {rounds} interleaved rounds, "
+        f"each side's figure in a round the best of {repeat} runs",
+        "",
+        "| # | measure | stock (median) | placeenv (median) | result: median (min-max) | target | met |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for key, r in results.items():
+        unit = "x faster" if r["kind"] == "speed-up" else "x"
+        result = f"{r['median']:.2f}{unit} ({r['min']:.2f}-{r['max']:.2f})"
+        if r["target"] is None:
+            goal, met = "-", "-"
+        elif r["kind"] == "speed-up":
+            goal, met = f">= {r['target']}x faster", "yes" if r["median"] >= r["target"] else "NO"
+        else:
+            goal, met = f"<= {r['target']}x", "yes" if r["median"] <= r["target"] else "NO"
+        lines.append(f"| {key} | {r['label']} | {r['stock'] * 1e6:.3f} us | {r['placeenv'] * 1e6:.3f} us "
+                     f"| {result} | {goal} | {met} |")
+    return "\n".join(lines)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--rounds", type=int, default=7)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=21)
+    parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    rows = measure(args.rounds)
-    targets = {"a": ("speed-up", 4.0), "a2": ("speed-up", None), "b-main": ("ratio", 1.10), "b-child": ("ratio", 1.30), "c": ("ratio", 1.03)}
-    print(f"placeenv micro-benchmarks, {datetime.date.today()}, {platform.machine()}, "
-          f"Python {platform.python_version()}, Paddle {paddle.__version__}, best of {args.rounds} rounds\n")
-    print("| # | measure | stock | placeenv | result | target | ok |")
-    print("|---|---|---|---|---|---|---|")
-    for key, label, stock, patched, _ in rows:
-        kind, target = targets[key]
-        if kind == "speed-up" and target is None:
-            ok, text, goal = None, f"{stock / patched:.2f}x faster", "(no target)"
-        elif kind == "speed-up":
-            ok, text, goal = stock / patched >= target, f"{stock / patched:.2f}x faster", f">= {target}x faster"
-        else:
-            ok, text, goal = patched / stock <= target, f"{patched / stock:.3f}x", f"<= {target}x"
-        verdict = "-" if ok is None else "yes" if ok else "NO"
-        print(f"| {key} | {label} | {stock * 1e6:.3f} us | {patched * 1e6:.3f} us | {text} | {goal} | {verdict} |")
+    print(markdown(measure(args.rounds, args.repeat), args.rounds, args.repeat))
 
 
 if __name__ == "__main__":

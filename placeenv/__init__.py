@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import importlib
 import importlib.abc
-import importlib.machinery
-import importlib.util
 import sys
+import warnings
 
 __all__ = [
     "PlaceEnv",
+    "UnsupportedPaddleError",
     "aio",
     "available_devices",
     "bind",
@@ -32,6 +32,9 @@ __all__ = [
     "uninstall",
 ]
 
+# Every name is loaded on first use, and none of these modules imports Paddle
+# when it loads: so any of them works before `import paddle`, after it, and
+# after placeenv.sim.prepare().
 _LAZY = {
     "aio": None,
     "PlaceEnv": "placeenv.env",
@@ -43,6 +46,7 @@ _LAZY = {
     "available_devices": "placeenv.places",
     "device_name": "placeenv.places",
     "to_place": "placeenv.places",
+    "UnsupportedPaddleError": "placeenv._internals",
 }
 
 
@@ -67,20 +71,33 @@ class _InstallAfterPaddleImport(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path=None, target=None):
         if fullname != "paddle":
             return None
-        # PathFinder directly: importlib.util.find_spec would come back here.
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None:
+        spec = None
+        for finder in sys.meta_path:  # the finders after this one, as the import system would ask them
+            if finder is not self and hasattr(finder, "find_spec"):
+                spec = finder.find_spec(fullname, path, target)
+                if spec is not None:
+                    break
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         exec_module = spec.loader.exec_module
 
         def exec_then_install(module):
             exec_module(module)
-            if self in sys.meta_path:
-                sys.meta_path.remove(self)
-            importlib.import_module("placeenv.patch").install()
+            _disarm()
+            patch = importlib.import_module("placeenv.patch")
+            try:
+                patch.install()
+            except importlib.import_module("placeenv._internals").UnsupportedPaddleError as error:
+                # `import paddle` itself must keep working; placeenv's own API raises the error.
+                warnings.warn(f"placeenv is not installed: {error}", RuntimeWarning, stacklevel=2)
 
         spec.loader.exec_module = exec_then_install
         return spec
+
+
+def _disarm() -> None:
+    """Stop ``import paddle`` from installing placeenv (it was installed, or uninstall() was asked)."""
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _InstallAfterPaddleImport)]
 
 
 if "paddle" in sys.modules:

@@ -1,22 +1,29 @@
-"""Every Paddle internal that placeenv touches, in one place.
+"""Every Paddle internal that placeenv and its service touch or call, in one place.
+
+Importing this module does not import Paddle. The names below become
+attributes of this module when :func:`resolve` runs (``install()`` runs it, and
+so does the first read of any of them): it checks Paddle's version first, then
+looks every name up, and an unsupported Paddle gets one
+:class:`UnsupportedPaddleError` listing everything it lacks, never an
+``AttributeError`` from deep inside a patch.
 
 The patch swaps the *code* of Paddle's own function objects, because about 40
 Paddle modules import them by name (``from ..framework import
 _current_expected_place``); rebinding a module attribute would miss them.
 A swapped function keeps its globals (``paddle.base.framework``), so the
-replacement bodies below read Paddle's own names (``_global_expected_place_``,
-``core``) plus a few helpers that the patch injects under ``_placeenv_*``
-names. ``uninstall()`` puts the original code objects back and deletes the
-injected names, so stock Paddle is restored exactly.
+replacement bodies at the end of this file read Paddle's own names
+(``_global_expected_place_``, ``core``) plus a few helpers that the patch
+injects under ``_placeenv_*`` names. ``uninstall()`` puts the original code
+objects back and deletes the injected names, so stock Paddle is restored
+exactly.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
+import threading
 import warnings
-
-import paddle
-from paddle.base import core, framework
 
 # Versions whose internals were read and tested. Anything else fails loudly
 # unless PLACEENV_ALLOW_UNTESTED_PADDLE=1.
@@ -25,11 +32,12 @@ ALLOW_UNTESTED_ENV = "PLACEENV_ALLOW_UNTESTED_PADDLE"
 
 
 class UnsupportedPaddleError(RuntimeError):
-    """The imported Paddle is a version whose internals placeenv has not checked."""
+    """The imported Paddle is a version placeenv has not checked, or lacks an internal it uses."""
 
 
 def check_version(version: str | None = None) -> None:
-    version = paddle.__version__ if version is None else version
+    if version is None:
+        version = importlib.import_module("paddle").__version__
     if version.startswith(tuple(v + "." for v in TESTED_PADDLE)):
         return
     message = (
@@ -43,62 +51,165 @@ def check_version(version: str | None = None) -> None:
     raise UnsupportedPaddleError(message)
 
 
-# -- the internals -----------------------------------------------------------
+# -- the internals, by where they live in the ``paddle`` package -------------
 
-#: Module holding the Python copy of the current device.
-FRAMEWORK = framework
-#: Tracer class: one is created per thread that diverges from the main device.
-Tracer = paddle.base.dygraph.tracer.Tracer
-#: Switches the C++ thread-local tracer (egr::Controller) of the calling thread.
-switch_tracer = core._switch_tracer
-#: threading.local with the Python-side tracer of each thread.
-global_var = framework.global_var
+#: This module's name for each internal -> its dotted path under ``paddle``.
+NAMES = {
+    # The device state. ``framework`` holds ``_global_expected_place_`` (the
+    # Python copy of the current device) and ``_dygraph_tracer_`` (the Tracer
+    # every new thread starts with); ``global_var`` is the threading.local with
+    # each thread's Tracer; ``switch_tracer`` sets the C++ thread-local one
+    # (egr::Controller) that Paddle's C++ side reads.
+    "framework": "base.framework",
+    "core": "base.core",
+    "global_var": "base.framework.global_var",
+    "Tracer": "base.dygraph.tracer.Tracer",
+    "switch_tracer": "base.core._switch_tracer",
+    "Place": "base.core.Place",
+    "CPUPlace": "base.core.CPUPlace",
+    "CUDAPlace": "base.core.CUDAPlace",
+    "XPUPlace": "base.core.XPUPlace",
+    "CustomPlace": "base.core.CustomPlace",
+    "CUDAPinnedPlace": "base.core.CUDAPinnedPlace",
+    "device_guard": "device.device_guard",
+    # Layer.astype, made to cast (placeenv.patch): the in-place cast Layer.to uses.
+    "Layer": "nn.Layer",
+    "layer_to_impl": "nn.Layer._to_impl",
+    "convert_dtype": "base.framework.convert_np_dtype_to_dtype_",
+    # The service's request path (placeenv.serve.models.base): a host tensor
+    # without the eager constructor's argument parsing, and the move Tensor.to
+    # ends in.
+    "C_ops_empty": "_C_ops.empty",
+    "tensor_get_tensor": "Tensor.get_tensor",
+    "dense_tensor_set": "base.core.DenseTensor.set",
+    "tensor_copy_to": "Tensor._copy_to",
+}
 
-#: Functions whose ``__code__`` is replaced, by dotted name inside framework.
+#: Module globals of ``framework`` that placeenv reads and writes.
+FRAMEWORK_GLOBALS = ("_global_expected_place_", "_dygraph_tracer_")
+
+#: Attributes of a Tracer that placeenv reads or writes: the device it carries,
+#: and the train mode a thread's own Tracer inherits from the one it replaces.
+TRACER_ATTRS = ("_expected_place", "_train_mode")
+
+#: Functions whose ``__code__`` is replaced, by dotted path under ``paddle``.
 #: ``_dygraph_place_guard`` is a contextmanager; its generator is ``__wrapped__``.
 #: ``GlobalThreadLocal.__setattr__`` rebinds ``framework._dygraph_tracer_`` (the
 #: Tracer each new thread starts with) whenever *any* thread switches Tracer,
 #: which would hand a thread's private Tracer to every thread started later.
+#: ``set_device`` keeps its body (a stock copy runs) and explains a refused
+#: ``'sim:N'`` (placeenv.places.explain_device).
 CODE_TARGETS = (
-    "_current_expected_place_",
-    "_set_expected_place",
-    "_dygraph_place_guard",
-    "GlobalThreadLocal.__setattr__",
+    "base.framework._current_expected_place_",
+    "base.framework._set_expected_place",
+    "base.framework._dygraph_place_guard",
+    "base.framework.GlobalThreadLocal.__setattr__",
+    "device.set_device",
 )
 
 #: Context-manager classes whose ``__enter__``/``__exit__`` keep state on the
 #: instance (``paddle.device.device``, ``device_guard``) or on the class
 #: (``paddle.device.Device._DEFAULT_DEVICE_STACK``): replaced by methods that
 #: keep a per-context stack. ``paddle.cuda.device`` is the same class object.
+#: Each with the attribute its replacement reads the target device from.
 GUARD_CLASSES = (
-    paddle.device.device,
-    paddle.device.device_guard,
-    paddle.device.Device,
+    ("device.device", "place"),
+    ("device.device_guard", "_target_place"),
+    ("device.Device", None),  # a str subclass: the device is its own value
 )
 
+#: Methods replaced by versions that do what the design says (placeenv.patch).
+METHOD_TARGETS = (("nn.Layer", "astype"),)
+
 #: Aliases added on install: the design's public name.
-ALIASES = ((paddle, "PlaceEnv"), (paddle.device, "PlaceEnv"))
+ALIASES = (("", "PlaceEnv"), ("device", "PlaceEnv"))
+
+_lock = threading.RLock()
+_resolved: dict | None = None
 
 
-def code_owner(name: str):
-    """The function object whose ``__code__`` we swap for ``framework.<name>``."""
-    fn = framework
-    for part in name.split("."):
-        fn = getattr(fn, part)
+def _lookup(root, path: str):
+    value = root
+    for part in path.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def resolve() -> None:
+    """Import Paddle, check its version, then look up every internal above (once)."""
+    global _resolved
+    if _resolved is not None:
+        return
+    with _lock:
+        if _resolved is not None:
+            return
+        # May run placeenv's import hook, whose install() resolves first: the
+        # check above then returns at once.
+        paddle = importlib.import_module("paddle")
+        if _resolved is not None:
+            return
+        check_version(paddle.__version__)
+        found, missing = {"paddle": paddle}, []
+        for name, path in NAMES.items():
+            try:
+                found[name] = _lookup(paddle, path)
+            except (AttributeError, ImportError):
+                missing.append(f"paddle.{path}")
+        framework = found.get("framework")
+        checks = [(f"paddle.base.framework.{g}", lambda g=g: framework.__dict__[g]) for g in FRAMEWORK_GLOBALS]
+        checks += [(f"paddle.{n}.__code__", lambda n=n: code_owner(n, paddle).__code__) for n in CODE_TARGETS]
+        checks += [(f"paddle.{p}.__enter__/__exit__",
+                    lambda p=p: [_lookup(paddle, p).__dict__[m] for m in ("__enter__", "__exit__")])
+                   for p, _ in GUARD_CLASSES]
+        checks += [(f"paddle.{p}.{m}", lambda p=p, m=m: _lookup(paddle, p).__dict__[m]) for p, m in METHOD_TARGETS]
+        if "Tracer" in found:
+            tracer = found["Tracer"]()
+            checks += [(f"Tracer().{a}", lambda a=a: getattr(tracer, a)) for a in TRACER_ATTRS]
+        if "device_guard" in found:
+            checks.append(("paddle.device.device_guard('cpu')._target_place",
+                           lambda: found["device_guard"]("cpu")._target_place))
+        for label, check in checks:
+            try:
+                check()
+            except (AttributeError, KeyError, TypeError):
+                missing.append(label)
+        if missing:
+            raise UnsupportedPaddleError(
+                f"Paddle {paddle.__version__} lacks internals placeenv uses: {', '.join(missing)}"
+            )
+        found["guard_classes"] = tuple((_lookup(paddle, p), attr) for p, attr in GUARD_CLASSES)
+        found["method_targets"] = tuple((_lookup(paddle, p), m) for p, m in METHOD_TARGETS)
+        found["aliases"] = tuple((_lookup(paddle, p) if p else paddle, a) for p, a in ALIASES)
+        globals().update(found)
+        _resolved = found
+
+
+def __getattr__(name: str):
+    # Reading an internal before install() resolves them all, version check first.
+    if name in NAMES or name in ("paddle", "guard_classes", "method_targets", "aliases"):
+        resolve()
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def code_owner(path: str, paddle=None):
+    """The function object whose ``__code__`` we swap for ``paddle.<path>``."""
+    fn = _lookup(paddle if paddle is not None else globals()["paddle"], path)
     return getattr(fn, "__wrapped__", fn)
 
 
-# -- replacement bodies (run with paddle.base.framework as their globals) ----
-# The _placeenv_* names are injected into framework's globals by the patch.
+# -- replacement bodies (run with the replaced function's module as their globals) --
+# The _placeenv_* names are injected into those modules' globals by the patch.
 
 
 def _current_expected_place_():
-    node = _placeenv_own()  # noqa: F821 - the ContextVar's bound get
+    node = _placeenv_own()  # noqa: F821 - the override ContextVar's bound get
     if node is None:
+        # Installed, the global device is None (not chosen yet) or a concrete
+        # place: placeenv.state is its only writer, and never stores the
+        # generic core.Place that stock Paddle also treats as "not chosen".
         place = _global_expected_place_  # noqa: F821
-        if place is None or type(place) is core.Place:
-            return _placeenv_init_global()  # noqa: F821
-        return place
+        return _placeenv_init_global() if place is None else place  # noqa: F821
     return node[0]
 
 
@@ -117,13 +228,22 @@ def _dygraph_place_guard(place):
 def __setattr__(self, name, val):
     if name == "_dygraph_tracer_":
         _placeenv_tracer_switched(val)  # noqa: F821
-        core._switch_tracer(val)
+        core._switch_tracer(val)  # noqa: F821
     self.__dict__[name] = val
 
 
+def set_device(device):
+    try:
+        return _placeenv_stock_set_device(device)  # noqa: F821
+    except ValueError as error:
+        _placeenv_explain_device(device, error)  # noqa: F821 - raises a clearer error, or returns
+        raise
+
+
 REPLACEMENTS = {
-    "_current_expected_place_": _current_expected_place_,
-    "_set_expected_place": _set_expected_place,
-    "_dygraph_place_guard": _dygraph_place_guard,
-    "GlobalThreadLocal.__setattr__": __setattr__,
+    "base.framework._current_expected_place_": _current_expected_place_,
+    "base.framework._set_expected_place": _set_expected_place,
+    "base.framework._dygraph_place_guard": _dygraph_place_guard,
+    "base.framework.GlobalThreadLocal.__setattr__": __setattr__,
+    "device.set_device": set_device,
 }

@@ -8,7 +8,6 @@ import inspect
 import types
 
 from . import state
-from .state import override as _override
 from .places import device_name, to_place
 
 __all__ = ["PlaceEnv", "bind", "current_place"]
@@ -28,7 +27,8 @@ class PlaceEnv:
     the available ones.
 
     The scope belongs to the calling thread or asyncio task only. The
-    instance holds nothing per use, so one instance can be entered from many
+    instance holds nothing per use (the scope lives in a ContextVar, and
+    remembers how to undo itself), so one instance can be entered from many
     threads and tasks at once, nested and re-entered.
 
     As a decorator it handles plain functions and methods, ``async def``
@@ -45,23 +45,12 @@ class PlaceEnv:
     def __repr__(self) -> str:
         return f"PlaceEnv({device_name(self.place)!r})"
 
-    # __enter__/__exit__ are state.enter/leave inlined: this is the hot path.
-    def __enter__(self, _get=_override.get, _set=_override.set, _sync=state.sync_tracer):
-        place = self.place
-        if state.enabled:
-            _set((place, _get()))
-            _sync(place)
-        else:
-            state.enter_guard(place)
-        return place
+    def __enter__(self):
+        state.enter(self.place)
+        return self.place
 
-    def __exit__(self, exc_type, exc, tb, _get=_override.get, _set=_override.set, _sync=state.sync_tracer):
-        if state.enabled:
-            outer = _get()[1]
-            _set(outer)
-            _sync(None if outer is None else outer[0])
-        else:
-            state.leave_guard()
+    def __exit__(self, exc_type, exc, tb):
+        state.leave()
         return False
 
     def __call__(self, fn):
@@ -69,7 +58,7 @@ class PlaceEnv:
         if inspect.isasyncgenfunction(fn):
             @functools.wraps(fn)
             async def async_gen_wrapper(*args, **kwargs):
-                agen, carry = fn(*args, **kwargs), [(place, None)]
+                agen, carry = fn(*args, **kwargs), [(place, None, state.PATCHED)]
                 try:
                     value, error = None, None
                     while True:
@@ -92,7 +81,7 @@ class PlaceEnv:
         if inspect.iscoroutinefunction(fn):
             @functools.wraps(fn)
             async def coroutine_wrapper(*args, **kwargs):
-                return await _step([(place, None)], fn(*args, **kwargs))
+                return await _step([(place, None, state.PATCHED)], fn(*args, **kwargs))
 
             return coroutine_wrapper
 
@@ -100,7 +89,7 @@ class PlaceEnv:
             @functools.wraps(fn)
             def generator_wrapper(*args, **kwargs):
                 gen = fn(*args, **kwargs)
-                return (yield from _stepped([(place, None)], gen))
+                return (yield from _stepped([(place, None, state.PATCHED)], gen))
 
             return generator_wrapper
 

@@ -2,38 +2,57 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 import types
+
+import numpy as np
 
 from . import _internals as _pd
 from . import state
 from .env import PlaceEnv
-from .places import to_place
+from .places import explain_device, to_place
 
 __all__ = ["install", "installed", "uninstall"]
 
 _lock = threading.RLock()
 _saved: dict | None = None  # what install replaced; None when not installed
-
-
-def _guard_target(guard):
-    if isinstance(guard, _pd.paddle.device.Device):
-        return to_place(str(guard))
-    if isinstance(guard, _pd.paddle.device.device_guard):
-        return guard._target_place
-    return guard.place  # paddle.device.device / paddle.cuda.device
+_MISSING = object()
 
 
 def _guard_enter(self):
     # Paddle keeps the previous device on the instance (device) or on a
     # class-level stack (Device); both are shared between threads.
-    state.enter_guard(_guard_target(self))
-    return self if isinstance(self, _pd.paddle.device.Device) else None
+    attr = next(attr for cls, attr in _pd.guard_classes if isinstance(self, cls))
+    state.enter_guard(to_place(str(self)) if attr is None else getattr(self, attr))
+    return self if attr is None else None  # as stock: only paddle.device('x') returns itself
 
 
 def _guard_exit(self, exc_type, exc, tb):
     state.leave_guard()
     return False
+
+#: The dtypes stock ``Layer.astype`` accepts as strings (its docstring's list).
+ASTYPE_DTYPES = ("bfloat16", "float16", "float32", "float64", "int8", "int16", "int32", "int64",
+                 "uint8", "complex64", "complex128", "bool")
+
+
+def _layer_astype(self, dtype=None):
+    """Cast every parameter (and its gradient) and every buffer of the layer and its sublayers to
+    ``dtype``, in place, and return the layer.
+
+    Stock Paddle 3.3's ``Layer.astype`` computes the casts and drops them
+    (``param._to(None, dtype)`` returns a new tensor), so the layer keeps its
+    dtypes. This does the cast ``Layer.to(dtype=...)`` does, for every dtype
+    in the list, floating or not. Anything else goes to stock ``astype``,
+    which raises its own ValueError.
+    """
+    if isinstance(dtype, (_pd.paddle.dtype, np.dtype)) or (type(dtype) is str and dtype in ASTYPE_DTYPES):
+        if not isinstance(dtype, _pd.paddle.dtype):
+            dtype = _pd.convert_dtype(dtype)
+        _pd.layer_to_impl(self, dtype=dtype, floating_only=False)
+        return self
+    return _saved["methods"][(_pd.Layer, "astype")](self, dtype)
 
 
 def _injected() -> dict:
@@ -44,73 +63,103 @@ def _injected() -> dict:
         "_placeenv_push": state.push,
         "_placeenv_pop": state.pop,
         "_placeenv_tracer_switched": state.tracer_switched,
+        "_placeenv_explain_device": explain_device,
+        "_placeenv_stock_set_device": _saved_function("device.set_device"),
     }
+
+
+def _saved_function(path: str):
+    """A callable copy of the stock function at ``path`` (its code, its module's globals)."""
+    owner = _pd.code_owner(path)
+    return types.FunctionType(_saved["code"][path], owner.__globals__, f"_stock_{owner.__name__}")
 
 
 def install() -> None:
     """Make Paddle's device per thread and per asyncio task. Idempotent.
 
-    Threads that already touched Paddle need nothing: until they set a device
-    of their own they share the main thread's Tracer, which is exactly the
-    "follow the main thread" state.
+    Imports Paddle if it is not imported yet. Threads that already touched
+    Paddle need nothing: until they set a device of their own they share the
+    main thread's Tracer, which is exactly the "follow the main thread" state.
     """
     global _saved
+    _pd.resolve()  # outside the lock: importing Paddle may run the import hook's install()
     with _lock:
         if _saved is not None:
             return
-        _pd.check_version()
-        framework = _pd.FRAMEWORK
-        saved = {"code": {}, "methods": {}, "aliases": {}}
-        for name in _pd.CODE_TARGETS:
-            owner = _pd.code_owner(name)
-            saved["code"][name] = owner.__code__
-        state._stock_current = types.FunctionType(
-            saved["code"]["_current_expected_place_"], framework.__dict__, "_stock_current_expected_place_"
-        )
-        framework.__dict__.update(_injected())
-        for name, code in saved["code"].items():
-            _pd.code_owner(name).__code__ = _pd.REPLACEMENTS[name].__code__
-        for cls in _pd.GUARD_CLASSES:
-            saved["methods"][cls] = (cls.__dict__["__enter__"], cls.__dict__["__exit__"])
+        _disarm_import_hook()
+        _saved = saved = {"code": {}, "methods": {}, "aliases": {}}
+        for path in _pd.CODE_TARGETS:
+            saved["code"][path] = _pd.code_owner(path).__code__
+        state._stock_current = _saved_function("base.framework._current_expected_place_")
+        injected = saved["injected"] = _injected()
+        for path in _pd.CODE_TARGETS:
+            owner = _pd.code_owner(path)
+            owner.__globals__.update(injected)
+            owner.__code__ = _pd.REPLACEMENTS[path].__code__
+        for cls, _ in _pd.guard_classes:
+            saved["methods"][(cls, "__enter__")] = cls.__dict__["__enter__"]
+            saved["methods"][(cls, "__exit__")] = cls.__dict__["__exit__"]
             cls.__enter__, cls.__exit__ = _guard_enter, _guard_exit
-        for module, attr in _pd.ALIASES:
+        for cls, name in _pd.method_targets:
+            saved["methods"][(cls, name)] = cls.__dict__[name]
+        _pd.Layer.astype = _layer_astype
+        for module, attr in _pd.aliases:
             saved["aliases"][(module, attr)] = module.__dict__.get(attr, _MISSING)
             setattr(module, attr, PlaceEnv)
-        _saved = saved
+        # Whatever the main thread set before install is the global device.
+        state.set_global(_pd.framework._global_expected_place_)
         state.enabled = True
 
 
 def uninstall() -> None:
     """Restore stock Paddle: the original function code, methods and attributes.
 
-    Threads still running that had a device of their own keep their private
-    Tracer until they end; Paddle code no longer reads placeenv's state.
+    After it, Paddle has one device for all threads again: the global device.
+
+    * The calling thread, and every thread that follows the main thread, run on
+      stock Paddle at once.
+    * A ``PlaceEnv`` scope (or decorated function) still open in any thread
+      exits cleanly: it restores what it changed, and its thread goes back to
+      Paddle's shared Tracer.
+    * A thread that set a device of its own with ``paddle.set_device`` keeps its
+      private Tracer until it ends; that Tracer is re-aimed here at the global
+      device, so both of Paddle's levels agree in that thread. It does not see
+      a later ``paddle.set_device`` of another thread on Paddle's C++ level
+      (the Python level follows it as usual), so call uninstall() when such
+      threads are done, or have them call ``paddle.set_device`` again.
+
+    If Paddle is not imported yet, this only keeps ``import paddle`` from
+    installing placeenv.
     """
     global _saved
     with _lock:
+        _disarm_import_hook()
         if _saved is None:
             return
-        saved, _saved = _saved, None
-        state.restore_thread()
+        saved = _saved
         state.enabled = False
-        framework = _pd.FRAMEWORK
-        for name, code in saved["code"].items():
-            _pd.code_owner(name).__code__ = code
-        for name in _injected():
-            framework.__dict__.pop(name, None)
-        for cls, (enter, exit_) in saved["methods"].items():
-            cls.__enter__, cls.__exit__ = enter, exit_
+        state.restore_thread()
+        for path, code in saved["code"].items():
+            owner = _pd.code_owner(path)
+            owner.__code__ = code
+            for name in saved["injected"]:
+                owner.__globals__.pop(name, None)
+        for (cls, name), method in saved["methods"].items():
+            setattr(cls, name, method)
         for (module, attr), value in saved["aliases"].items():
             if value is _MISSING:
                 delattr(module, attr)
             else:
                 setattr(module, attr, value)
-        state.override.set(None)
-        state.guards.set(None)
+        state.release_private_tracers(state.current())
+        _saved = None
 
 
 def installed() -> bool:
     return _saved is not None
 
 
-_MISSING = object()
+def _disarm_import_hook() -> None:
+    package = sys.modules.get("placeenv")
+    if package is not None:
+        package._disarm()

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import re
 
-from paddle.base import core
+from . import _internals as _pd
+from .sim import DEVICE_TYPE as SIM
 
 __all__ = ["available_devices", "device_name", "to_place"]
 
-_PLACE_TYPES = (core.CPUPlace, core.CUDAPlace, core.XPUPlace, core.CustomPlace, core.CUDAPinnedPlace)
 _DEVICE_RE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(?::\s*(\d{1,9}))?\s*$")
 _MAX_INDEX = 10**9
 
@@ -16,17 +16,17 @@ _MAX_INDEX = 10**9
 def _count(kind: str) -> int:
     try:
         if kind == "gpu":
-            return core.get_cuda_device_count() if core.is_compiled_with_cuda() else 0
+            return _pd.core.get_cuda_device_count() if _pd.core.is_compiled_with_cuda() else 0
         if kind == "xpu":
-            return core.get_xpu_device_count() if core.is_compiled_with_xpu() else 0
-        return core.get_custom_device_count(kind)
+            return _pd.core.get_xpu_device_count() if _pd.core.is_compiled_with_xpu() else 0
+        return _pd.core.get_custom_device_count(kind)
     except Exception:  # a driver that fails to answer has no usable device
         return 0
 
 
 def _accelerator_kinds() -> list[str]:
     kinds = ["gpu", "xpu"]
-    kinds += sorted(core.get_all_custom_device_type() or [])
+    kinds += sorted(_pd.core.get_all_custom_device_type() or [])
     return [k for k in kinds if _count(k) > 0]
 
 
@@ -50,7 +50,7 @@ def device_name(place) -> str:
     name = _name(place)
     if len(_NAMES) < 1024:
         try:
-            key = core.Place()
+            key = _pd.Place()
             key.set_place(place)  # a copy: the caller's object stays free to change
             _NAMES[key] = name
         except (TypeError, ValueError, RuntimeError):
@@ -83,22 +83,34 @@ def _unknown(device, why: str = "") -> ValueError:
     )
 
 
+def _load_hint(kind: str) -> str:
+    if kind != SIM:
+        return ""
+    return (
+        f" ({SIM!r} is placeenv's simulated device, and this process has not loaded it: call "
+        f"placeenv.sim.prepare(devices=N) before the first `import paddle`, or start Python with "
+        f"the variables from `eval \"$(python -m placeenv.sim env --devices N)\"`)"
+    )
+
+
+def explain_device(device, error: ValueError) -> None:
+    """Raise a clearer error for a device ``paddle.set_device`` refused, when there is more to say."""
+    if isinstance(device, str) and _DEVICE_RE.match(device):
+        kind = _DEVICE_RE.match(device).group(1)
+        if kind == SIM and _count(SIM) == 0:
+            raise ValueError(f"{error}{_load_hint(kind)}") from error
+
+
 _CANONICAL: dict[str, object] = {}
-_CANONICAL_IDS: set[int] = set()
 
 
 def canonical(place):
-    """One shared place object per device, so hot paths can key caches by identity."""
+    """One shared, concrete place object per device, so hot paths can compare and key by identity."""
     name = device_name(place)
     shared = _CANONICAL.get(name)
     if shared is None:
-        shared = _CANONICAL[name] = place
-        _CANONICAL_IDS.add(id(place))
+        shared = _CANONICAL[name] = normalize(place)
     return shared
-
-
-def is_canonical(place) -> bool:
-    return id(place) in _CANONICAL_IDS
 
 
 def _make(kind: str, index: int | None, original):
@@ -109,21 +121,22 @@ def _build(kind: str, index: int | None, original):
     if kind == "cpu":
         if index not in (None, 0):
             raise _unknown(original, "cpu takes no index")
-        return core.CPUPlace()
+        return _pd.CPUPlace()
     if kind in ("cuda", "dcu"):
         kind = "gpu"
     count = _count(kind)
     if count == 0:
-        known = kind in ("gpu", "xpu") or kind in (core.get_all_custom_device_type() or [])
-        raise _unknown(original, f"no {kind} device in this process" if known else f"no device type {kind!r}")
+        known = kind in ("gpu", "xpu") or kind in (_pd.core.get_all_custom_device_type() or [])
+        why = f"no {kind} device in this process" if known else f"no device type {kind!r}"
+        raise _unknown(original, why + _load_hint(kind))
     index = 0 if index is None else index
     if not 0 <= index < count:
         raise _unknown(original, f"{kind} has {count} device(s)")
     if kind == "gpu":
-        return core.CUDAPlace(index)
+        return _pd.CUDAPlace(index)
     if kind == "xpu":
-        return core.XPUPlace(index)
-    return core.CustomPlace(kind, index)
+        return _pd.XPUPlace(index)
+    return _pd.CustomPlace(kind, index)
 
 
 def normalize(place):
@@ -132,18 +145,18 @@ def normalize(place):
     Paddle treats a generic ``core.Place`` stored as the expected place as "not
     set yet", so concrete places must be stored.
     """
-    if type(place) is not core.Place:
+    if type(place) is not _pd.Place:
         return place
     if place.is_cpu_place():
-        return core.CPUPlace()
+        return _pd.CPUPlace()
     if place.is_gpu_place():
-        return core.CUDAPlace(place.gpu_device_id())
+        return _pd.CUDAPlace(place.gpu_device_id())
     if place.is_xpu_place():
-        return core.XPUPlace(place.xpu_device_id())
+        return _pd.XPUPlace(place.xpu_device_id())
     if place.is_custom_place():
-        return core.CustomPlace(place.custom_device_type(), place.custom_device_id())
+        return _pd.CustomPlace(place.custom_device_type(), place.custom_device_id())
     if place.is_cuda_pinned_place():
-        return core.CUDAPinnedPlace()
+        return _pd.CUDAPinnedPlace()
     return place
 
 
@@ -155,7 +168,7 @@ def to_place(device):
     accelerator type present), and place objects. Raises ``ValueError`` naming
     the available devices.
     """
-    if isinstance(device, core.Place) or isinstance(device, _PLACE_TYPES):
+    if isinstance(device, (_pd.Place, _pd.CPUPlace, _pd.CUDAPlace, _pd.XPUPlace, _pd.CustomPlace, _pd.CUDAPinnedPlace)):
         place = normalize(device)
         if place.is_cpu_place() or place.is_cuda_pinned_place():
             return place

@@ -6,122 +6,153 @@ The model, in two lines:
   shared Tracer's ``_expected_place``) is the main thread's device, exactly as
   in stock Paddle. Every context with no device of its own follows it live.
 * An **override** lives in a ContextVar, so it belongs to one thread, or to one
-  asyncio task. Its value is a node ``(place, outer node)``: the innermost
-  scope's device, and what to return to when that scope ends. A context with
-  an override runs on a private Tracer whose ``_expected_place`` carries it,
-  so Paddle's C++ side (which reads the calling thread's Tracer) agrees with
-  the Python side.
+  asyncio task. Its value is a node ``(place, outer node, undo)``: the
+  innermost scope's device, what to return to when that scope ends, and how to
+  undo it (:data:`PATCHED`: re-aim the Tracer; :data:`KEPT`: nothing, the scope
+  kept the device it found; or the global device to restore, when it was
+  entered on stock Paddle). A context with an override runs on a private
+  Tracer whose ``_expected_place`` carries it, so Paddle's C++ side (which
+  reads the calling thread's Tracer) agrees with the Python side.
 
 ``paddle.set_device`` on the main thread, outside any ``PlaceEnv``, moves the
 global device (stock behaviour); anywhere else it sets the override.
+
+Nothing here runs at import time that needs Paddle: the internals are read
+from :mod:`placeenv._internals` when first used.
 """
 
 from __future__ import annotations
 
 import threading
-from threading import get_ident
+import weakref
 from contextvars import ContextVar
+from threading import get_ident
 
 from . import _internals as _pd
-from .places import canonical, is_canonical, normalize
+from .places import canonical
 
-_framework = _pd.FRAMEWORK
-_global_var = _pd.global_var
-_switch_tracer = _pd.switch_tracer
-
-#: This context's device scopes: ``(place, outer node)``, or None to follow the main thread.
+#: This context's device scopes: ``(place, outer node, undo)``, or None to follow the main thread.
 override: ContextVar = ContextVar("placeenv_override", default=None)
 #: Restore tokens of Paddle's own guards (paddle.device.device, ...), which cannot
 #: keep them on their shared instances: a linked list ``(token, rest)``.
 guards: ContextVar = ContextVar("placeenv_guards", default=None)
 
+#: ``undo`` of a node entered while placeenv was installed: leaving it re-aims the Tracer.
+PATCHED = object()
+#: ``undo`` of a node entered on the device its context already had: leaving it changes nothing.
+KEPT = object()
 _MAIN = threading.main_thread().ident
-_GLOBAL = object()  # token kind: the main thread changed the global device
-_STOCK = object()  # token kind: placeenv is uninstalled, Paddle's own set/restore was used
+_GLOBAL = object()  # guard token kind: the bare main thread changed the global device
+_STOCK = object()  # guard token kind: placeenv is uninstalled, Paddle's own set/restore was used
 
 #: True while installed. Uninstalled, PlaceEnv degrades to what Paddle's own
 #: guard does (set the device, restore it after): stock semantics, leaks included.
 enabled = False
-
-
-class PrivateTracer(_pd.Tracer):
-    """A Tracer that carries one thread's own device."""
-
-
-# Per-thread Tracer bookkeeping, in one plain dict per thread (hot path: one
-# threading.local lookup). Keys: "base" -> the Tracer Paddle had installed
-# before we switched to ours; id(canonical place) -> a PrivateTracer aimed at
-# it once (setting Tracer._expected_place costs more than switching Tracers);
-# "other"/"other_place" -> one re-aimable Tracer for any other place object.
-_local = threading.local()
 _stock_current = None  # stock _current_expected_place_, set by the patch
+
+
+class _Thread(threading.local):
+    """The calling thread's Tracer, as placeenv left it."""
+
+    #: The place this thread's private Tracer carries; None while the thread
+    #: runs on a Tracer of Paddle's own (the shared one, or one Paddle switched to).
+    aimed = None
+    #: The Tracer of Paddle's own that the thread ran on before its first switch.
+    base = None
+    #: ``{id(canonical place): private Tracer}``: one per device the thread used,
+    #: since re-aiming a Tracer costs more than switching to another one.
+    tracers = None
+
+
+_thread = _Thread()  # replaced by uninstall(): every thread's record starts afresh
+#: Every live private Tracer -> the place it carries, for the churn checks.
+_private: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+#: Private Tracers that uninstall() re-aimed at the global device: threads still
+#: running on one treat it as Paddle's, and leave it for the shared Tracer.
+#: None until an uninstall() released any (the check stays off the switch path until then).
+_released: weakref.WeakSet | None = None
+
+
+def private_tracers() -> int:
+    """How many private Tracers are alive (a thread's own ones die with the thread)."""
+    return len(_private)
+
+
+# -- reading -----------------------------------------------------------------
 
 
 def init_global():
     """The global device, running Paddle's own first-use detection if unset."""
-    place = _framework._global_expected_place_ = canonical(_stock_current())
+    place = _pd.framework._global_expected_place_ = canonical(_stock_current())
     return place
 
 
 def current():
     """The device of the calling thread/task."""
+    if not enabled:
+        return _pd.framework._current_expected_place_()
     node = override.get()
     if node is None:
-        place = _framework._global_expected_place_
-        if place is None or type(place) is _pd.core.Place:
-            place = init_global()
-        return place
+        place = _pd.framework._global_expected_place_
+        return init_global() if place is None else place
     return node[0]
 
 
-def _new_tracer(like, place):
-    tracer = PrivateTracer()
-    tracer._train_mode = like._train_mode
-    tracer._use_promote = like._use_promote
-    tracer._expected_place = place
-    return tracer
+def own_place():
+    """The calling context's own device, or None when it follows the main thread."""
+    node = override.get()
+    return None if node is None else node[0]
 
 
-def _private_tracer(td, place, like):
-    if is_canonical(place):
-        tracer = td[id(place)] = _new_tracer(like, place)
-        return tracer
-    other = td.get("other")
-    if other is None:
-        other = td["other"] = _new_tracer(like, place)
-    elif td.get("other_place") is not place:
-        other._expected_place = place
-    td["other_place"] = place
-    return other
+# -- the C++ level: one Tracer per thread ------------------------------------
 
 
-def sync_tracer(place, _gv=_global_var, _local=_local, _private=PrivateTracer) -> None:
-    """Make the calling thread's C++ Tracer agree with ``place`` (None: follow main)."""
-    if not enabled:
+def sync_tracer(place) -> None:
+    """Aim the calling thread's C++ Tracer at ``place`` (None: the main thread's device)."""
+    aimed = _thread.aimed
+    if aimed is place:
         return
-    gd = _gv.__dict__
-    active = gd.get("_dygraph_tracer_")
-    if type(active) is not _private:  # on Paddle's own Tracer (or none: static mode)
-        if place is None or active is None:
-            return
-        if place is _framework._global_expected_place_ and get_ident() == _MAIN:
-            # The main thread's own Tracer already carries ``place``, and only the
-            # main thread outside any scope can re-aim it: nothing to switch.
-            return
-        td = _local.__dict__
-        td["base"] = active
-    else:
-        td = _local.__dict__
-        if place is None:
-            tracer = td.get("base") or _framework._dygraph_tracer_
-            td["base"] = None
-            gd["_dygraph_tracer_"] = tracer
-            _switch_tracer(tracer)
-            return
-    tracer = td.get(id(place)) or _private_tracer(td, place, active)
-    if active is not tracer:
-        gd["_dygraph_tracer_"] = tracer
-        _switch_tracer(tracer)
+    if aimed is None and place is _pd.framework._global_expected_place_ and get_ident() == _MAIN:
+        # The main thread's own Tracer carries the global device, and only the
+        # main thread outside any scope moves it: nothing to switch.
+        return
+    _switch(place)
+
+
+def _switch(place) -> None:
+    thread = _thread
+    active = _pd.global_var.__dict__.get("_dygraph_tracer_")
+    if active is None:  # static mode: no Tracer to aim
+        return
+    if place is None or not enabled:
+        restore_thread()
+        return
+    if thread.aimed is None:  # leaving a Tracer of Paddle's own: come back to it later
+        thread.base = active if _released is None or active not in _released else _pd.framework._dygraph_tracer_
+    tracers = thread.tracers
+    if tracers is None:
+        tracers = thread.tracers = {}
+    tracer = tracers.get(id(place))
+    if tracer is None:
+        tracer = tracers[id(place)] = _pd.Tracer()
+        tracer._expected_place = place
+        _private[tracer] = place
+    _inherit_modes(active, tracer)
+    _activate(tracer)
+    thread.aimed = place
+
+
+def _inherit_modes(source, tracer) -> None:
+    # Layer.train()/eval() set the mode on the thread's Tracer: carry it into
+    # the thread's own. AMP state (auto_cast's level, dtype and op lists) is
+    # not carried: reading it costs ~0.4 us a field, more than the switch; a
+    # scope runs auto_cast entered inside it (docs/library.md, known limits).
+    tracer._train_mode = source._train_mode
+
+
+def _activate(tracer) -> None:
+    _pd.global_var.__dict__["_dygraph_tracer_"] = tracer  # not through the patched __setattr__
+    _pd.switch_tracer(tracer)
 
 
 def tracer_switched(tracer) -> None:
@@ -131,99 +162,107 @@ def tracer_switched(tracer) -> None:
     the main thread's own (non-private) Tracer may play that role: a private
     Tracer stands in for the main thread's base, and other threads never do.
     """
-    if threading.get_ident() == _MAIN:
-        _framework._dygraph_tracer_ = _local.__dict__.get("base") if isinstance(tracer, PrivateTracer) else tracer
+    thread = _thread
+    place = None if tracer is None else _private.get(tracer)
+    # A Tracer of Paddle's own (to_static runs on None for a while); or Paddle
+    # restoring a private Tracer it had saved. ``base`` stays: it is where the
+    # thread returns when its own device ends.
+    thread.aimed = place
+    if get_ident() == _MAIN:
+        _pd.framework._dygraph_tracer_ = tracer if place is None else thread.base or _pd.framework._dygraph_tracer_
 
 
-def _set_global(place) -> None:
+def restore_thread() -> None:
+    """Put the calling thread back on the Tracer of Paddle's own it ran on before its own device."""
+    thread = _thread
+    if thread.aimed is not None or (
+        _released is not None and _pd.global_var.__dict__.get("_dygraph_tracer_") in _released
+    ):
+        _activate(thread.base or _pd.framework._dygraph_tracer_)
+    thread.base = thread.aimed = None
+
+
+def release_private_tracers(place) -> None:
+    """uninstall(): aim every private Tracer at ``place``, since stock Paddle has one device for
+    all threads, and forget every thread's record of its Tracers."""
+    global _thread, _released
+    if _released is None:
+        _released = weakref.WeakSet()
+    for tracer in list(_private.keys()):
+        tracer._expected_place = place
+        _released.add(tracer)
+    _private.clear()
+    _thread = _Thread()
+
+
+# -- writing -----------------------------------------------------------------
+
+
+def set_global(place) -> None:
+    """Move the global device (the main thread's, which threads without their own follow)."""
     if place is not None:
-        place = canonical(place)  # so sync_tracer can compare by identity
-    _framework._global_expected_place_ = place
-    tracer = _global_var.__dict__.get("_dygraph_tracer_")
+        place = canonical(place)
+        if type(place) is _pd.Place:  # a generic, undefined place: Paddle's "not chosen yet"
+            place = None
+    _pd.framework._global_expected_place_ = place
+    tracer = _pd.framework._dygraph_tracer_  # the main thread's: the one the global device lives on
     if tracer is not None and place is not None:
         tracer._expected_place = place
 
 
-def own_place():
-    """The calling context's own device, or None when it follows the main thread."""
-    node = override.get()
-    return None if node is None else node[0]
-
-
 def set_place(place) -> None:
     """What ``paddle.set_device`` does: global on the bare main thread, else the innermost scope."""
-    place = normalize(place)
+    place = canonical(place)
     node = override.get()
-    if node is None and get_ident() == _MAIN:
-        _set_global(place)
-        return
-    override.set((place, None if node is None else node[1]))
+    if node is None:
+        if get_ident() == _MAIN:
+            set_global(place)
+            return
+        override.set((place, None, PATCHED))
+    else:
+        override.set((place, node[1], PATCHED if node[2] is KEPT else node[2]))
     sync_tracer(place)
 
 
-def push(place):
-    """Enter a temporary device for Paddle's own guards; returns a token for :func:`pop`.
+def enter(place) -> None:
+    """Make ``place`` this context's device until :func:`leave` (PlaceEnv: scoped everywhere).
 
-    On the bare main thread this swaps the global device, as stock Paddle's
-    guards do (``paddle.disable_static`` holds one open for the whole program);
-    elsewhere it is scoped to the context.
+    The node remembers how to undo itself, so a scope left open across
+    ``install()`` or ``uninstall()`` still exits cleanly.
     """
-    place = normalize(place)
-    node = override.get()
-    if node is None and get_ident() == _MAIN:
-        previous = _framework._global_expected_place_
-        _set_global(place)
-        return (_GLOBAL, previous)
-    token = override.set((place, node))
-    sync_tracer(place)
-    return (override, token)
-
-
-def _push_stock(place):
-    previous = _framework._current_expected_place_()
-    _framework._set_expected_place(place)
-    return (_STOCK, previous)
-
-
-def pop(token) -> None:
-    kind, value = token
-    if kind is _GLOBAL:
-        _set_global(value)
-    elif kind is _STOCK:
-        _framework._set_expected_place(value)
+    outer = override.get()
+    if not enabled:
+        previous = _pd.framework._current_expected_place_()
+        _pd.framework._set_expected_place(place)
+        override.set((place, outer, previous))
+        return
+    # A scope on the device the context already has leaves the Tracer as it is.
+    # (A child thread that follows the main thread has no device of its own to keep.)
+    if outer is not None:
+        kept = place is outer[0]
     else:
-        override.reset(value)
-        sync_tracer(own_place())
-
-
-def enter_guard(place) -> None:
-    """:func:`push`, with the token kept on the context's guard stack."""
-    guards.set((push(place) if enabled else _push_stock(place), guards.get()))
-
-
-def leave_guard() -> None:
-    token, rest = guards.get()
-    guards.set(rest)
-    pop(token)
-
-
-def enter(place, _get=override.get, _set=override.set) -> None:
-    """Make ``place`` this context's device until :func:`leave` (PlaceEnv: scoped everywhere)."""
-    if enabled:
-        _set((place, _get()))
+        kept = get_ident() == _MAIN and place is _pd.framework._global_expected_place_
+    if kept:
+        override.set((place, outer, KEPT))
+    else:
+        override.set((place, outer, PATCHED))
         sync_tracer(place)
-    else:
-        enter_guard(place)
 
 
-def leave(_get=override.get, _set=override.set) -> None:
+def leave() -> None:
     """End the innermost :func:`enter` of this context."""
-    if enabled:
-        outer = _get()[1]
-        _set(outer)
-        sync_tracer(None if outer is None else outer[0])
-    else:
-        leave_guard()
+    _, outer, undo = override.get()
+    override.set(outer)
+    if undo is KEPT:
+        return
+    if not enabled:  # uninstalled while the scope was open, or entered on stock Paddle
+        restore_thread()
+        if undo is not PATCHED:
+            _pd.framework._set_expected_place(undo)
+        return
+    if undo is not PATCHED:  # entered on stock Paddle, which moved the global device
+        set_global(undo)
+    sync_tracer(None if outer is None else outer[0])
 
 
 def step_in(node):
@@ -237,16 +276,66 @@ def step_in(node):
 
 def step_out(token):
     """Suspend the body: returns its scope node and restores the caller's."""
-    if type(token) is tuple:  # uninstalled: Paddle's own set/restore
-        node = (_framework._current_expected_place_(), None)
+    if type(token) is tuple:  # entered uninstalled: Paddle's own set/restore
+        node = (_pd.framework._current_expected_place_(), None, PATCHED)
         pop(token)
         return node
     node = override.get()
     override.reset(token)
-    sync_tracer(own_place())
+    if enabled:
+        sync_tracer(own_place())
+    else:
+        restore_thread()
     return node
 
 
-def restore_thread() -> None:
-    """Put back the Tracer Paddle had installed in the calling thread (used by uninstall)."""
-    sync_tracer(None)
+# -- Paddle's own guards -----------------------------------------------------
+
+
+def push(place):
+    """Enter a temporary device for Paddle's own guards; returns a token for :func:`pop`.
+
+    On the bare main thread this swaps the global device, as stock Paddle's
+    guards do (``paddle.disable_static`` holds one open for the whole program);
+    elsewhere it is scoped to the context.
+    """
+    place = canonical(place)
+    node = override.get()
+    if node is None and get_ident() == _MAIN:
+        previous = _pd.framework._global_expected_place_
+        set_global(place)
+        return (_GLOBAL, previous)
+    token = override.set((place, node, PATCHED))
+    sync_tracer(place)
+    return (override, token)
+
+
+def _push_stock(place):
+    previous = _pd.framework._current_expected_place_()
+    _pd.framework._set_expected_place(place)
+    return (_STOCK, previous)
+
+
+def pop(token) -> None:
+    kind, value = token
+    if kind is _GLOBAL:
+        set_global(value)
+    elif kind is _STOCK:
+        _pd.framework._set_expected_place(value)
+    else:
+        override.reset(value)
+        if enabled:
+            sync_tracer(own_place())
+        else:
+            restore_thread()
+
+
+def enter_guard(place) -> None:
+    """:func:`push`, with the token kept on the context's guard stack."""
+    guards.set((push(place) if enabled else _push_stock(place), guards.get()))
+
+
+def leave_guard() -> None:
+    token, rest = guards.get()
+    guards.set(rest)
+    pop(token)

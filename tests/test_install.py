@@ -19,13 +19,15 @@ def _code_objects():
 
 
 def _methods():
-    return {cls: (cls.__dict__["__enter__"], cls.__dict__["__exit__"]) for cls in _internals.GUARD_CLASSES}
+    methods = {(cls, m): cls.__dict__[m] for cls, _ in _internals.guard_classes for m in ("__enter__", "__exit__")}
+    methods.update({(cls, m): cls.__dict__[m] for cls, m in _internals.method_targets})
+    return methods
 
 
 def test_uninstall_restores_exactly_and_round_trips():
     placeenv.uninstall()
     stock_code, stock_methods = _code_objects(), _methods()
-    framework_names = set(vars(paddle.base.framework))
+    framework_names, device_names = set(vars(paddle.base.framework)), set(vars(paddle.device))
     assert not placeenv.installed()
     assert not hasattr(paddle, "PlaceEnv") and not hasattr(paddle.device, "PlaceEnv")
 
@@ -40,6 +42,7 @@ def test_uninstall_restores_exactly_and_round_trips():
     assert _code_objects() == stock_code  # the very same code objects
     assert _methods() == stock_methods
     assert set(vars(paddle.base.framework)) == framework_names  # injected helpers gone
+    assert set(vars(paddle.device)) == device_names
 
     # Stock behaviour is back: a child thread's set_device moves the main thread.
     paddle.set_device("sim:3")
