@@ -33,7 +33,8 @@ WORKDIR /app
 RUN pip install 'paddlepaddle>=3.3,<3.4'
 
 COPY . /app
-# '.[dev]' brings locust, so the compose `locust` service runs from this image.
+# '.[dev]' is the service extra plus locust and the test tools, so the compose `locust`
+# service runs from this image too.
 RUN pip install '.[dev]' \
     && if [ "$PADDLE" = "gpu" ]; then \
          pip uninstall -y paddlepaddle \
@@ -58,4 +59,4 @@ HEALTHCHECK --interval=10s --timeout=5s --start-period=120s --retries=3 \
 
 # SIGTERM drains: readyz turns 503, accepted requests finish (PLACEENV_SHUTDOWN_GRACE_S).
 STOPSIGNAL SIGTERM
-CMD ["python", "-m", "service"]
+CMD ["python", "-m", "placeenv.serve"]

@@ -79,7 +79,7 @@ def bare(model: str, devices: list[str]) -> None:
     import paddle
 
     import placeenv
-    from models import registry
+    from placeenv.serve.models import registry
 
     inputs = json.loads(example_body(model))["inputs"]
     go = [threading.Event() for _ in devices]
@@ -153,7 +153,7 @@ class Server:
         full.update(env)
         self.proc = subprocess.Popen(command, env=full, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + 240
-        probe = "/readyz" if "service" in command else "/openapi.json"
+        probe = "/readyz" if "placeenv.serve" in command else "/openapi.json"
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{command} exited: {self.proc.stderr.read().decode()[-2000:]}")
@@ -184,7 +184,7 @@ def service(devices: list[str], model: str, port: int | None = None, **settings)
     env = {"PLACEENV_DEVICES": ",".join(devices), "PLACEENV_MODELS": model, "PLACEENV_PORT": str(port),
            "PLACEENV_WORKERS_PER_DEVICE": "1", "PLACEENV_LOG_LEVEL": "warning", "PLACEENV_QUEUE_CAPACITY": "256"}
     env.update({f"PLACEENV_{k.upper()}": str(v) for k, v in settings.items()})
-    return Server([sys.executable, "-m", "service"], env, port)
+    return Server([sys.executable, "-m", "placeenv.serve"], env, port)
 
 
 def wrk(urls: list[str], body: str, connections: int, seconds: float) -> dict:

@@ -35,7 +35,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel
 
 import placeenv
-from models import registry
+from placeenv.serve.models import registry
 
 
 class Body(BaseModel):

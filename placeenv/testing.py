@@ -1,14 +1,13 @@
-"""pytest plugin (auto-loaded): run code in a fresh interpreter that has sim devices.
+"""Test helpers: run code in a fresh interpreter that has sim devices, count misplaced tensors.
 
-Isolation claims that depend on import order, on a fresh Paddle, or on the
-number of devices need their own process::
+Not a pytest plugin: the ``sim_run`` fixture lives in the top-level module
+``pytest_placeenv`` (entry point ``pytest11``), which imports this module only
+when a test uses the fixture. Nothing here imports pytest, and nothing imports
+Paddle at module level.
 
-    def test_two_devices(sim_run):
-        out = sim_run("import paddle; print(paddle.device.get_available_device())", devices=2)
-        assert "sim:1" in out.stdout
-
-Nothing here imports Paddle, so loading the plugin never fixes the order of
-imports for the test session itself.
+``run_with_sim(code, devices=4)`` runs ``code`` with ``python -c`` in a new
+interpreter whose Paddle has ``sim:0..devices-1``; ``count_wrong_places`` is
+the leak count behind the isolation tests and ``benchmarks/leaks.py``.
 """
 
 from __future__ import annotations
@@ -20,8 +19,6 @@ import sys
 import textwrap
 import threading
 from dataclasses import dataclass
-
-import pytest
 
 
 def count_wrong_places(devices, iterations: int, timeout: float = 120) -> dict[str, int]:
@@ -95,9 +92,3 @@ def run_with_sim(code: str, devices: int = 4, env: dict | None = None, timeout: 
     if check and proc.returncode != 0:
         raise AssertionError(f"subprocess failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     return result
-
-
-@pytest.fixture
-def sim_run():
-    """``sim_run(code, devices=4, env=None, check=True)`` -> SimResult (fresh interpreter)."""
-    return run_with_sim

@@ -1,4 +1,4 @@
-"""Real service processes for tests: ``python -m service`` on 127.0.0.1 with sim devices."""
+"""Real service processes for tests: ``python -m placeenv.serve`` on 127.0.0.1 with sim devices."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ class ServiceProcess:
         env["PLACEENV_HOST"] = "127.0.0.1"
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "service"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            [sys.executable, "-m", "placeenv.serve"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
         # Read the log as it comes: unread, the pipe fills (64 KiB, a dozen tracebacks)
         # and the service blocks on its next log line.

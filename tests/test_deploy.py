@@ -26,7 +26,7 @@ from prometheus_client.metrics import MetricWrapperBase
 from dashboards import (
     DASHBOARD_DIR, dashboard_exprs, dashboard_files, dashboard_targets, iter_panels, load_dashboard,
 )
-from service import metrics as service_metrics
+from placeenv.serve import metrics as service_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -219,7 +219,7 @@ def test_dockerfile():
     assert env["PLACEENV_HOST"] == "0.0.0.0"
     assert env["PLACEENV_SIM_CACHE"].startswith("/")
     assert _instructions("EXPOSE") == ["8000"]
-    assert _exec_form(_instructions("CMD")[-1]) == ["python", "-m", "service"]
+    assert _exec_form(_instructions("CMD")[-1]) == ["python", "-m", "placeenv.serve"]
     (healthcheck,) = _instructions("HEALTHCHECK")
     assert "/readyz" in healthcheck and "python" in healthcheck
     # the GPU override's build argument exists
@@ -232,7 +232,8 @@ def test_dockerignore_keeps_the_context_small():
     assert {".venv", ".git", "results"} <= patterns
     assert any("__pycache__" in p for p in patterns)
     # the image needs these
-    for needed in ("pyproject.toml", "README.md", "placeenv", "service", "models", "loadtest", "locust.conf"):
+    needed_files = ("pyproject.toml", "README.md", "placeenv", "pytest_placeenv.py", "loadtest", "locust.conf")
+    for needed in needed_files:
         assert needed not in patterns
 
 
@@ -369,7 +370,7 @@ PROMQL_FUNCTIONS = {
 
 
 def service_series_names() -> set[str]:
-    """Every series name /metrics can expose, derived from service/metrics.py."""
+    """Every series name /metrics can expose, derived from placeenv/serve/metrics.py."""
     names = set()
     for value in vars(service_metrics).values():
         if not isinstance(value, MetricWrapperBase):
@@ -499,7 +500,7 @@ def test_dashboard_exprs_are_balanced_and_use_only_service_metrics():
         metrics, functions = _identifiers(target.expr)
         assert metrics, f"no metric in {where}"
         unknown = {m for m in metrics if m not in known and not m.startswith(("process_", "python_"))}
-        assert not unknown, f"{where}: not exported by service/metrics.py: {sorted(unknown)}"
+        assert not unknown, f"{where}: not exported by placeenv/serve/metrics.py: {sorted(unknown)}"
         assert functions <= PROMQL_FUNCTIONS, f"{where}: unknown functions {functions - PROMQL_FUNCTIONS}"
 
 

@@ -16,9 +16,9 @@ import pytest
 from paddle.base import core
 
 import placeenv
-from models import registry
-from models.base import host_tensor, move_to
-from service.fastjson import FastJSONRequest, FastJSONResponse
+from placeenv.serve.fastjson import FastJSONRequest, FastJSONResponse
+from placeenv.serve.models import registry
+from placeenv.serve.models.base import host_tensor, move_to
 
 BODIES = [
     b'{"model": "digits", "inputs": [[0, 1.5, -0.0, 1e400]]}',
@@ -77,8 +77,8 @@ def test_fast_json_response_names_non_finite_floats_where_json_dumps_raises():
 _OTEL_PROBE = textwrap.dedent("""
     import sys, httpx, asyncio
     from opentelemetry import trace
-    from service.app import create_app
-    from service.config import Settings
+    from placeenv.serve.app import create_app
+    from placeenv.serve.config import Settings
 
     class Counting(trace.TracerProvider):  # a configured provider, to FastAPI
         asked = 0

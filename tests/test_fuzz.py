@@ -29,8 +29,8 @@ from hypothesis import strategies as st
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 import placeenv
-from models import registry
-from models.base import InputError
+from placeenv.serve.models import registry
+from placeenv.serve.models.base import InputError
 from servers import ServiceProcess
 
 AVAILABLE = "available devices: cpu, sim:0, sim:1, sim:2, sim:3"

@@ -1,6 +1,6 @@
 """Hardening: sustained overload, devices that fail at start-up, faults amid good traffic.
 
-Real ``python -m service`` processes on 127.0.0.1 (sim devices), real HTTP clients.
+Real ``python -m placeenv.serve`` processes on 127.0.0.1 (sim devices), real HTTP clients.
 Every load loop is bounded in request count and in time; the whole file stays
 well under two minutes on a small, shared machine.
 """

@@ -10,10 +10,10 @@ import numpy as np
 import paddle
 import pytest
 
-import models
 from conftest import run_threads, where
-from models.base import InputError
-from models.digits import held_out_split
+import placeenv.serve.models as models
+from placeenv.serve.models.base import InputError
+from placeenv.serve.models.digits import held_out_split
 
 
 @pytest.fixture(scope="module")
@@ -252,7 +252,7 @@ def test_mobilenet_rejects_a_wrong_shape():
 
 def test_registry_lists_describes_and_rejects_unknown_names():
     assert models.available() == ["digits", "faulty", "mobilenet"]
-    for name in ("resnet", "../digits", "models.digits.Digits"):
+    for name in ("resnet", "../digits", "placeenv.serve.models.digits.Digits", "models.digits.Digits"):
         with pytest.raises(KeyError) as caught:
             models.create(name)
         assert "digits" in str(caught.value) and "mobilenet" in str(caught.value)

@@ -18,7 +18,8 @@ def test_readme_has_exactly_two_setup_commands_and_ci_runs_the_test_one():
     commands = _readme_commands()
     assert len(commands) == 2
     run_service, run_tests = commands
-    assert run_service.endswith("python -m service")
+    assert run_service.endswith("python -m placeenv.serve")
+    assert "'.[service]'" in run_service or "'.[dev]'" in run_service  # the service needs its extra
     assert run_tests.endswith("python -m pytest")
     ci = (ROOT / ".ci/run").read_text().splitlines()
     assert run_tests in ci  # verbatim, not a paraphrase

@@ -11,7 +11,7 @@ import httpx
 import numpy as np
 import pytest
 
-from models.digits import Digits, held_out_split
+from placeenv.serve.models.digits import Digits, held_out_split
 from servers import ServiceProcess
 
 SIM = {"sim:0", "sim:1", "sim:2", "sim:3"}

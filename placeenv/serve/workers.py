@@ -15,13 +15,13 @@ import time
 import paddle
 
 import placeenv
-from models import registry
-from models.base import move_to
+from .models import registry
+from .models.base import move_to
 
 from . import metrics
 from .dispatch import DeviceQueue, Job
 
-log = logging.getLogger("service.workers")
+log = logging.getLogger(__name__)
 
 
 class ModelError(Exception):

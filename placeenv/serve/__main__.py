@@ -1,4 +1,4 @@
-"""``python -m service`` (console script ``placeenv-serve``): run the inference service.
+"""``python -m placeenv.serve`` (console script ``placeenv-serve``): run the inference service.
 
 Settings come from ``PLACEENV_*`` variables and matching ``--flags``. When the
 devices are sim devices (or 'auto' on a machine without an accelerator), the
@@ -54,7 +54,9 @@ class DrainingServer(uvicorn.Server):
 
 
 def main(argv: list[str] | None = None) -> int:
-    settings = Settings(_cli_parse_args=sys.argv[1:] if argv is None else argv, _cli_prog_name="python -m service")
+    settings = Settings(
+        _cli_parse_args=sys.argv[1:] if argv is None else argv, _cli_prog_name="python -m placeenv.serve"
+    )
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if settings.wants_sim():
         import placeenv.sim

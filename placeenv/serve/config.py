@@ -1,6 +1,6 @@
 """Service configuration: environment variables ``PLACEENV_*`` and matching CLI flags.
 
-Nothing here imports Paddle: ``python -m service`` reads the settings first,
+Nothing here imports Paddle: ``python -m placeenv.serve`` reads the settings first,
 so it can prepare simulated devices before Paddle loads its device plugins.
 """
 

@@ -26,8 +26,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 
 import placeenv
-from models import registry
-from models.base import InputError
+from .models import registry
+from .models.base import InputError
 
 from . import metrics
 from .config import Settings
@@ -35,7 +35,7 @@ from .dispatch import DeviceQueue, Dispatcher, Draining, Job, QueueFull
 from .fastjson import FastJSONResponse, FastJSONRoute
 from .workers import ModelError, PlaceChecker, WorkerDied, WorkerPool
 
-log = logging.getLogger("service")
+log = logging.getLogger(__name__)
 
 
 class PredictRequest(BaseModel):

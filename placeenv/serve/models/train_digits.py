@@ -1,6 +1,7 @@
-"""Train the digits MLP reproducibly on CPU and write models/weights/digits.pdparams.
+"""Train the digits MLP reproducibly on CPU and write placeenv/serve/models/weights/digits.pdparams.
 
-Run from the repository root: ``python -m models.train_digits``.
+Run ``python -m placeenv.serve.models.train_digits`` (with an editable install: the file
+lands in the repository).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Servable models behind a Triton-python-backend-like contract (see ``models.base``).
+"""Servable models behind a Triton-python-backend-like contract (see ``placeenv.serve.models.base``).
 
 Import after ``placeenv.sim.prepare()`` when using simulated devices: this imports Paddle.
 """

@@ -1,1 +1,0 @@
-"""Multi-device Paddle inference service built on placeenv (see ``python -m service --help``)."""
