@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import gc
+import json
+import os
 import subprocess
 import sys
+import threading
+from pathlib import Path
 
 import numpy as np
 import paddle
@@ -97,6 +102,151 @@ def test_untested_paddle_version_fails_clearly(sim_run):
     assert "tested with Paddle 3.3.x; this is Paddle 9.0.0" in result.stderr
 
 
+def test_missing_internal_is_named_not_an_attribute_error(sim_run):
+    """An allowed-but-untested Paddle that lacks an internal gets one error naming what is missing."""
+    result = sim_run(
+        f"""
+        import os, paddle
+        os.environ["{_internals.ALLOW_UNTESTED_ENV}"] = "1"
+        paddle.__version__ = "3.9.0"
+        del paddle.base.framework._dygraph_place_guard
+        del paddle.base.core.Tracer._expected_place
+        import placeenv
+        """,
+        check=False,
+    )
+    assert result.returncode != 0
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("placeenv._internals.UnsupportedPaddleError: Paddle 3.9.0 lacks internals placeenv uses:")
+    assert "paddle.base.framework._dygraph_place_guard" in last and "Tracer()._expected_place" in last
+    assert "AttributeError" not in result.stderr
+
+
+def test_unsupported_paddle_at_import_hook_keeps_paddle_working(sim_run):
+    """Armed before `import paddle`: the import still works (stock), and placeenv's API raises the error."""
+    out = sim_run(
+        """
+        import json, warnings
+        import placeenv, placeenv._internals as internals
+        internals.TESTED_PADDLE = ("9.9",)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            import paddle
+        x = paddle.ones([2])  # stock Paddle works
+        try:
+            placeenv.PlaceEnv("cpu")
+            error = None
+        except placeenv.UnsupportedPaddleError as exc:
+            error = str(exc)
+        print(json.dumps({"warned": [str(w.message) for w in caught if "placeenv" in str(w.message)],
+                          "installed": placeenv.installed(), "patched": hasattr(paddle, "PlaceEnv"),
+                          "error": error}))
+        """
+    ).json()
+    assert len(out["warned"]) == 1 and "placeenv is not installed" in out["warned"][0]
+    assert out["installed"] is False and out["patched"] is False
+    assert "tested with Paddle 9.9.x" in out["error"]
+
+
+@pytest.mark.parametrize("in_thread", [False, True], ids=["main", "child"])
+def test_scope_left_open_across_uninstall_exits_cleanly(in_thread):
+    seen = {}
+
+    def body():
+        with placeenv.PlaceEnv("sim:2"):
+            placeenv.uninstall()
+            seen["inside"] = paddle.get_device()
+        seen["after"] = (paddle.get_device(), where(paddle.ones([1])), where(paddle.Tensor(np.ones(1, "float32"))))
+
+    run_threads(body) if in_thread else body()
+    # The scope set nothing on stock Paddle's global device, so stock code reads the main one.
+    assert seen["after"] == ("sim:0",) * 3
+    # Back on Paddle's shared Tracer: a stock set_device elsewhere reaches this thread's C++ level.
+    placeenv.install()
+
+
+@pytest.mark.parametrize("in_thread", [False, True], ids=["main", "child"])
+def test_scope_entered_on_stock_exits_cleanly_after_install(in_thread):
+    placeenv.uninstall()
+    paddle.set_device("sim:0")
+    seen = {}
+
+    def body():
+        with placeenv.PlaceEnv("sim:3"):  # stock: moves the global device (and the shared Tracer)
+            placeenv.install()
+            seen["inside"] = paddle.get_device()
+        seen["after"] = (paddle.get_device(), where(paddle.ones([1])), where(paddle.Tensor(np.ones(1, "float32"))))
+
+    run_threads(body) if in_thread else body()
+    assert seen["inside"] == "sim:3"
+    assert seen["after"] == ("sim:0",) * 3
+    assert (paddle.get_device(), where(paddle.Tensor(np.ones(1, "float32")))) == ("sim:0", "sim:0")
+
+
+def test_uninstall_with_threads_on_private_tracers():
+    """uninstall()'s definition for a thread that still holds a device of its own (its docstring)."""
+    from placeenv import state
+
+    baseline = state.private_tracers()
+    ready, go, done = threading.Event(), threading.Event(), threading.Event()
+    seen = {}
+
+    def worker():
+        paddle.set_device("sim:2")
+        seen["own"] = (paddle.get_device(), where(paddle.Tensor(np.ones(1, "float32"))))
+        ready.set()
+        go.wait(30)
+        # Re-aimed at the global device: both levels agree, as on stock Paddle.
+        seen["released"] = (paddle.get_device(), where(paddle.ones([1])), where(paddle.Tensor(np.ones(1, "float32"))))
+        paddle.set_device("sim:1")  # stock semantics now: this moves the global device
+        seen["stock set"] = (paddle.get_device(), where(paddle.Tensor(np.ones(1, "float32"))))
+        done.set()
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    assert ready.wait(30)
+    assert state.private_tracers() == baseline + 1
+    placeenv.uninstall()
+    go.set()
+    thread.join(30)
+    assert done.is_set(), seen
+    assert seen["own"] == ("sim:2", "sim:2")
+    assert seen["released"] == ("sim:0",) * 3
+    assert seen["stock set"] == ("sim:1", "sim:1")
+    assert paddle.get_device() == "sim:1"  # the main thread moved with it: stock Paddle
+    gc.collect()
+    assert state.private_tracers() == 0  # uninstall forgets them; the thread's own died with it
+
+
+def test_sim_device_without_the_plugin_says_how_to_load_it():
+    code = """
+import json, paddle, placeenv
+messages = []
+for attempt in (lambda: placeenv.PlaceEnv("sim:0"), lambda: paddle.set_device("sim:0")):
+    try:
+        attempt()
+    except ValueError as exc:
+        messages.append(str(exc))
+print(json.dumps(messages))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "CUSTOM_DEVICE_ROOT"}  # this session loaded the plugin
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert len(out) == 2
+    for message in out:
+        assert "placeenv.sim.prepare(devices=N) before the first `import paddle`" in message
+        assert 'eval "$(python -m placeenv.sim env --devices N)"' in message
+    assert "no device type 'sim'" in out[0] and "available devices: cpu" in out[0]
+    assert out[1].startswith("The device must be a string")  # Paddle's own message comes first
+
+
+def test_set_device_keeps_its_errors_for_other_devices():
+    with pytest.raises(ValueError, match="The device must be a string") as err:
+        paddle.set_device("npu:0")
+    assert "placeenv.sim" not in str(err.value)
+
+
 def test_threads_that_touched_paddle_before_install_are_handled(sim_run):
     out = sim_run(
         """
@@ -150,6 +300,21 @@ def test_sim_device_count_and_data(sim_run):
     assert out["default"] == "sim:0"
     assert out["roundtrip"] and out["matmul"]
     assert out["view"] == [4.0, 5.0, 6.0, 7.0]
+
+
+def test_sim_env_cli_names_the_python_that_lacks_paddle(tmp_path):
+    """`eval "$(python -m placeenv.sim env)"` with the wrong Python: the error names it, and the eval fails."""
+    venv = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    env = dict(os.environ, PYTHONPATH=str(Path(placeenv.__file__).parent.parent))
+    result = subprocess.run(
+        ["bash", "-c", f'eval "$({python} -m placeenv.sim env --devices 2)"; echo "eval=$?"'],
+        capture_output=True, text=True, env=env,
+    )
+    assert f"this Python ({python}, " in result.stderr
+    assert "has no paddle" in result.stderr
+    assert result.stdout.strip() == "eval=1"
 
 
 def test_sim_env_cli_prints_exports():

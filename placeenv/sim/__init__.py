@@ -42,7 +42,11 @@ def _paddle_include() -> Path:
     # find_spec on a top-level package does not import it.
     spec = importlib.util.find_spec("paddle")
     if spec is None or not spec.submodule_search_locations:
-        raise SimSetupError("paddle is not installed: pip install 'paddlepaddle==3.3.*'")
+        raise SimSetupError(
+            f"this Python ({sys.executable}, {sys.version.split()[0]}) has no paddle: run this with the "
+            f"Python that has Paddle and placeenv installed (a virtualenv's, e.g. .venv/bin/python), "
+            f"or install Paddle into this one: {shlex.quote(sys.executable)} -m pip install 'paddlepaddle==3.3.*'"
+        )
     include = Path(list(spec.submodule_search_locations)[0]) / "include"
     if not (include / "paddle/phi/backends/device_ext.h").is_file():
         raise SimSetupError(f"the paddle wheel has no CustomDevice header under {include}")

@@ -23,7 +23,10 @@ def main(argv: list[str] | None = None) -> int:
             for key, value in environment(args.devices).items():
                 print(f"export {key}={shlex.quote(value)}")
     except SimSetupError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"placeenv.sim: error: {exc}", file=sys.stderr)
+        if args.command == "env" and not sys.stdout.isatty():
+            # Captured by `eval "$(...)"`: make the eval fail too, instead of setting nothing quietly.
+            print("false  # placeenv.sim env failed: see the error above")
         return 1
     return 0
 
