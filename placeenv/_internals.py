@@ -72,7 +72,7 @@ NAMES = {
     "CustomPlace": "base.core.CustomPlace",
     "CUDAPinnedPlace": "base.core.CUDAPinnedPlace",
     "device_guard": "device.device_guard",
-    # Layer.astype, made to cast (placeenv.patch): the in-place cast Layer.to uses.
+    # The seeds (placeenv.seeds): the in-place cast Layer.to uses, for Layer.astype.
     "Layer": "nn.Layer",
     "layer_to_impl": "nn.Layer._to_impl",
     "convert_dtype": "base.framework.convert_np_dtype_to_dtype_",
@@ -98,13 +98,18 @@ TRACER_ATTRS = ("_expected_place", "_train_mode")
 #: Tracer each new thread starts with) whenever *any* thread switches Tracer,
 #: which would hand a thread's private Tracer to every thread started later.
 #: ``set_device`` keeps its body (a stock copy runs) and explains a refused
-#: ``'sim:N'`` (placeenv.places.explain_device).
+#: ``'sim:N'`` (placeenv.places.explain_device). ``_get_paddle_place`` (the
+#: ``device=`` parser of the creation APIs) and ``full_like`` (behind
+#: ``zeros_like`` / ``ones_like``) also run their stock copies, then correct
+#: what placeenv.seeds describes.
 CODE_TARGETS = (
     "base.framework._current_expected_place_",
     "base.framework._set_expected_place",
     "base.framework._dygraph_place_guard",
     "base.framework.GlobalThreadLocal.__setattr__",
     "device.set_device",
+    "base.framework._get_paddle_place",
+    "tensor.creation.full_like",
 )
 
 #: Context-manager classes whose ``__enter__``/``__exit__`` keep state on the
@@ -118,8 +123,8 @@ GUARD_CLASSES = (
     ("device.Device", None),  # a str subclass: the device is its own value
 )
 
-#: Methods replaced by versions that do what the design says (placeenv.patch).
-METHOD_TARGETS = (("nn.Layer", "astype"),)
+#: Methods replaced by versions that do what the design says (placeenv.seeds).
+METHOD_TARGETS = (("nn.Layer", "astype"), ("Tensor", "to"))
 
 #: Aliases added on install: the design's public name.
 ALIASES = (("", "PlaceEnv"), ("device", "PlaceEnv"))
@@ -240,10 +245,27 @@ def set_device(device):
         raise
 
 
+def _get_paddle_place(place):
+    try:
+        return _placeenv_stock_get_paddle_place(place)  # noqa: F821
+    except AttributeError:
+        _placeenv_explain_place(place)  # noqa: F821 - raises the ValueError Paddle meant, or returns
+        raise
+
+
+def full_like(x, fill_value, dtype=None, name=None, *, device=None, requires_grad=False, pin_memory=False):
+    out = _placeenv_stock_full_like(  # noqa: F821
+        x, fill_value, dtype, name, device=device, requires_grad=requires_grad, pin_memory=pin_memory
+    )
+    return out if device is None or pin_memory else _placeenv_land(out, device)  # noqa: F821
+
+
 REPLACEMENTS = {
     "base.framework._current_expected_place_": _current_expected_place_,
     "base.framework._set_expected_place": _set_expected_place,
     "base.framework._dygraph_place_guard": _dygraph_place_guard,
     "base.framework.GlobalThreadLocal.__setattr__": __setattr__,
     "device.set_device": set_device,
+    "base.framework._get_paddle_place": _get_paddle_place,
+    "tensor.creation.full_like": full_like,
 }

@@ -6,10 +6,8 @@ import sys
 import threading
 import types
 
-import numpy as np
-
 from . import _internals as _pd
-from . import state
+from . import seeds, state
 from .env import PlaceEnv
 from .places import explain_device, to_place
 
@@ -32,29 +30,6 @@ def _guard_exit(self, exc_type, exc, tb):
     state.leave_guard()
     return False
 
-#: The dtypes stock ``Layer.astype`` accepts as strings (its docstring's list).
-ASTYPE_DTYPES = ("bfloat16", "float16", "float32", "float64", "int8", "int16", "int32", "int64",
-                 "uint8", "complex64", "complex128", "bool")
-
-
-def _layer_astype(self, dtype=None):
-    """Cast every parameter (and its gradient) and every buffer of the layer and its sublayers to
-    ``dtype``, in place, and return the layer.
-
-    Stock Paddle 3.3's ``Layer.astype`` computes the casts and drops them
-    (``param._to(None, dtype)`` returns a new tensor), so the layer keeps its
-    dtypes. This does the cast ``Layer.to(dtype=...)`` does, for every dtype
-    in the list, floating or not. Anything else goes to stock ``astype``,
-    which raises its own ValueError.
-    """
-    if isinstance(dtype, (_pd.paddle.dtype, np.dtype)) or (type(dtype) is str and dtype in ASTYPE_DTYPES):
-        if not isinstance(dtype, _pd.paddle.dtype):
-            dtype = _pd.convert_dtype(dtype)
-        _pd.layer_to_impl(self, dtype=dtype, floating_only=False)
-        return self
-    return _saved["methods"][(_pd.Layer, "astype")](self, dtype)
-
-
 def _injected() -> dict:
     return {
         "_placeenv_own": state.override.get,
@@ -65,13 +40,19 @@ def _injected() -> dict:
         "_placeenv_tracer_switched": state.tracer_switched,
         "_placeenv_explain_device": explain_device,
         "_placeenv_stock_set_device": _saved_function("device.set_device"),
+        "_placeenv_stock_get_paddle_place": _saved_function("base.framework._get_paddle_place"),
+        "_placeenv_explain_place": seeds.explain_place,
+        "_placeenv_stock_full_like": _saved_function("tensor.creation.full_like"),
+        "_placeenv_land": seeds.land,
     }
 
 
 def _saved_function(path: str):
     """A callable copy of the stock function at ``path`` (its code, its module's globals)."""
     owner = _pd.code_owner(path)
-    return types.FunctionType(_saved["code"][path], owner.__globals__, f"_stock_{owner.__name__}")
+    stock = types.FunctionType(_saved["code"][path], owner.__globals__, f"_stock_{owner.__name__}")
+    stock.__defaults__, stock.__kwdefaults__ = owner.__defaults__, owner.__kwdefaults__
+    return stock
 
 
 def install() -> None:
@@ -101,8 +82,9 @@ def install() -> None:
             saved["methods"][(cls, "__exit__")] = cls.__dict__["__exit__"]
             cls.__enter__, cls.__exit__ = _guard_enter, _guard_exit
         for cls, name in _pd.method_targets:
-            saved["methods"][(cls, name)] = cls.__dict__[name]
-        _pd.Layer.astype = _layer_astype
+            saved["methods"][(cls, name)] = seeds._stock[(cls, name)] = cls.__dict__[name]
+        _pd.Layer.astype = seeds.layer_astype
+        _pd.paddle.Tensor.to = seeds.tensor_to
         for module, attr in _pd.aliases:
             saved["aliases"][(module, attr)] = module.__dict__.get(attr, _MISSING)
             setattr(module, attr, PlaceEnv)
@@ -146,6 +128,7 @@ def uninstall() -> None:
                 owner.__globals__.pop(name, None)
         for (cls, name), method in saved["methods"].items():
             setattr(cls, name, method)
+        seeds._stock.clear()
         for (module, attr), value in saved["aliases"].items():
             if value is _MISSING:
                 delattr(module, attr)
