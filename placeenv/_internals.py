@@ -72,6 +72,13 @@ NAMES = {
     "CustomPlace": "base.core.CustomPlace",
     "CUDAPinnedPlace": "base.core.CUDAPinnedPlace",
     "device_guard": "device.device_guard",
+    # What devices this process has (placeenv.places).
+    "is_compiled_with_cuda": "base.core.is_compiled_with_cuda",
+    "is_compiled_with_xpu": "base.core.is_compiled_with_xpu",
+    "cuda_device_count": "base.core.get_cuda_device_count",
+    "xpu_device_count": "base.core.get_xpu_device_count",
+    "custom_device_count": "base.core.get_custom_device_count",
+    "custom_device_types": "base.core.get_all_custom_device_type",
     # The seeds (placeenv.seeds): the in-place cast Layer.to uses, for Layer.astype.
     "Layer": "nn.Layer",
     "layer_to_impl": "nn.Layer._to_impl",
@@ -84,6 +91,9 @@ NAMES = {
     "dense_tensor_set": "base.core.DenseTensor.set",
     "tensor_copy_to": "Tensor._copy_to",
 }
+
+#: Names a build may lack: None then (a CPU-only wheel has no CUDA or XPU device counts).
+OPTIONAL = frozenset({"cuda_device_count", "xpu_device_count"})
 
 #: Module globals of ``framework`` that placeenv reads and writes.
 FRAMEWORK_GLOBALS = ("_global_expected_place_", "_dygraph_tracer_")
@@ -159,7 +169,10 @@ def resolve() -> None:
             try:
                 found[name] = _lookup(paddle, path)
             except (AttributeError, ImportError):
-                missing.append(f"paddle.{path}")
+                if name in OPTIONAL:
+                    found[name] = None
+                else:
+                    missing.append(f"paddle.{path}")
         framework = found.get("framework")
         checks = [(f"paddle.base.framework.{g}", lambda g=g: framework.__dict__[g]) for g in FRAMEWORK_GLOBALS]
         checks += [(f"paddle.{n}.__code__", lambda n=n: code_owner(n, paddle).__code__) for n in CODE_TARGETS]

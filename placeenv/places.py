@@ -16,17 +16,17 @@ _MAX_INDEX = 10**9
 def _count(kind: str) -> int:
     try:
         if kind == "gpu":
-            return _pd.core.get_cuda_device_count() if _pd.core.is_compiled_with_cuda() else 0
+            return _pd.cuda_device_count() if _pd.is_compiled_with_cuda() else 0
         if kind == "xpu":
-            return _pd.core.get_xpu_device_count() if _pd.core.is_compiled_with_xpu() else 0
-        return _pd.core.get_custom_device_count(kind)
+            return _pd.xpu_device_count() if _pd.is_compiled_with_xpu() else 0
+        return _pd.custom_device_count(kind)
     except Exception:  # a driver that fails to answer has no usable device
         return 0
 
 
 def _accelerator_kinds() -> list[str]:
     kinds = ["gpu", "xpu"]
-    kinds += sorted(_pd.core.get_all_custom_device_type() or [])
+    kinds += sorted(_pd.custom_device_types() or [])
     return [k for k in kinds if _count(k) > 0]
 
 
@@ -126,7 +126,7 @@ def _build(kind: str, index: int | None, original):
         kind = "gpu"
     count = _count(kind)
     if count == 0:
-        known = kind in ("gpu", "xpu") or kind in (_pd.core.get_all_custom_device_type() or [])
+        known = kind in ("gpu", "xpu") or kind in (_pd.custom_device_types() or [])
         why = f"no {kind} device in this process" if known else f"no device type {kind!r}"
         raise _unknown(original, why + _load_hint(kind))
     index = 0 if index is None else index

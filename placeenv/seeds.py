@@ -64,7 +64,7 @@ def land(tensor, device):
     """``tensor`` on ``device``: a ``*_like(device=...)`` result whose kernel kept its input's place."""
     if not isinstance(tensor, _pd.paddle.Tensor):  # static graph: a Variable or Value
         return tensor
-    place = _pd.framework._get_paddle_place(device)
+    place = _pd.framework._get_paddle_place(device)  # the parser the creation APIs use (patched)
     if device_name(tensor.place) == device_name(place):
         return tensor
     moved = _pd.tensor_copy_to(tensor, place, True)

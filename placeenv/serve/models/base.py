@@ -15,10 +15,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 import paddle
-from paddle import _C_ops
 
 import placeenv
 from placeenv import PlaceEnv, device_name
+from placeenv import _internals as _pd
 
 __all__ = ["InputError", "Model", "host_tensor", "move_to"]
 
@@ -212,18 +212,18 @@ def host_tensor(array: np.ndarray) -> paddle.Tensor:
     service ~150 B a request, and the growing heap made each full GC pause longer
     (soak p99 64 -> 211 ms in 12 min). ``_C_ops.empty`` + ``DenseTensor.set`` copy the
     same bytes with no constructor call; they are also 10 us where ``paddle.empty`` +
-    ``set_value`` take 68, mostly argument handling. Both are Paddle internals of 3.3.x
-    (pinned in pyproject); tests/test_fastpaths.py checks the result against to_tensor.
+    ``set_value`` take 68, mostly argument handling. Both are Paddle internals, named
+    in placeenv/_internals.py; tests/test_fastpaths.py checks the result against to_tensor.
     """
-    tensor = _C_ops.empty(list(array.shape), array.dtype, _HOST)
-    tensor.get_tensor().set(np.ascontiguousarray(array), _HOST)
+    tensor = _pd.C_ops_empty(list(array.shape), array.dtype, _HOST)
+    _pd.dense_tensor_set(_pd.tensor_get_tensor(tensor), np.ascontiguousarray(array), _HOST)
     return tensor
 
 
 def move_to(tensor: paddle.Tensor, place) -> paddle.Tensor:
     """``tensor.to(place)`` for a Paddle place object (a copy, blocking), without the ~65 us
     that ``Tensor.to`` spends parsing its arguments: ``to`` ends in this same ``_copy_to``."""
-    moved = tensor._copy_to(place, True)
+    moved = _pd.tensor_copy_to(tensor, place, True)
     moved.stop_gradient = tensor.stop_gradient
     return moved
 
