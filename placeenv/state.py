@@ -65,7 +65,8 @@ class _Thread(threading.local):
 
 
 _thread = _Thread()  # replaced by uninstall(): every thread's record starts afresh
-#: Every live private Tracer -> the place it carries, for the churn checks.
+#: Every live private Tracer -> the place it carries: how tracer_switched() tells
+#: them from Paddle's own, and what private_tracers() counts.
 _private: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 #: Private Tracers that uninstall() re-aimed at the global device: threads still
 #: running on one treat it as Paddle's, and leave it for the shared Tracer.
@@ -120,13 +121,13 @@ def sync_tracer(place) -> None:
 
 
 def _switch(place) -> None:
-    thread = _thread
     active = _pd.global_var.__dict__.get("_dygraph_tracer_")
     if active is None:  # static mode: no Tracer to aim
         return
     if place is None or not enabled:
         restore_thread()
         return
+    thread = _thread
     if thread.aimed is None:  # leaving a Tracer of Paddle's own: come back to it later
         thread.base = active if _released is None or active not in _released else _pd.framework._dygraph_tracer_
     tracers = thread.tracers
@@ -137,17 +138,13 @@ def _switch(place) -> None:
         tracer = tracers[id(place)] = _pd.Tracer()
         tracer._expected_place = place
         _private[tracer] = place
-    _inherit_modes(active, tracer)
+    # Layer.train()/eval() set the mode on the thread's Tracer: carry it into the
+    # thread's own. AMP state (auto_cast's level, dtype and op lists) is not
+    # carried: reading it costs ~0.4 us a field, more than the switch; a scope
+    # runs an auto_cast entered inside it (docs/library.md, known limits).
+    tracer._train_mode = active._train_mode
     _activate(tracer)
     thread.aimed = place
-
-
-def _inherit_modes(source, tracer) -> None:
-    # Layer.train()/eval() set the mode on the thread's Tracer: carry it into
-    # the thread's own. AMP state (auto_cast's level, dtype and op lists) is
-    # not carried: reading it costs ~0.4 us a field, more than the switch; a
-    # scope runs auto_cast entered inside it (docs/library.md, known limits).
-    tracer._train_mode = source._train_mode
 
 
 def _activate(tracer) -> None:

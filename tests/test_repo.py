@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -49,3 +50,25 @@ def test_an_exception_in_a_worker_thread_fails_its_test(tmp_path):
     ours, default = run(ROOT / "pyproject.toml"), run(empty)
     assert ours.returncode == 1 and "PytestUnhandledThreadExceptionWarning" in ours.stdout
     assert default.returncode == 0  # the control: pytest's default only warns
+
+
+def test_readme_library_example_runs_as_written():
+    """The README's library example, in a fresh interpreter that has no sim devices until it asks."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## The library\n", 1)[1].split("\n## ", 1)[0]
+    code = re.findall(r"```python\n(.+?)\n```", section, re.S)[0]
+    env = {k: v for k, v in os.environ.items() if k not in ("CUSTOM_DEVICE_ROOT", "PLACEENV_SIM_DEVICES")}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    assert sorted(lines[:2]) == ["sim:0 Place(sim:0)", "sim:1 Place(sim:1)"]
+    assert lines[2] == "Place(cpu) Place(sim:1) sim:0"
+
+
+def test_docs_link_nothing_outside_the_repository():
+    for path in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]:
+        for target in re.findall(r"\]\(([^)]+)\)", path.read_text()):
+            if not target.startswith(("http://", "https://", "#")):
+                assert (path.parent / target.split("#")[0]).resolve().is_relative_to(ROOT), (path, target)
+                assert (path.parent / target.split("#")[0]).exists(), (path, target)
+        assert "../shared" not in path.read_text(), path
