@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import datetime
-import gc
 import itertools
 import os
 import platform
@@ -49,26 +48,12 @@ import paddle  # noqa: E402
 
 import placeenv  # noqa: E402
 from placeenv import state  # noqa: E402
+from placeenv.testing import live_private_tracers, resident_bytes  # noqa: E402
 
 DEVICES = ("sim:0", "sim:1", "sim:2", "sim:3", "cpu")
 MAIN_DEVICE = "sim:0"
 RSS_LIMIT_MB = 20.0
 CHUNK = 200  # bound pool tasks per main-thread device (and one unbound task per 4 bound)
-
-
-def rss_mb() -> float:
-    """Resident memory (VmRSS), after a full collection."""
-    gc.collect()
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS in /proc/self/status")
-
-
-def live_tracers() -> int:
-    gc.collect()
-    return state.private_tracers()
 
 
 class Tally:
@@ -134,15 +119,15 @@ def run_threads(count: int, batch: int, tally: Tally, start: int = 0) -> None:
 
 def threads_resources(count: int, batch: int, warmup: int) -> dict:
     paddle.set_device(MAIN_DEVICE)
-    baseline = live_tracers()
+    baseline = live_private_tracers()
     run_threads(warmup, batch, Tally())
-    after_warmup = live_tracers()
-    rss0 = rss_mb()
+    after_warmup = live_private_tracers()
+    rss0 = resident_bytes() / 2**20
     tally = Tally()
     run_threads(count, batch, tally)
     no_gc = state.private_tracers()
-    after = live_tracers()
-    rss1 = rss_mb()
+    after = live_private_tracers()
+    rss1 = resident_bytes() / 2**20
     return {"count": count, "baseline": baseline, "after_warmup": after_warmup, "peak": tally.peak,
             "after_no_gc": no_gc, "after": after, "pool_live": None, "rss0": rss0, "rss1": rss1,
             "wrong": tally.wrong, "checks": tally.checks,
@@ -195,17 +180,17 @@ def warm_main_thread() -> None:
 
 def pool_resources(tasks: int, workers: int, warmup: int) -> dict:
     warm_main_thread()
-    baseline = live_tracers()
+    baseline = live_private_tracers()
     tally = Tally()
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
         run_pool(pool, warmup, Tally())
-        after_warmup = live_tracers()
-        rss0 = rss_mb()
+        after_warmup = live_private_tracers()
+        rss0 = resident_bytes() / 2**20
         run_pool(pool, tasks, tally)
-        pool_live = live_tracers()
-        rss1 = rss_mb()
+        pool_live = live_private_tracers()
+        rss1 = resident_bytes() / 2**20
     no_gc = state.private_tracers()
-    after = live_tracers()
+    after = live_private_tracers()
     return {"count": tasks, "unbound": tasks // 4, "baseline": baseline, "after_warmup": after_warmup,
             "peak": tally.peak, "pool_live": pool_live, "after_no_gc": no_gc, "after": after,
             "rss0": rss0, "rss1": rss1, "wrong": tally.wrong, "checks": tally.checks,

@@ -12,6 +12,7 @@ the leak count behind the isolation tests and ``benchmarks/leaks.py``.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -59,6 +60,24 @@ def count_wrong_places(devices, iterations: int, timeout: float = 120) -> dict[s
     if errors:
         raise errors[0]
     return counts
+
+
+def resident_bytes() -> int:
+    """This process's resident memory (VmRSS, Linux), after a full garbage collection."""
+    gc.collect()
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+def live_private_tracers() -> int:
+    """The private Tracers still alive after a full garbage collection (placeenv.state)."""
+    from . import state
+
+    gc.collect()
+    return state.private_tracers()
 
 
 @dataclass

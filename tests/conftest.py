@@ -82,3 +82,32 @@ def run_threads(*targets, timeout: float = 120):
 def where(tensor) -> str:
     """'sim:1', 'cpu', ...: the device a tensor lives on."""
     return placeenv.device_name(tensor.place)
+
+
+#: The lock-step thread checks' devices: one thread each.
+THREAD_DEVICES = ("cpu", "sim:1", "sim:2", "sim:3")
+
+
+def on_each_device(check, rounds: int):
+    """Run ``check(device)`` in 4 threads (one per device), in lock-step; returns failures."""
+    barrier = threading.Barrier(len(THREAD_DEVICES))
+    failures = []
+
+    def worker(device):
+        paddle.set_device(device)
+        for _ in range(rounds):
+            barrier.wait()  # everyone has set a device: stock Paddle now has the last one
+            problem = check(device)
+            if problem:
+                failures.append((device, problem))
+
+    run_threads(*[lambda d=d: worker(d) for d in THREAD_DEVICES])
+    return failures
+
+
+def expect(mode, failures):
+    """With placeenv: no failure; on stock Paddle (the negative control): the check caught the leak."""
+    if mode == "placeenv":
+        assert failures == []
+    else:
+        assert failures, "the check did not catch stock Paddle's leak"

@@ -15,33 +15,8 @@ import paddle
 import pytest
 
 import placeenv
-from conftest import run_threads, where
+from conftest import THREAD_DEVICES, expect, on_each_device, run_threads, where
 
-THREAD_DEVICES = ("cpu", "sim:1", "sim:2", "sim:3")
-
-
-def on_each_device(check, rounds: int = 5):
-    """Run ``check(device)`` in 4 threads (one per device), in lock-step; returns failures."""
-    barrier = threading.Barrier(len(THREAD_DEVICES))
-    failures = []
-
-    def worker(device):
-        paddle.set_device(device)
-        for _ in range(rounds):
-            barrier.wait()  # everyone has set a device: stock Paddle now has the last one
-            problem = check(device)
-            if problem:
-                failures.append((device, problem))
-
-    run_threads(*[lambda d=d: worker(d) for d in THREAD_DEVICES])
-    return failures
-
-
-def expect(mode, failures):
-    if mode == "placeenv":
-        assert failures == []
-    else:
-        assert failures, "the check did not catch stock Paddle's leak"
 
 
 #: Creation paths tests/test_seeds.py does not cover (it covers every API with device=).
@@ -59,7 +34,7 @@ def test_creation_follows_thread_device(mode, api):
         tensor = CREATORS[api]()
         return None if where(tensor) == device else where(tensor)
 
-    expect(mode, on_each_device(check))
+    expect(mode, on_each_device(check, rounds=5))
 
 
 def _train(device: str, seed: int) -> tuple[np.ndarray, set]:

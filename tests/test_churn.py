@@ -9,7 +9,6 @@ measurement, with timings against stock Paddle, is benchmarks/churn.py.
 from __future__ import annotations
 
 import concurrent.futures
-import gc
 import itertools
 import threading
 
@@ -19,26 +18,12 @@ import pytest
 import placeenv
 from conftest import DEVICES, run_threads, where
 from placeenv import state
+from placeenv.testing import live_private_tracers, resident_bytes
 
 PLACES = (*DEVICES, "cpu")
 BATCH = 8  # short-lived threads alive at a time
 WORKERS = 8
 RSS_LIMIT = 20 * 2**20
-
-
-def rss() -> int:
-    """Resident memory in bytes (VmRSS), after a full collection."""
-    gc.collect()
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS in /proc/self/status")
-
-
-def live_tracers() -> int:
-    gc.collect()
-    return state.private_tracers()
 
 
 class Tally:
@@ -125,12 +110,12 @@ def warm_main_thread() -> None:
 
 def test_short_lived_threads_free_their_tracers():
     churn(200, Tally())  # warm-up: allocator arenas, Paddle's per-device set-up
-    baseline = live_tracers()
-    rss_before = rss()
+    baseline = live_private_tracers()
+    rss_before = resident_bytes()
     tally = Tally()
     churn(1000, tally)
-    after = live_tracers()
-    growth = rss() - rss_before
+    after = live_private_tracers()
+    growth = resident_bytes() - rss_before
 
     assert tally.checks == 1000
     assert tally.wrong == 0, tally.misplaced[:10]
@@ -153,18 +138,18 @@ def test_short_lived_threads_stock_control(stock):
 
 def test_pool_tracers_bounded_then_freed():
     warm_main_thread()
-    baseline = live_tracers()
+    baseline = live_private_tracers()
     tally = Tally()
     pool = concurrent.futures.ThreadPoolExecutor(WORKERS)
     try:
         pool_run(pool, 200, Tally())  # warm-up
-        rss_before = rss()
+        rss_before = resident_bytes()
         pool_run(pool, 1000, tally)
-        growth = rss() - rss_before
-        alive = live_tracers()
+        growth = resident_bytes() - rss_before
+        alive = live_private_tracers()
     finally:
         pool.shutdown(wait=True)
-    after = live_tracers()
+    after = live_private_tracers()
 
     assert tally.checks == 1000 + 250
     assert tally.wrong == 0, tally.misplaced[:10]

@@ -16,7 +16,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-import placeenv
 from placeenv.testing import run_with_sim
 
 #: name -> the user's code, ending with a JSON-able ``used`` to check.

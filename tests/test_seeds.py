@@ -35,7 +35,7 @@ import paddle
 import pytest
 
 import placeenv
-from conftest import run_threads, where
+from conftest import expect, on_each_device, where
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::paddle.utils.deprecated.VisibleDeprecationWarning"),  # paddle.range
@@ -43,34 +43,9 @@ pytestmark = [
 ]
 
 ALL_DEVICES = ("cpu", "sim:0", "sim:1", "sim:2", "sim:3")
-THREAD_DEVICES = ("cpu", "sim:1", "sim:2", "sim:3")
 #: For each thread's device, another device (to put a reference tensor somewhere else).
 ELSEWHERE = {"cpu": "sim:2", "sim:1": "cpu", "sim:2": "sim:3", "sim:3": "sim:1"}
 NO_PINNED_MEMORY = not (paddle.is_compiled_with_cuda() or paddle.is_compiled_with_xpu())
-
-
-def on_each_device(check, rounds: int = 2):
-    """Run ``check(device)`` in 4 threads (one per device), in lock-step; returns failures."""
-    barrier = threading.Barrier(len(THREAD_DEVICES))
-    failures = []
-
-    def worker(device):
-        paddle.set_device(device)
-        for _ in range(rounds):
-            barrier.wait()  # everyone has set a device: stock Paddle now has the last one
-            problem = check(device)
-            if problem:
-                failures.append((device, problem))
-
-    run_threads(*[lambda d=d: worker(d) for d in THREAD_DEVICES])
-    return failures
-
-
-def expect(mode, failures):
-    if mode == "placeenv":
-        assert failures == []
-    else:
-        assert failures, "the check did not catch stock Paddle's leak"
 
 
 def thread_state(device) -> dict:
@@ -223,7 +198,7 @@ def test_device_none_follows_thread(mode, api):
         problems.update(thread_state(device))
         return problems
 
-    expect(mode, on_each_device(check))
+    expect(mode, on_each_device(check, rounds=2))
 
 
 @pytest.mark.parametrize("api", sorted(n for n, s in APIS.items() if s.follows == "input"))
@@ -236,7 +211,7 @@ def test_like_device_none_follows_input(api):
         got = (where(make(device=None)), where(make()))
         return None if got == (ELSEWHERE[device],) * 2 else got
 
-    assert on_each_device(check) == []
+    assert on_each_device(check, rounds=2) == []
 
 
 @pytest.mark.parametrize("device", ALL_DEVICES)
@@ -288,7 +263,7 @@ def test_pin_memory_error_names_the_thread_device(mode, api):
             return None if f"Place({device})" in str(exc) else str(exc)
         return "no error"
 
-    expect(mode, on_each_device(check))
+    expect(mode, on_each_device(check, rounds=2))
 
 
 @pytest.mark.skipif(paddle.is_compiled_with_cuda() or paddle.is_compiled_with_xpu(), reason="has CUDA/XPU")
@@ -392,7 +367,7 @@ def test_tensor_to_in_threads(mode, form):
         problems.update(thread_state(device))
         return problems
 
-    expect(mode, on_each_device(check))
+    expect(mode, on_each_device(check, rounds=2))
 
 
 @pytest.mark.parametrize("device", ["cpu", "sim:1"])
