@@ -23,8 +23,11 @@ def example(i: int) -> list[float]:
 
 
 async def hammer(url: str, clients: int, per_client: int, model: str = "digits", keepalive: bool = True,
-                 make=lambda c, i: [example(c * 1000 + i)]):
-    """``clients`` concurrent clients sending ``per_client`` predicts each; returns (status, body|error) list."""
+                 make=lambda c, i: [example(c * 1000 + i)], until_unreachable: bool = False):
+    """``clients`` concurrent clients sending ``per_client`` predicts each; returns (status, body|error) list.
+
+    ``until_unreachable``: a client stops at its first connection error (the service has gone away).
+    """
     limits = httpx.Limits(max_keepalive_connections=None if keepalive else 0)
     results = []
     async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as http:
@@ -36,6 +39,8 @@ async def hammer(url: str, clients: int, per_client: int, model: str = "digits",
                         "application/json") else r.text, r.headers))
                 except httpx.HTTPError as exc:
                     results.append((type(exc).__name__, str(exc), {}))
+                    if until_unreachable:
+                        return
         await asyncio.gather(*[client(c) for c in range(clients)])
     return results
 
@@ -259,8 +264,10 @@ def test_sigterm_under_load_drops_nothing_and_exits_0():
         seen_not_ready = []
 
         async def main():
+            # A new connection per request, and enough of them to outlast the drain (the load
+            # must still be running when SIGTERM arrives), each client ending when the service has gone.
             load = asyncio.create_task(
-                hammer(proc.url, clients=16, per_client=40, keepalive=False)  # a new connection per request
+                hammer(proc.url, clients=16, per_client=2000, keepalive=False, until_unreachable=True)
             )
             await asyncio.sleep(1.5)
             proc.proc.send_signal(__import__("signal").SIGTERM)
