@@ -155,12 +155,10 @@ def resolve() -> None:
     global _resolved
     if _resolved is not None:
         return
+    # Outside the lock: the first `import paddle` holds Paddle's import lock and
+    # runs placeenv's import hook, whose install() resolves (in that thread).
+    paddle = importlib.import_module("paddle")
     with _lock:
-        if _resolved is not None:
-            return
-        # May run placeenv's import hook, whose install() resolves first: the
-        # check above then returns at once.
-        paddle = importlib.import_module("paddle")
         if _resolved is not None:
             return
         check_version(paddle.__version__)
@@ -183,9 +181,11 @@ def resolve() -> None:
         if "Tracer" in found:
             tracer = found["Tracer"]()
             checks += [(f"Tracer().{a}", lambda a=a: getattr(tracer, a)) for a in TRACER_ATTRS]
-        if "device_guard" in found:
-            checks.append(("paddle.device.device_guard('cpu')._target_place",
-                           lambda: found["device_guard"]("cpu")._target_place))
+        # The attribute each guard's target device is read from.
+        checks += [(f"paddle.{p}('cpu').{a}", lambda p=p, a=a: getattr(_lookup(paddle, p)("cpu"), a))
+                   for p, a in GUARD_CLASSES if a is not None]
+        if "Place" in found:
+            checks.append(("paddle.base.core.Place().set_place", lambda: found["Place"]().set_place))
         for label, check in checks:
             try:
                 check()

@@ -110,6 +110,9 @@ def uninstall() -> None:
       (the Python level follows it as usual), so call uninstall() when such
       threads are done, or have them call ``paddle.set_device`` again.
 
+    uninstall() swaps code objects back: call it while no other thread is
+    inside a Paddle call (threads may be alive, and hold devices, as above).
+
     If Paddle is not imported yet, this only keeps ``import paddle`` from
     installing placeenv.
     """
@@ -120,22 +123,23 @@ def uninstall() -> None:
             return
         saved = _saved
         state.enabled = False
-        state.restore_thread()
-        for path, code in saved["code"].items():
-            owner = _pd.code_owner(path)
-            owner.__code__ = code
-            for name in saved["injected"]:
-                owner.__globals__.pop(name, None)
-        for (cls, name), method in saved["methods"].items():
-            setattr(cls, name, method)
-        seeds._stock.clear()
-        for (module, attr), value in saved["aliases"].items():
-            if value is _MISSING:
-                delattr(module, attr)
-            else:
-                setattr(module, attr, value)
-        state.release_private_tracers(state.current())
-        _saved = None
+        try:
+            state.restore_thread()
+            for path, code in saved["code"].items():
+                owner = _pd.code_owner(path)
+                owner.__code__ = code
+                for name in saved["injected"]:
+                    owner.__globals__.pop(name, None)
+            for (cls, name), method in saved["methods"].items():
+                setattr(cls, name, method)
+            for (module, attr), value in saved["aliases"].items():
+                if value is _MISSING:
+                    delattr(module, attr)
+                else:
+                    setattr(module, attr, value)
+            state.release_private_tracers(state.current())
+        finally:
+            _saved = None
 
 
 def installed() -> bool:

@@ -95,8 +95,9 @@ def _load_hint(kind: str) -> str:
 
 def explain_device(device, error: ValueError) -> None:
     """Raise a clearer error for a device ``paddle.set_device`` refused, when there is more to say."""
-    if isinstance(device, str) and _DEVICE_RE.match(device):
-        kind = _DEVICE_RE.match(device).group(1)
+    match = _DEVICE_RE.match(device) if isinstance(device, str) else None
+    if match is not None:
+        kind = match.group(1)
         if kind == SIM and _count(SIM) == 0:
             raise ValueError(f"{error}{_load_hint(kind)}") from error
 
@@ -171,7 +172,7 @@ def to_place(device):
     if isinstance(device, (_pd.Place, _pd.CPUPlace, _pd.CUDAPlace, _pd.XPUPlace, _pd.CustomPlace, _pd.CUDAPinnedPlace)):
         place = normalize(device)
         if place.is_cpu_place() or place.is_cuda_pinned_place():
-            return place
+            return canonical(place)
         return _make(*_split(device_name(place)), device)
     if isinstance(device, bool):
         raise _unknown(device, "expected a device name, index or place")

@@ -52,7 +52,7 @@ def layer_astype(self, dtype=None):
 def tensor_to(self, *args, **kwargs):
     """``Tensor.to``, with the design's dtype string ``'uint16'`` taken as the dtype ``cast('uint16')``
     gives (Paddle's bfloat16), not as a device name."""
-    if "uint16" in args or kwargs.get("dtype") == "uint16":
+    if any(type(a) is str and a == "uint16" for a in args) or kwargs.get("dtype") == "uint16":
         uint16 = _pd.convert_dtype("uint16")
         args = tuple(uint16 if type(a) is str and a == "uint16" else a for a in args)
         if kwargs.get("dtype") == "uint16":

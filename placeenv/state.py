@@ -55,28 +55,42 @@ class _Thread(threading.local):
     """The calling thread's Tracer, as placeenv left it."""
 
     #: The place this thread's private Tracer carries; None while the thread
-    #: runs on a Tracer of Paddle's own (the shared one, or one Paddle switched to).
+    #: runs on a Tracer of Paddle's own (the shared one, or one Paddle switched
+    #: to); RELEASED while it runs on a private Tracer that uninstall() released.
     aimed = None
-    #: The Tracer of Paddle's own that the thread ran on before its first switch.
+    #: The Tracer of Paddle's own that the thread left for its first private one.
     base = None
     #: ``{id(canonical place): private Tracer}``: one per device the thread used,
     #: since re-aiming a Tracer costs more than switching to another one.
     tracers = None
+    #: The uninstall() count this record was made under (see :func:`_current_record`).
+    epoch = 0
 
 
-_thread = _Thread()  # replaced by uninstall(): every thread's record starts afresh
+_thread = _Thread()
 #: Every live private Tracer -> the place it carries: how tracer_switched() tells
 #: them from Paddle's own, and what private_tracers() counts.
 _private: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-#: Private Tracers that uninstall() re-aimed at the global device: threads still
-#: running on one treat it as Paddle's, and leave it for the shared Tracer.
-#: None until an uninstall() released any (the check stays off the switch path until then).
-_released: weakref.WeakSet | None = None
+_private_lock = threading.Lock()  # new Tracers (any thread) vs uninstall()'s snapshot
+#: Bumped by uninstall(): the Tracers every thread's record names are released.
+_epoch = 0
+#: ``aimed`` of a thread still on a Tracer that uninstall() released (re-aimed at the global device).
+RELEASED = object()
 
 
 def private_tracers() -> int:
     """How many private Tracers are alive (a thread's own ones die with the thread)."""
     return len(_private)
+
+
+def _current_record() -> _Thread:
+    """The calling thread's record; after an uninstall(), its Tracers are forgotten (released)."""
+    thread = _thread
+    if thread.epoch != _epoch:
+        thread.epoch, thread.tracers = _epoch, None
+        if thread.aimed is not None:
+            thread.aimed = RELEASED
+    return thread
 
 
 # -- reading -----------------------------------------------------------------
@@ -110,26 +124,24 @@ def own_place():
 
 def sync_tracer(place) -> None:
     """Aim the calling thread's C++ Tracer at ``place`` (None: the main thread's device)."""
-    aimed = _thread.aimed
-    if aimed is place:
-        return
-    if aimed is None and place is _pd.framework._global_expected_place_ and get_ident() == _MAIN:
+    thread = _current_record()
+    if place is not None and place is _pd.framework._global_expected_place_ and get_ident() == _MAIN:
         # The main thread's own Tracer carries the global device, and only the
-        # main thread outside any scope moves it: nothing to switch.
-        return
-    _switch(place)
+        # main thread outside any scope moves it: run on it.
+        place = None
+    if thread.aimed is not place:
+        _switch(thread, place)
 
 
-def _switch(place) -> None:
+def _switch(thread: _Thread, place) -> None:
     active = _pd.global_var.__dict__.get("_dygraph_tracer_")
     if active is None:  # static mode: no Tracer to aim
         return
     if place is None or not enabled:
         restore_thread()
         return
-    thread = _thread
-    if thread.aimed is None:  # leaving a Tracer of Paddle's own: come back to it later
-        thread.base = active if _released is None or active not in _released else _pd.framework._dygraph_tracer_
+    if thread.aimed is None and thread.base is None:  # leaving Paddle's Tracer: come back to it later
+        thread.base = active
     tracers = thread.tracers
     if tracers is None:
         tracers = thread.tracers = {}
@@ -137,7 +149,8 @@ def _switch(place) -> None:
     if tracer is None:
         tracer = tracers[id(place)] = _pd.Tracer()
         tracer._expected_place = place
-        _private[tracer] = place
+        with _private_lock:
+            _private[tracer] = place
     # Layer.train()/eval() set the mode on the thread's Tracer: carry it into the
     # thread's own. AMP state (auto_cast's level, dtype and op lists) is not
     # carried: reading it costs ~0.4 us a field, more than the switch; a scope
@@ -159,37 +172,34 @@ def tracer_switched(tracer) -> None:
     the main thread's own (non-private) Tracer may play that role: a private
     Tracer stands in for the main thread's base, and other threads never do.
     """
-    thread = _thread
+    thread = _current_record()
     place = None if tracer is None else _private.get(tracer)
-    # A Tracer of Paddle's own (to_static runs on None for a while); or Paddle
-    # restoring a private Tracer it had saved. ``base`` stays: it is where the
-    # thread returns when its own device ends.
+    # A Tracer of Paddle's own (a dygraph guard's; to_static runs on None for a
+    # while), or Paddle restoring a private Tracer it had saved. ``base`` stays:
+    # it is where the thread returns when its own device ends.
     thread.aimed = place
     if get_ident() == _MAIN:
         _pd.framework._dygraph_tracer_ = tracer if place is None else thread.base or _pd.framework._dygraph_tracer_
 
 
 def restore_thread() -> None:
-    """Put the calling thread back on the Tracer of Paddle's own it ran on before its own device."""
-    thread = _thread
-    if thread.aimed is not None or (
-        _released is not None and _pd.global_var.__dict__.get("_dygraph_tracer_") in _released
-    ):
+    """Put the calling thread back on the Tracer of Paddle's own it left for its own device."""
+    thread = _current_record()
+    if thread.aimed is not None:
         _activate(thread.base or _pd.framework._dygraph_tracer_)
     thread.base = thread.aimed = None
 
 
 def release_private_tracers(place) -> None:
     """uninstall(): aim every private Tracer at ``place``, since stock Paddle has one device for
-    all threads, and forget every thread's record of its Tracers."""
-    global _thread, _released
-    if _released is None:
-        _released = weakref.WeakSet()
-    for tracer in list(_private.keys()):
+    all threads, and make every thread's record of its Tracers stale."""
+    global _epoch
+    with _private_lock:
+        tracers = list(_private.keys())
+        _private.clear()
+    for tracer in tracers:
         tracer._expected_place = place
-        _released.add(tracer)
-    _private.clear()
-    _thread = _Thread()
+    _epoch += 1
 
 
 # -- writing -----------------------------------------------------------------
@@ -229,9 +239,7 @@ def enter(place) -> None:
     """
     outer = override.get()
     if not enabled:
-        previous = _pd.framework._current_expected_place_()
-        _pd.framework._set_expected_place(place)
-        override.set((place, outer, previous))
+        override.set((place, outer, _stock_set(place)))
         return
     # A scope on the device the context already has leaves the Tracer as it is.
     # (A child thread that follows the main thread has no device of its own to keep.)
@@ -252,20 +260,34 @@ def leave() -> None:
     override.set(outer)
     if undo is KEPT:
         return
-    if not enabled:  # uninstalled while the scope was open, or entered on stock Paddle
-        restore_thread()
-        if undo is not PATCHED:
-            _pd.framework._set_expected_place(undo)
-        return
     if undo is not PATCHED:  # entered on stock Paddle, which moved the global device
-        set_global(undo)
-    sync_tracer(None if outer is None else outer[0])
+        if enabled:
+            set_global(undo)
+        else:
+            _pd.framework._set_expected_place(undo)
+    _resync()
+
+
+def _resync() -> None:
+    """The calling context's scope changed: aim the thread's Tracer at its device (uninstalled:
+    back on Paddle's own)."""
+    if enabled:
+        sync_tracer(own_place())
+    else:
+        restore_thread()
+
+
+def _stock_set(place):
+    """Paddle's own set-and-remember (uninstalled); returns the device to restore."""
+    previous = _pd.framework._current_expected_place_()
+    _pd.framework._set_expected_place(place)
+    return previous
 
 
 def step_in(node):
     """Resume a suspended body (decorated generator or coroutine) with its own scope ``node``."""
     if not enabled:
-        return _push_stock(node[0])
+        return (_STOCK, _stock_set(node[0]))
     token = override.set(node)
     sync_tracer(node[0])
     return token
@@ -279,10 +301,7 @@ def step_out(token):
         return node
     node = override.get()
     override.reset(token)
-    if enabled:
-        sync_tracer(own_place())
-    else:
-        restore_thread()
+    _resync()
     return node
 
 
@@ -307,12 +326,6 @@ def push(place):
     return (override, token)
 
 
-def _push_stock(place):
-    previous = _pd.framework._current_expected_place_()
-    _pd.framework._set_expected_place(place)
-    return (_STOCK, previous)
-
-
 def pop(token) -> None:
     kind, value = token
     if kind is _GLOBAL:
@@ -321,15 +334,12 @@ def pop(token) -> None:
         _pd.framework._set_expected_place(value)
     else:
         override.reset(value)
-        if enabled:
-            sync_tracer(own_place())
-        else:
-            restore_thread()
+        _resync()
 
 
 def enter_guard(place) -> None:
     """:func:`push`, with the token kept on the context's guard stack."""
-    guards.set((push(place) if enabled else _push_stock(place), guards.get()))
+    guards.set((push(place) if enabled else (_STOCK, _stock_set(place)), guards.get()))
 
 
 def leave_guard() -> None:

@@ -149,21 +149,48 @@ def test_unsupported_paddle_at_import_hook_keeps_paddle_working(sim_run):
     assert "tested with Paddle 9.9.x" in out["error"]
 
 
-@pytest.mark.parametrize("in_thread", [False, True], ids=["main", "child"])
-def test_scope_left_open_across_uninstall_exits_cleanly(in_thread):
+@pytest.mark.parametrize("reinstall", [False, True], ids=["uninstalled", "reinstalled"])
+def test_scope_left_open_across_uninstall_exits_cleanly(reinstall):
+    """A child's scope outlives an uninstall() (and a re-install) done by the main thread; when it
+    exits, the child is back on Paddle's shared Tracer: a later device move of the main thread
+    reaches the child's C++ level."""
+    entered, uninstalled, exited, moved = (threading.Event() for _ in range(4))
     seen = {}
 
-    def body():
+    def child():
+        paddle.ones([1])
         with placeenv.PlaceEnv("sim:2"):
-            placeenv.uninstall()
-            seen["inside"] = paddle.get_device()
+            seen["inside"] = where(paddle.Tensor(np.ones(1, "float32")))
+            entered.set()
+            assert uninstalled.wait(30)
+        exited.set()
+        assert moved.wait(30)
         seen["after"] = (paddle.get_device(), where(paddle.ones([1])), where(paddle.Tensor(np.ones(1, "float32"))))
 
-    run_threads(body) if in_thread else body()
-    # The scope set nothing on stock Paddle's global device, so stock code reads the main one.
-    assert seen["after"] == ("sim:0",) * 3
-    # Back on Paddle's shared Tracer: a stock set_device elsewhere reaches this thread's C++ level.
-    placeenv.install()
+    thread = threading.Thread(target=child)
+    errors = []
+    thread.run = lambda run=thread.run: _record_errors(run, errors)
+    thread.start()
+    assert entered.wait(30)
+    placeenv.uninstall()
+    if reinstall:
+        placeenv.install()
+    uninstalled.set()
+    assert exited.wait(30)
+    paddle.set_device("sim:3")  # stock: the global device and the shared Tracer
+    moved.set()
+    thread.join(30)
+    assert not errors, errors
+    assert seen["inside"] == "sim:2"
+    assert seen["after"] == ("sim:3",) * 3
+
+
+def _record_errors(run, errors):
+    try:
+        run()
+    except BaseException as exc:  # noqa: BLE001 - reported by the test
+        errors.append(exc)
+        raise
 
 
 @pytest.mark.parametrize("in_thread", [False, True], ids=["main", "child"])
@@ -217,6 +244,23 @@ def test_uninstall_with_threads_on_private_tracers():
     assert paddle.get_device() == "sim:1"  # the main thread moved with it: stock Paddle
     gc.collect()
     assert state.private_tracers() == 0  # uninstall forgets them; the thread's own died with it
+
+
+def test_first_import_in_one_thread_and_first_use_in_another_do_not_deadlock():
+    """Thread B's `import paddle` runs placeenv's import hook while thread A asks placeenv for devices."""
+    code = """
+import sys, threading
+import placeenv
+done = []
+a = threading.Thread(target=lambda: done.append(placeenv.available_devices()))
+b = threading.Thread(target=lambda: __import__("paddle"))
+b.start(); a.start()
+a.join(60); b.join(60)
+print("hung" if a.is_alive() or b.is_alive() else done[0])
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1].startswith("['cpu'")
 
 
 def test_sim_device_without_the_plugin_says_how_to_load_it():

@@ -345,3 +345,65 @@ def test_main_thread_scope_on_its_own_device_then_moves():
         run_threads(lambda: seen.append(both_levels()))
         assert seen == [on("sim:1")]  # children follow the global device, not the main's scope
     assert both_levels() == on("sim:1")
+
+
+@pytest.mark.parametrize("inner", ["PlaceEnv", "paddle.device.device", "decorated generator"])
+def test_scope_on_the_current_device_with_a_scope_inside_leaves_the_main_thread_on_its_tracer(inner):
+    """The outer scope changes no Tracer (the main thread's current device); the inner one switches and
+    comes back. Afterwards the main thread still moves the global device on both levels."""
+    paddle.set_device("sim:0")
+
+    @PlaceEnv("sim:1")
+    def gen():
+        yield both_levels()
+
+    with PlaceEnv("sim:0"):
+        if inner == "decorated generator":
+            assert next(gen()) == on("sim:1")
+        else:
+            with (PlaceEnv("sim:1") if inner == "PlaceEnv" else paddle.device.device(paddle.CustomPlace("sim", 1))):
+                assert both_levels() == on("sim:1")
+        assert both_levels() == on("sim:0")
+    paddle.set_device("sim:3")
+    assert both_levels() == on("sim:3")
+    seen = []
+    run_threads(lambda: (paddle.ones([1]), seen.append(both_levels())))
+    assert seen == [on("sim:3")]
+
+
+@pytest.mark.parametrize("in_thread", [False, True], ids=["main", "child"])
+def test_paddle_dygraph_guard_inside_a_scope(in_thread):
+    """Paddle's own guard switches to a fresh Tracer and back; the thread must end on its own Tracer."""
+    shared = paddle.base.framework._dygraph_tracer_
+    seen = {}
+
+    def body():
+        paddle.ones([1])
+        with PlaceEnv("sim:2"):
+            with paddle.base.dygraph.guard():
+                paddle.ones([1])
+            seen["inside"] = both_levels()
+        seen["after"] = both_levels()
+        seen["shared"] = paddle.base.framework.global_var._dygraph_tracer_ is shared
+
+    run_threads(body) if in_thread else body()
+    assert seen == {"inside": on("sim:2"), "after": on("sim:0"), "shared": True}
+    assert paddle.base.framework._dygraph_tracer_ is shared  # new threads still start on it
+
+
+def test_place_objects_share_one_private_tracer_per_device():
+    from placeenv import state
+
+    counts = []
+
+    def body():
+        paddle.ones([1])
+        before = state.private_tracers()
+        x = paddle.ones([1], device="cpu")
+        for _ in range(50):
+            with PlaceEnv(paddle.CPUPlace()), PlaceEnv(x.place):
+                paddle.ones([1])
+        counts.append(state.private_tracers() - before)
+
+    run_threads(body)
+    assert counts == [1]

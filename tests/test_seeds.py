@@ -591,3 +591,11 @@ def test_stock_paddle_needs_the_seed_fixes(stock):
             paddle.ones([2], device="cuda")
     with pytest.raises(ValueError, match="The device must be a string"):
         x.to("uint16")
+
+
+@pytest.mark.parametrize("device", ["cpu", "sim:1"])
+def test_tensor_to_a_tensor_of_many_elements(device):
+    """``x.to(other)`` with a multi-element ``other``: nothing compares ``other`` with a dtype string."""
+    other = paddle.tensor([1, 2, 3], device="sim:3", dtype="int32")
+    result = paddle.tensor(VALUES, device=device).to(other)
+    assert (where(result), result.dtype) == ("sim:3", paddle.int32)
