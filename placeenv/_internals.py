@@ -172,12 +172,14 @@ def resolve() -> None:
                 else:
                     missing.append(f"paddle.{path}")
         framework = found.get("framework")
-        checks = [(f"paddle.base.framework.{g}", lambda g=g: framework.__dict__[g]) for g in FRAMEWORK_GLOBALS]
+        checks = [(f"paddle.base.framework.{g}", lambda g=g: framework.__dict__[g])
+                  for g in FRAMEWORK_GLOBALS]
         checks += [(f"paddle.{n}.__code__", lambda n=n: code_owner(n, paddle).__code__) for n in CODE_TARGETS]
         checks += [(f"paddle.{p}.__enter__/__exit__",
                     lambda p=p: [_lookup(paddle, p).__dict__[m] for m in ("__enter__", "__exit__")])
                    for p, _ in GUARD_CLASSES]
-        checks += [(f"paddle.{p}.{m}", lambda p=p, m=m: _lookup(paddle, p).__dict__[m]) for p, m in METHOD_TARGETS]
+        checks += [(f"paddle.{p}.{m}", lambda p=p, m=m: _lookup(paddle, p).__dict__[m])
+                   for p, m in METHOD_TARGETS]
         if "Tracer" in found:
             tracer = found["Tracer"]()
             checks += [(f"Tracer().{a}", lambda a=a: getattr(tracer, a)) for a in TRACER_ATTRS]

@@ -30,6 +30,7 @@ def _guard_exit(self, exc_type, exc, tb):
     state.leave_guard()
     return False
 
+
 def _injected() -> dict:
     return {
         "_placeenv_own": state.override.get,
@@ -83,8 +84,7 @@ def install() -> None:
             cls.__enter__, cls.__exit__ = _guard_enter, _guard_exit
         for cls, name in _pd.method_targets:
             saved["methods"][(cls, name)] = seeds._stock[(cls, name)] = cls.__dict__[name]
-        _pd.Layer.astype = seeds.layer_astype
-        _pd.paddle.Tensor.to = seeds.tensor_to
+            setattr(cls, name, seeds.METHODS[name])
         for module, attr in _pd.aliases:
             saved["aliases"][(module, attr)] = module.__dict__.get(attr, _MISSING)
             setattr(module, attr, PlaceEnv)

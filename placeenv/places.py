@@ -169,7 +169,8 @@ def to_place(device):
     accelerator type present), and place objects. Raises ``ValueError`` naming
     the available devices.
     """
-    if isinstance(device, (_pd.Place, _pd.CPUPlace, _pd.CUDAPlace, _pd.XPUPlace, _pd.CustomPlace, _pd.CUDAPinnedPlace)):
+    place_types = (_pd.Place, _pd.CPUPlace, _pd.CUDAPlace, _pd.XPUPlace, _pd.CustomPlace, _pd.CUDAPinnedPlace)
+    if isinstance(device, place_types):
         place = normalize(device)
         if place.is_cpu_place() or place.is_cuda_pinned_place():
             return canonical(place)

@@ -60,6 +60,10 @@ def tensor_to(self, *args, **kwargs):
     return _stock[(_pd.paddle.Tensor, "to")](self, *args, **kwargs)
 
 
+#: Method name -> its replacement, for every entry of _internals.METHOD_TARGETS.
+METHODS = {"astype": layer_astype, "to": tensor_to}
+
+
 def land(tensor, device):
     """``tensor`` on ``device``: a ``*_like(device=...)`` result whose kernel kept its input's place."""
     if not isinstance(tensor, _pd.paddle.Tensor):  # static graph: a Variable or Value
@@ -72,7 +76,8 @@ def land(tensor, device):
     return moved
 
 
-_NOT_COMPILED = {"gpu": "CUDA", "gpu_pinned": "CUDA", "dcu": "CUDA", "xpu": "XPU", "xpu_pinned": "XPU", "ipu": "IPU"}
+_NOT_COMPILED = {"gpu": "CUDA", "gpu_pinned": "CUDA", "dcu": "CUDA",
+                 "xpu": "XPU", "xpu_pinned": "XPU", "ipu": "IPU"}
 
 
 def explain_place(place) -> None:

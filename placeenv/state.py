@@ -179,7 +179,8 @@ def tracer_switched(tracer) -> None:
     # it is where the thread returns when its own device ends.
     thread.aimed = place
     if get_ident() == _MAIN:
-        _pd.framework._dygraph_tracer_ = tracer if place is None else thread.base or _pd.framework._dygraph_tracer_
+        shared = _pd.framework._dygraph_tracer_
+        _pd.framework._dygraph_tracer_ = tracer if place is None else thread.base or shared
 
 
 def restore_thread() -> None:

@@ -45,7 +45,8 @@ def _paddle_include() -> Path:
         raise SimSetupError(
             f"this Python ({sys.executable}, {sys.version.split()[0]}) has no paddle: run this with the "
             f"Python that has Paddle and placeenv installed (a virtualenv's, e.g. .venv/bin/python), "
-            f"or install Paddle into this one: {shlex.quote(sys.executable)} -m pip install 'paddlepaddle==3.3.*'"
+            f"or install Paddle into this one: "
+            f"{shlex.quote(sys.executable)} -m pip install 'paddlepaddle==3.3.*'"
         )
     include = Path(list(spec.submodule_search_locations)[0]) / "include"
     if not (include / "paddle/phi/backends/device_ext.h").is_file():
