@@ -90,6 +90,10 @@ NAMES = {
     "tensor_get_tensor": "Tensor.get_tensor",
     "dense_tensor_set": "base.core.DenseTensor.set",
     "tensor_copy_to": "Tensor._copy_to",
+    # The model repository (placeenv.serve.models.repository): a saved program's
+    # inputs and outputs (name, dtype, shape), as paddle.jit.load's layer knows them.
+    "jit_input_spec": "jit.pir_translated_layer.PirTranslatedLayer._input_spec",
+    "jit_output_spec": "jit.pir_translated_layer.PirTranslatedLayer._output_spec",
 }
 
 #: Names a build may lack: None then (a CPU-only wheel has no CUDA or XPU device counts).

@@ -17,6 +17,7 @@ _SERVICE_STACK = {
     "pydantic": "pydantic",  # with pydantic_core, which pydantic pins
     "pydantic_settings": "pydantic-settings",
     "prometheus_client": "prometheus-client",
+    "yaml": "pyyaml",
 }
 
 

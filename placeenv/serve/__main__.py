@@ -62,11 +62,11 @@ def main(argv: list[str] | None = None) -> int:
         import placeenv.sim
 
         placeenv.sim.prepare(settings.sim_devices)
-    from .app import BodyLimit, create_app  # imports Paddle: after the sim set-up
+    from .app import create_app  # imports Paddle: after the sim set-up
 
     app = create_app(settings)
     config = uvicorn.Config(
-        BodyLimit(app, settings.max_body_bytes), host=settings.host, port=settings.port,
+        app, host=settings.host, port=settings.port,
         log_level=settings.log_level, timeout_graceful_shutdown=settings.shutdown_grace_s, access_log=False,
     )
     server = DrainingServer(config, app, settings)

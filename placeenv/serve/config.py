@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+#: The bundled examples, the default repository (placeenv.serve.models.repository.BUNDLED).
+BUNDLED_REPOSITORY = Path(__file__).with_name("models") / "repository"
 
 
 class Settings(BaseSettings):
@@ -26,12 +30,23 @@ class Settings(BaseSettings):
     )
     workers_per_device: int = Field(2, ge=1, le=64, description="worker threads per device")
     queue_capacity: int = Field(64, ge=1, description="requests waiting per device before 503")
-    max_batch_size: int = Field(8, ge=1, le=1024, description="examples per forward pass")
-    max_batch_delay_ms: float = Field(2.0, ge=0, le=1000, description="wait for more requests to batch")
+    max_batch_size: int = Field(8, ge=1, le=1024, description="examples per forward pass, for models "
+                                "whose config does not say")
+    max_batch_delay_ms: float = Field(2.0, ge=0, le=1000, description="wait for more requests to batch, "
+                                      "for models whose config does not say")
     request_timeout_s: float = Field(10.0, gt=0, description="end-to-end limit per request (504 after)")
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="request body limit (413 above)")
     max_examples_per_request: int = Field(32, ge=1, description="examples in one request (422 above)")
-    models: str = Field("digits,mobilenet", description="comma-separated models to serve")
+    model_repository: str = Field(
+        "", description="comma-separated model repository directories (Triton's layout: "
+        "<repository>/<model>/<version>/model.json + model.pdiparams; docs/serving.md); "
+        "empty: the bundled examples (digits, mobilenet)",
+    )
+    models: str = Field("", description="comma-separated models to serve; empty: every model in the repository")
+    on_model_failure: Literal["fail", "skip"] = Field(
+        "fail", description="a model that cannot be loaded (bad file, bad config, fails on a device): refuse to "
+        "start, or start without it and report it not ready",
+    )
     host: str = Field("127.0.0.1", description="bind address; the container sets 0.0.0.0")
     port: int = Field(8000, ge=0, le=65535)
     isolation: Literal["on", "off"] = Field(
@@ -60,7 +75,7 @@ class Settings(BaseSettings):
     )
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
 
-    @field_validator("devices", "models")
+    @field_validator("devices")
     @classmethod
     def _not_empty(cls, value: str) -> str:
         if not [part for part in value.split(",") if part.strip()]:
@@ -70,8 +85,13 @@ class Settings(BaseSettings):
     def device_list(self) -> list[str]:
         return [part.strip() for part in self.devices.split(",") if part.strip()]
 
-    def model_list(self) -> list[str]:
-        return [part.strip() for part in self.models.split(",") if part.strip()]
+    def model_list(self) -> list[str] | None:
+        """The models asked for, or None for all."""
+        return [part.strip() for part in self.models.split(",") if part.strip()] or None
+
+    def repository_list(self) -> list[Path]:
+        paths = [Path(part.strip()) for part in self.model_repository.split(",") if part.strip()]
+        return [p if p == BUNDLED_REPOSITORY else p.resolve() for p in paths] or [BUNDLED_REPOSITORY]
 
     def wants_sim(self) -> bool:
         """Whether sim devices must be prepared before Paddle is imported."""

@@ -15,23 +15,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import metrics
-
-
-class QueueFull(Exception):
-    """Every device queue is at capacity."""
-
-
-class Draining(Exception):
-    """The service is shutting down and takes no new work."""
+from .errors import Draining, Overloaded
 
 
 @dataclass(eq=False)
 class Job:
     """One accepted request. ``resolve``/``fail`` answer it; the first answer wins."""
 
-    model: str
-    inputs: Any  # preprocessed CPU tensor [n, ...]
-    examples: int
+    model: tuple[str, int]  # (name, version): what a batch may share
+    inputs: dict[str, Any]  # preprocessed CPU tensors [n, ...], in the model's input order
+    examples: int  # n; 1 for a model that does not batch
+    batched: bool  # the model batches along the first dimension (its outputs are split by rows)
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
     arrived: float
@@ -71,6 +65,8 @@ class DeviceQueue:
 
     def __init__(self, device: str, capacity: int, workers: int) -> None:
         self.device, self.capacity, self.workers = device, capacity, workers
+        self.models: set[tuple[str, int]] = set()  # what some worker of this device holds
+        self.uniform = True  # every worker holds every model: one wake-up per job is enough
         self._jobs: collections.deque[Job] = collections.deque()
         self._cond = threading.Condition()
         self.busy = 0  # jobs taken by workers, not yet answered
@@ -90,22 +86,28 @@ class DeviceQueue:
             job.device, job.enqueued = self.device, time.perf_counter()
             self._jobs.append(job)
             self._depth.set(len(self._jobs))
-            self._cond.notify()
+            if self.uniform:
+                self._cond.notify()
+            else:
+                self._cond.notify_all()  # the one woken might not hold this model
             return True
 
-    def take_batch(self, max_examples: int, max_delay: float, wait: float) -> list[Job] | None:
-        """Up to ``max_examples`` examples of one model, waiting ``max_delay`` for more.
+    def take_batch(self, limits: dict[tuple[str, int], tuple[int, float]], wait: float) -> list[Job] | None:
+        """The first job of a model in ``limits``, and more of that model up to its (max examples,
+        max delay): a model's batch waits ``max delay`` for more; max examples 0 takes one job.
 
         Returns None when closed and empty (the worker should exit), [] on an idle ``wait``.
         """
         with self._cond:
-            if not self._jobs:
-                if self.closed:
+            first = self._first_of(limits)
+            if first is None:
+                if self.closed and not self._jobs:
                     return None
                 self._cond.wait(wait)
-                if not self._jobs:
-                    return None if self.closed else []
-            first = self._jobs.popleft()
+                first = self._first_of(limits)
+                if first is None:
+                    return None if self.closed and not self._jobs else []
+            max_examples, max_delay = limits[first.model]
             batch, examples = [first], first.examples
             # Wait for more only under load (others were queued too): an idle
             # service answers a lone request at once instead of paying the delay.
@@ -124,7 +126,16 @@ class DeviceQueue:
             self._depth.set(len(self._jobs))
             return batch
 
-    def _next_of(self, model: str, room: int) -> Job | None:
+    def _first_of(self, held) -> Job | None:
+        if self.uniform:
+            return self._jobs.popleft() if self._jobs else None
+        for i, job in enumerate(self._jobs):
+            if job.model in held:
+                del self._jobs[i]
+                return job
+        return None
+
+    def _next_of(self, model: tuple[str, int], room: int) -> Job | None:
         # Same model only, in arrival order; other models keep their place in line.
         for i, job in enumerate(self._jobs):
             if job.model == model and job.examples <= room:
@@ -160,18 +171,19 @@ class Dispatcher:
 
     def submit(self, job: Job) -> DeviceQueue:
         if self.draining:
-            raise Draining()
-        turn, queues = next(self._tiebreak), list(self.queues.values())
+            raise Draining("the service is shutting down")
+        turn = next(self._tiebreak)
+        queues = [q for q in self.queues.values() if job.model in q.models]
         # Least loaded first; equal loads take turns, so idle devices all get work.
         order = sorted(range(len(queues)), key=lambda i: (queues[i].load(), (i - turn) % len(queues)))
         for queue in (queues[i] for i in order):
             if queue.offer(job):
                 return queue
-        raise QueueFull()
+        raise Overloaded("every device queue serving this model is full; retry later")
 
-    def has_room(self) -> bool:
-        """Whether some queue could take a job now (checked before preprocessing, to refuse early)."""
-        return any(len(q) < q.capacity and not q.closed for q in self.queues.values())
+    def has_room(self, model: tuple[str, int]) -> bool:
+        """Whether some queue could take a job for ``model`` now (checked before preprocessing, to refuse early)."""
+        return any(len(q) < q.capacity and not q.closed and model in q.models for q in self.queues.values())
 
     def idle(self) -> bool:
         return all(len(q) == 0 and q.busy == 0 for q in self.queues.values())

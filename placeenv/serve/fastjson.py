@@ -18,7 +18,8 @@ where Starlette's ``json.dumps`` takes 18 for a digits answer; the same JSON
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Coroutine
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import pydantic_core
 from fastapi import Request, Response

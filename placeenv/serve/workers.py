@@ -8,28 +8,34 @@ naive code does, and the place checks see other workers' devices.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
 
+import numpy as np
 import paddle
 
 import placeenv
-from .models import registry
-from .models.base import move_to
 
 from . import metrics
 from .dispatch import DeviceQueue, Job
+from .errors import ModelFailed, Timeout
+from .models.base import Model, move_to
+from .models.repository import Entry
 
 log = logging.getLogger(__name__)
 
 
-class ModelError(Exception):
-    """The model raised while serving a request (answered 500)."""
+@dataclasses.dataclass(frozen=True)
+class Answer:
+    """What a worker returns for one job: the job's slice of the batch's outputs, as host arrays."""
 
-
-class WorkerDied(Exception):
-    """The worker thread serving the request died (answered 500)."""
+    outputs: dict[str, np.ndarray]
+    device: str
+    worker: str
+    batch_size: int  # examples in the forward pass this job shared
+    compute_started: float
 
 
 class PlaceChecker:
@@ -49,16 +55,18 @@ class PlaceChecker:
 
 
 class Worker:
-    """One thread, one device, one replica of each model."""
+    """One thread, one device, a replica of each model version it holds."""
 
-    def __init__(self, name: str, device: str, queue: DeviceQueue, model_names: list[str], settings) -> None:
+    def __init__(self, name: str, device: str, queue: DeviceQueue, entries: list[Entry], settings) -> None:
         self.name, self.device, self.queue = name, device, queue
-        self.model_names, self.settings = model_names, settings
+        self.entries, self.settings = entries, settings
         self.isolation = settings.isolation == "on"
         self.place = placeenv.to_place(device)
         self.check = PlaceChecker(name, device)
         self.ready = threading.Event()
         self.error: BaseException | None = None
+        self.failed: dict[str, str] = {}  # model -> why it did not load here
+        self.held: dict[tuple[str, int], tuple[int, float]] = {}  # (model, version) -> batch limits
         self.current: list[Job] = []
         self._stop = threading.Event()
         self._up = metrics.WORKER_UP.labels(name, device)
@@ -74,35 +82,52 @@ class Worker:
         self._stop.set()
 
     def _run(self) -> None:
+        replicas: dict[tuple[str, int], Model] = {}
         try:
             paddle.set_device(self.device)  # once: placeenv keeps it to this thread
-            replicas = {}
-            for name in self.model_names:
-                replica = registry.create(name)
-                stray = replica.initialize(self.place, strict=self.isolation)
-                self.check("load", next(iter(stray.values()), self.device))
-                replicas[name] = replica
+            for entry in self.entries:
+                try:
+                    loaded = {key: self._load(entry, version) for key, version in
+                              ((( entry.name, n), v) for n, v in entry.versions.items())}
+                except Exception as exc:  # noqa: BLE001 - reported by the service, named
+                    self.failed[entry.name] = f"{type(exc).__name__}: {str(exc)[:500]}"
+                    log.error("worker %s: model %r did not load on %s: %s", self.name, entry.name, self.device,
+                              self.failed[entry.name])
+                    continue
+                replicas.update(loaded)
+                delay = entry.max_batch_delay_ms / 1000
+                self.held.update({key: (entry.max_batch_size, delay) for key in loaded})
             self.ready.set()
             self._up.set(1)
             self._serve(replicas)
-            for replica in replicas.values():
-                replica.finalize()
         except BaseException as exc:  # noqa: BLE001 - recorded; the supervisor replaces us
             self.error = exc
             log.error("worker %s died: %r", self.name, exc)
         finally:
+            for replica in replicas.values():
+                try:
+                    replica.finalize()
+                except Exception:
+                    log.exception("worker %s: finalize failed", self.name)
             self._up.set(0)
             if self.current:  # every accepted request gets exactly one answer
                 for job in self.current:
-                    job.fail(WorkerDied(f"worker {self.name} died"))
+                    job.fail(ModelFailed(f"the worker serving this request ({self.name}) died"))
                 self.queue.done(len(self.current))
                 self.current = []
 
+    def _load(self, entry: Entry, version) -> Model:
+        replica = version.model_class()
+        replica.initialize(self.place, version.context(entry.name, entry.config))
+        stray = {k: d for k, d in replica.parameter_devices().items() if d != self.device}
+        self.check("load", next(iter(stray.values()), self.device))
+        if stray and self.isolation:
+            raise RuntimeError(f"weights not on {self.device} after initialize: {dict(list(stray.items())[:3])}")
+        return replica
+
     def _serve(self, replicas) -> None:
-        settings = self.settings
-        delay = settings.max_batch_delay_ms / 1000
         while True:
-            batch = self.queue.take_batch(settings.max_batch_size, delay, wait=0.2)
+            batch = self.queue.take_batch(self.held, wait=0.2)
             if batch is None:
                 return
             if not batch:
@@ -114,78 +139,94 @@ class Worker:
             self.queue.done(len(batch))
             self.current = []
 
-    def _process(self, replica, jobs: list[Job]) -> None:
+    def _process(self, replica: Model, jobs: list[Job]) -> None:
         now = time.perf_counter()
         live = [job for job in jobs if not job.answered and job.deadline > now]
         for job in jobs:
             if job not in live and not job.answered:
-                job.fail(TimeoutError("request timed out in the queue"))
+                job.fail(Timeout("no answer within the request timeout (it expired in the queue)"))
         if not live:
             return
         if not self.isolation:
             paddle.set_device(self.device)  # what naive code does before each batch
-        queue_duration = metrics.child(metrics.QUEUE_DURATION, replica.name, self.device)
+        name = replica.context.name
+        queue_duration = metrics.child(metrics.QUEUE_DURATION, name, self.device)
         for job in live:
             job.started = now
             queue_duration.observe(now - job.enqueued)
         try:
             outputs = self._forward(replica, live)
-        except Exception as exc:  # noqa: BLE001 - a model's failure is the request's 500
+        except Exception as exc:  # noqa: BLE001 - a model's failure is the request's answer
             if len(live) > 1:  # one bad request must not fail its batch-mates
                 for job in live:
                     self._process_one(replica, job)
                 return
-            live[0].fail(ModelError(f"{type(exc).__name__}: {exc}"))
+            live[0].fail(ModelFailed(f"model {name!r} failed on this request: {type(exc).__name__}: "
+                                     f"{str(exc)[:500]}"))
             return
         self._answer(live, outputs)
 
-    def _process_one(self, replica, job: Job) -> None:
+    def _process_one(self, replica: Model, job: Job) -> None:
         try:
             outputs = self._forward(replica, [job])
         except Exception as exc:  # noqa: BLE001
-            job.fail(ModelError(f"{type(exc).__name__}: {exc}"))
+            job.fail(ModelFailed(f"model {replica.context.name!r} failed on this request: "
+                                 f"{type(exc).__name__}: {str(exc)[:500]}"))
             return
         self._answer([job], outputs)
 
-    def _forward(self, replica, jobs: list[Job]):
+    def _forward(self, replica: Model, jobs: list[Job]):
         started = time.perf_counter()
+        context = replica.context
         self.check("worker", paddle.get_device())
         examples = sum(job.examples for job in jobs)
-        metrics.child(metrics.BATCH_SIZE, replica.name).observe(examples)
-        if len(jobs) == 1:
-            host = jobs[0].inputs
-        else:
-            # One copy on the host (the inputs' place): 0.8 ms for 8 mobilenet examples where
-            # .numpy() + np.concatenate + a new tensor took 4.3, holding the GIL throughout.
-            host = paddle.concat([job.inputs for job in jobs])
-        batch = move_to(host, self.place)
-        self.check("batch", placeenv.device_name(batch.place))
-        out = replica.execute(batch)
-        self.check("output", placeenv.device_name(out.place))
+        metrics.child(metrics.BATCH_SIZE, context.name).observe(examples)
+        inputs = {}
+        for spec in context.inputs:
+            if len(jobs) == 1:
+                host = jobs[0].inputs[spec.name]
+            else:
+                # One copy on the host (the inputs' place): 0.8 ms for 8 mobilenet examples where
+                # .numpy() + np.concatenate + a new tensor took 4.3, holding the GIL throughout.
+                host = paddle.concat([job.inputs[spec.name] for job in jobs])
+            inputs[spec.name] = moved = move_to(host, self.place)
+            self.check("batch", placeenv.device_name(moved.place))
+        out = replica.execute(inputs)
+        # The thread's device after the forward: the one check that sees a leak for a saved program
+        # on sim, whose outputs are CPU tensors whatever device it ran on (docs/serving.md).
+        self.check("execute", paddle.get_device())
+        expected = replica.output_device()
+        for tensor in out.values():
+            self.check("output", placeenv.device_name(tensor.place), expected)
         results = replica.postprocess(out)
-        compute = metrics.child(metrics.COMPUTE_DURATION, replica.name, self.device)
-        compute.observe(time.perf_counter() - started)
-        return results, examples
+        missing = [spec.name for spec in context.outputs if spec.name not in results]
+        if missing:
+            raise RuntimeError(f"postprocess returned no {', '.join(missing)} (declared outputs)")
+        batched = len(jobs) > 1 or jobs[0].batched
+        if batched:
+            short = [n for n, a in results.items() if np.ndim(a) == 0 or len(a) != examples]
+            if short:
+                raise RuntimeError(f"outputs {short} do not have the batch's {examples} rows")
+        metrics.child(metrics.COMPUTE_DURATION, context.name, self.device).observe(time.perf_counter() - started)
+        return {spec.name: np.asarray(results[spec.name]) for spec in context.outputs}, examples
 
     def _answer(self, jobs: list[Job], outputs) -> None:
         results, examples = outputs
+        if len(jobs) == 1:
+            jobs[0].resolve(Answer(results, self.device, self.name, examples, jobs[0].started))
+            return
         offset = 0
         for job in jobs:
-            job.resolve({
-                "outputs": results[offset:offset + job.examples],
-                "device": self.device,
-                "worker": self.name,
-                "batch_size": examples,
-                "compute_started": job.started,
-            })
+            part = {name: array[offset:offset + job.examples] for name, array in results.items()}
+            job.resolve(Answer(part, self.device, self.name, examples, job.started))
             offset += job.examples
 
 
 class WorkerPool:
     """All workers, and a supervisor thread that replaces dead ones."""
 
-    def __init__(self, queues: dict[str, DeviceQueue], model_names: list[str], settings) -> None:
-        self.queues, self.model_names, self.settings = queues, model_names, settings
+    def __init__(self, queues: dict[str, DeviceQueue], entries: dict[str, Entry], settings) -> None:
+        self.queues, self.entries, self.settings = queues, entries, settings
         self.workers: list[Worker] = []
         self._stopping = threading.Event()
         self._supervisor = threading.Thread(target=self._supervise, name="worker-supervisor", daemon=True)
@@ -194,7 +235,9 @@ class WorkerPool:
                 self.workers.append(self._new(f"{device}/{i}", device, queue))
 
     def _new(self, name: str, device: str, queue: DeviceQueue) -> Worker:
-        return Worker(name, device, queue, self.model_names, self.settings)
+        index = int(name.rsplit("/", 1)[1])
+        held = [e for e in self.entries.values() if index < e.instances(device, self.settings.workers_per_device)]
+        return Worker(name, device, queue, held, self.settings)
 
     def start(self, timeout: float = 300) -> None:
         for worker in self.workers:

@@ -1,10 +1,11 @@
-"""Servable models behind a Triton-python-backend-like contract (see ``placeenv.serve.models.base``).
+"""The model contract and the model repository (see ``base`` and ``repository``).
 
+A ``model.py`` in a repository writes ``from placeenv.serve.models import Model, InputError, TensorSpec``.
 Import after ``placeenv.sim.prepare()`` when using simulated devices: this imports Paddle.
 """
 
-from . import registry
-from .base import InputError, Model
-from .registry import available, create, describe
+from .base import DATATYPES, InputError, Model, ModelContext, TensorSpec
+from .repository import BUNDLED, Entry, ModelConfig, RepositoryError, scan
 
-__all__ = ["InputError", "Model", "available", "create", "describe", "registry"]
+__all__ = ["BUNDLED", "DATATYPES", "Entry", "InputError", "Model", "ModelConfig", "ModelContext",
+           "RepositoryError", "TensorSpec", "scan"]

@@ -1,17 +1,26 @@
-"""The model contract (Triton-python-backend-like) and the input validation every model shares.
+"""The model contract, like Triton's python backend: ``initialize / preprocess / execute / postprocess / finalize``.
 
-Lifecycle per worker thread: ``initialize(place)`` once, then for each request
-``preprocess`` (on CPU, any thread) -> move to the worker's device ->
-``execute`` -> ``postprocess``; ``finalize`` on shutdown.
+A repository entry is served by one ``Model`` per worker thread (a replica), bound to
+that worker's device by ``initialize(place)``. A request's typed tensors pass through
+
+    preprocess(inputs)   host numpy arrays in, host arrays out; CPU, any thread, under PlaceEnv('cpu')
+    -> batched along the first dimension and moved to the worker's device
+    execute(inputs)      device tensors in, tensors out; the worker thread, under PlaceEnv(place)
+    postprocess(outputs) tensors in, host numpy arrays out; the worker thread
+
+and ``finalize()`` runs when the worker stops. Every method has a default, so a bare
+``paddle.jit.save`` directory needs no code: ``initialize`` loads the saved program with
+``paddle.jit.load`` and ``execute`` runs it. A ``model.py`` overrides what it needs.
 """
 
 from __future__ import annotations
 
-import abc
-import itertools
+import dataclasses
 import math
-import reprlib
-from typing import Any, ClassVar
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import paddle
@@ -20,188 +29,172 @@ import placeenv
 from placeenv import PlaceEnv, device_name
 from placeenv import _internals as _pd
 
-__all__ = ["InputError", "Model", "host_tensor", "move_to"]
+__all__ = [
+    "DATATYPES", "InputError", "Model", "ModelContext", "TensorSpec", "host_tensor", "move_to", "prefix",
+]
 
-_NUMBER_TYPES = {int, float}
 _HOST = paddle.CPUPlace()
+# paddle.jit.load builds the program through Paddle's one global PIR insertion point:
+# two threads loading at once fail ("The block obtained before and after calling the
+# static API name is inconsistent"). Loads happen at start only, so one at a time costs little.
+JIT_LOAD_LOCK = threading.Lock()
+
+#: Open Inference Protocol datatype -> numpy dtype, for every datatype the service takes.
+DATATYPES: dict[str, np.dtype] = {
+    "BOOL": np.dtype(np.bool_), "UINT8": np.dtype(np.uint8), "INT8": np.dtype(np.int8),
+    "INT16": np.dtype(np.int16), "INT32": np.dtype(np.int32), "INT64": np.dtype(np.int64),
+    "FP16": np.dtype(np.float16), "FP32": np.dtype(np.float32), "FP64": np.dtype(np.float64),
+}
+_BY_NUMPY = {dtype: name for name, dtype in DATATYPES.items()}
+
+
+def datatype_of(dtype: Any) -> str:
+    """The protocol datatype of a numpy or Paddle dtype ('FP32' for float32 / paddle.float32)."""
+    name = str(dtype).removeprefix("paddle.")
+    try:
+        return _BY_NUMPY[np.dtype(name)]
+    except (TypeError, KeyError):
+        raise ValueError(f"dtype {dtype} has no Open Inference Protocol datatype the service takes "
+                         f"({', '.join(DATATYPES)})") from None
+
+
+def prefix(value: Any, limit: int = 40) -> str:
+    """``repr`` of a client-sent value, cut to ``limit`` characters: error messages never echo more."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 class InputError(ValueError):
-    """A request's inputs are invalid; the message says what and where, for the client."""
+    """A request's inputs are invalid; the message names the tensor and what was expected."""
 
 
-class Model(abc.ABC):
-    """One replica of a model, bound to one Paddle place by ``initialize``."""
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    """One input or output: its name, protocol datatype and shape (-1 for a dynamic dimension)."""
 
-    name: ClassVar[str]
-    description: ClassVar[str]
-    input_shape: ClassVar[tuple[int, ...]]  # per example; what ``preprocess`` produces
-    accepted_shapes: ClassVar[tuple[tuple[int, ...], ...]]  # per example, as clients may send it
-    value_range: ClassVar[tuple[float, float]]  # inclusive bounds on every input value
-    output: ClassVar[str]
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+
+    @property
+    def dtype(self) -> np.dtype:
+        return DATATYPES[self.datatype]
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+
+    def check(self, array: np.ndarray) -> None:
+        """``InputError`` unless ``array`` has this datatype and a shape this spec allows."""
+        if array.dtype != self.dtype:
+            raise InputError(
+                f"input {self.name!r} has datatype {_BY_NUMPY.get(array.dtype, array.dtype)}; "
+                f"expected {self.datatype}"
+            )
+        if len(array.shape) != len(self.shape) or any(
+            want not in (-1, got) for want, got in zip(self.shape, array.shape)
+        ):
+            raise InputError(
+                f"input {self.name!r} has shape {list(array.shape)}; expected {list(self.shape)} "
+                "(-1: any size)"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelContext:
+    """What ``initialize`` gets besides the place: where the version's files are, and the entry's specs."""
+
+    name: str
+    version: int
+    directory: Path  # the version directory: <repository>/<model>/<version>
+    program: Path | None  # the saved program's path prefix (<directory>/model or .../inference), if any
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    parameters: Mapping[str, Any]  # the config file's free-form ``parameters``
+
+
+class Model:
+    """One replica of a repository entry. Subclass it in ``model.py`` as ``class Model(placeenv.serve.Model)``.
+
+    The defaults serve a saved program as it is. A subclass may override any
+    method; ``inputs`` / ``outputs`` class attributes (lists of ``TensorSpec`` or
+    dicts with name/datatype/shape) declare what clients send and get when they
+    differ from the program's.
+    """
+
+    inputs: tuple[TensorSpec, ...] | None = None
+    outputs: tuple[TensorSpec, ...] | None = None
 
     def __init__(self) -> None:
         self.network: paddle.nn.Layer | None = None
         self.place = None
+        self.context: ModelContext | None = None
         self._env: PlaceEnv | None = None  # PlaceEnv(place), made once: it keeps no state, so reuse is safe
 
-    @classmethod
-    def describe(cls) -> dict[str, Any]:
-        """JSON-able summary for clients."""
-        return {
-            "name": cls.name,
-            "description": cls.description,
-            "input_shape": list(cls.input_shape),
-            "accepted_shapes": [list(s) for s in cls.accepted_shapes],
-            "value_range": [float(v) for v in cls.value_range],
-            "output": cls.output,
-        }
+    # -- lifecycle ---------------------------------------------------------------------------
 
-    def initialize(self, place, strict: bool = True) -> dict[str, str]:
-        """Build this replica's network with its weights on ``place``, in eval mode.
+    def initialize(self, place, context: ModelContext) -> None:
+        """Load this replica on ``place``: by default the saved program, with ``paddle.jit.load``.
 
-        Returns ``{weight name: device}`` for weights that landed elsewhere; with
-        ``strict`` (the default) any such weight is an error instead.
+        Runs in the worker thread, whose device is already ``place``; PlaceEnv
+        makes that explicit for loaders that create tensors.
         """
-        place = placeenv.to_place(place)
-        with PlaceEnv(place):
-            network = self.build()
-        network.eval()
-        want = device_name(place)
-        # state_dict covers buffers too (BatchNorm statistics), not just parameters.
-        found = {k: device_name(v.place) for k, v in network.state_dict().items()}
-        stray = {k: d for k, d in found.items() if d != want}
-        if stray and strict:
-            raise RuntimeError(f"{self.name}: weights not on {want}: {stray}")
-        self.network, self.place, self._env = network, place, PlaceEnv(place)
-        return stray
+        self.place, self.context = placeenv.to_place(place), context
+        self._env = PlaceEnv(self.place)
+        with self._env:
+            self.network = self.load(context)
+        if self.network is not None:
+            self.network.eval()
 
-    @abc.abstractmethod
-    def build(self) -> paddle.nn.Layer:
-        """Create the network and load its weights; runs under ``PlaceEnv(place)``."""
+    def load(self, context: ModelContext) -> paddle.nn.Layer | None:
+        """The network to run; by default the version's saved program."""
+        if context.program is None:
+            raise RuntimeError("no saved program (model.json + model.pdiparams) and load() is not overridden")
+        with JIT_LOAD_LOCK:
+            return paddle.jit.load(str(context.program))
 
-    @PlaceEnv("cpu")
-    def preprocess(self, inputs: Any) -> paddle.Tensor:
-        """Validated, normalised CPU tensor of shape ``[batch, *input_shape]``; raises ``InputError``."""
-        return host_tensor(self.normalise(self.validate(inputs)))
+    def preprocess(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Validated, normalised host arrays ``[batch, ...]`` for ``execute``; raise ``InputError``."""
+        return inputs
 
-    def validate(self, inputs: Any) -> np.ndarray:
-        """float32 array ``[batch, *input_shape]`` from JSON-decoded inputs, or ``InputError``."""
-        if not isinstance(inputs, list):
-            raise InputError(f"inputs must be a list of examples, got {type(inputs).__name__}")
-        if not inputs:
-            raise InputError("inputs is empty: send at least one example")
-        if len(inputs) == 1:  # the common case: a view, no copy
-            return self._example(0, inputs[0])[np.newaxis]
-        return np.stack([self._example(i, example) for i, example in enumerate(inputs)])
-
-    def normalise(self, batch: np.ndarray) -> np.ndarray:
-        """Map validated values to what the network expects (identity unless overridden)."""
-        return batch
-
-    def _example(self, index: int, example: Any) -> np.ndarray:
-        values = self._well_formed(example)
-        if values is not None:
-            self._check_values(f"example {index}", values)
-            return values.astype(np.float32).reshape(self.input_shape)
-        return self._diagnose(index, example)
-
-    def _well_formed(self, example: Any) -> np.ndarray | None:
-        """The common case, checked by C loops: nested lists of int/float in an accepted shape; else None."""
-        if type(example) is not list:
-            return None
-        try:
-            values = np.asarray(example, dtype=np.float64)  # ragged or huge raises; "1" and True convert...
-        except (ValueError, TypeError, OverflowError):
-            return None
-        if values.shape not in self.accepted_shapes:
-            return None
-        leaves = example
-        for _ in range(values.ndim - 1):
-            if any(type(row) is not list for row in leaves):
-                return None
-            leaves = list(itertools.chain.from_iterable(leaves))
-        # ...so every leaf must be a real int or float (bool, a subclass of int, is refused on purpose).
-        return values if set(map(type, leaves)) <= _NUMBER_TYPES else None
-
-    def _diagnose(self, index: int, example: Any) -> np.ndarray:
-        """The slow path, for anything unusual: validates cell by cell to name the exact problem."""
-        where = f"example {index}"
-        expected = " or ".join(str(s) for s in self.accepted_shapes)
-        try:
-            # dtype=object keeps every leaf as sent, so each problem can be named precisely.
-            cells = np.array(example, dtype=object)
-        except Exception as exc:  # noqa: BLE001 - any numpy failure on hostile input is the client's
-            raise InputError(f"{where} is not an array of numbers ({type(exc).__name__}: {exc})") from None
-        if cells.ndim > max(len(s) for s in self.accepted_shapes):
-            raise InputError(f"{where} is nested too deep ({cells.ndim}+ levels); expected shape {expected}")
-        if cells.size > max(math.prod(s) for s in self.accepted_shapes):  # before the per-value scan
-            raise InputError(f"{where} has shape {cells.shape}; expected shape {expected}")
-        for flat, cell in enumerate(cells.flat):
-            if type(cell) in (int, float):  # bool is a subclass of int, excluded on purpose
-                continue
-            if isinstance(cell, (list, tuple)):
-                raise InputError(
-                    f"{where} is ragged: its nested lists differ in length or depth below shape "
-                    f"{cells.shape}; expected shape {expected}"
-                )
-            at = f" at position {_position(flat, cells.shape)}" if cells.ndim else ""
-            raise InputError(f"{where} has a non-numeric value {reprlib.repr(cell)}{at}")
-        if cells.shape not in self.accepted_shapes:
-            got = "is a single number" if cells.ndim == 0 else f"has shape {cells.shape}"
-            raise InputError(f"{where} {got}; expected shape {expected} (inputs is a list of examples)")
-        try:
-            values = cells.astype(np.float64)
-        except OverflowError:
-            raise InputError(f"{where} has an integer too large for a float") from None
-        self._check_values(where, values)
-        return values.astype(np.float32).reshape(self.input_shape)
-
-    def _check_values(self, where: str, values: np.ndarray) -> None:
-        low, high = self.value_range
-        if values.size:  # the fast check; anything it refuses is looked at in detail below
-            least, most = values.min(), values.max()  # NaN fails every comparison
-            if low <= least and most <= high and math.isfinite(least) and math.isfinite(most):
-                return
-        bad = ~np.isfinite(values)
-        if bad.any():
-            flat = int(np.argmax(bad))
-            at = _position(flat, values.shape)
-            raise InputError(f"{where} has a non-finite value {values.flat[flat]} at position {at}")
-        bad = (values < low) | (values > high)
-        if bad.any():
-            flat = int(np.argmax(bad))
-            at = _position(flat, values.shape)
-            raise InputError(
-                f"{where} has value {values.flat[flat]:g} at position {at}, "
-                f"outside the allowed range [{low:g}, {high:g}]"
-            )
-
-    def execute(self, batch: paddle.Tensor) -> paddle.Tensor:
-        """Forward pass on this replica's place; ``batch`` must already be there."""
+    def execute(self, inputs: dict[str, paddle.Tensor]) -> dict[str, paddle.Tensor]:
+        """Forward pass on this replica's place; ``inputs`` are already there, in ``self.context.inputs`` order."""
         if self.network is None:
-            raise RuntimeError(f"{self.name}: execute before initialize")
-        if device_name(batch.place) != device_name(self.place):  # both cached lookups
-            raise RuntimeError(
-                f"{self.name}: batch on {device_name(batch.place)}, replica on {device_name(self.place)}"
-            )
-        # PlaceEnv too: tensors the forward creates itself must land on this replica's place.
-        with self._env, paddle.no_grad():
-            return self.network(batch)
+            raise RuntimeError(f"{self.context.name if self.context else 'model'}: execute before initialize")
+        with self._env, paddle.no_grad():  # tensors the forward creates land on this replica's place
+            out = self.network(*inputs.values())
+        if isinstance(out, paddle.Tensor):
+            out = [out]
+        if isinstance(out, Mapping):
+            return dict(out)
+        return {spec.name: tensor for spec, tensor in zip(self.context.outputs, out)}
 
-    @abc.abstractmethod
-    def postprocess(self, outputs: paddle.Tensor) -> list[dict[str, Any]]:
-        """One JSON-able dict per example."""
-
-    def infer(self, inputs: Any) -> list[dict[str, Any]]:
-        """One request end to end in the calling thread: preprocess, move to this replica's place,
-        execute, postprocess. What a worker does for a batch of one, without the queue; the
-        benchmarks' bare forward and the tests' direct answers."""
-        return self.postprocess(self.execute(move_to(self.preprocess(inputs), self.place)))
+    def postprocess(self, outputs: dict[str, paddle.Tensor]) -> dict[str, np.ndarray]:
+        """Host arrays ``[batch, ...]``, one per declared output."""
+        return {name: tensor.numpy() for name, tensor in outputs.items()}
 
     def finalize(self) -> None:
         """Drop the network so its device memory can be reclaimed."""
-        self.network, self.place, self._env = None, None, None
+        self.network, self._env = None, None
+
+    # -- what the service checks -------------------------------------------------------------
+
+    def parameter_devices(self) -> dict[str, str]:
+        """``{weight name: device}`` of the loaded network (state_dict covers buffers too)."""
+        if self.network is None:
+            return {}
+        return {k: device_name(v.place) for k, v in self.network.state_dict().items()}
+
+    def output_device(self) -> str:
+        """Where ``execute``'s outputs belong, for the place checks.
+
+        The worker's device, except for a saved program on a sim device: there
+        Paddle runs the program's ops with CPU-fallback kernels and returns CPU
+        tensors, though the parameters stay on ``sim:N`` (see docs/serving.md).
+        """
+        device = device_name(self.place)
+        if self.context is not None and self.context.program is not None and device.startswith("sim:"):
+            return "cpu"
+        return device
 
 
 def host_tensor(array: np.ndarray) -> paddle.Tensor:
@@ -228,18 +221,12 @@ def move_to(tensor: paddle.Tensor, place) -> paddle.Tensor:
     return moved
 
 
-def labelled(scores: np.ndarray, key: str) -> list[dict[str, Any]]:
-    """``[{"label": argmax, key: row}]`` per row; ``tolist`` makes Python ints and floats in one C call each."""
-    return [{"label": label, key: row} for label, row in zip(scores.argmax(axis=1).tolist(), scores.tolist())]
-
-
-def softmax(logits: paddle.Tensor) -> np.ndarray:
-    """Row-wise softmax on the host, float64 for stable JSON floats."""
-    values = logits.numpy().astype(np.float64)
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Row-wise softmax on the host."""
+    values = logits.astype(np.float64)
     values = np.exp(values - values.max(axis=1, keepdims=True))
-    return values / values.sum(axis=1, keepdims=True)
+    return (values / values.sum(axis=1, keepdims=True)).astype(logits.dtype)
 
 
-def _position(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
-    return tuple(int(i) for i in np.unravel_index(flat, shape)) if shape else ()
-
+def elements(shape: tuple[int, ...]) -> int:
+    return math.prod(shape)

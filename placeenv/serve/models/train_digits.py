@@ -1,7 +1,7 @@
-"""Train the digits MLP reproducibly on CPU and write placeenv/serve/models/weights/digits.pdparams.
+"""Train the digits MLP reproducibly on CPU and save it into the bundled repository (digits/1/model.*).
 
-Run ``python -m placeenv.serve.models.train_digits`` (with an editable install: the file
-lands in the repository).
+Run ``python -m placeenv.serve.models.train_digits`` (with an editable install the
+program lands in the checkout). Needs scikit-learn (a dev dependency).
 """
 
 from __future__ import annotations
@@ -11,12 +11,40 @@ import paddle
 
 from placeenv import PlaceEnv
 
-from .digits import PIXEL_MAX, WEIGHTS, build_network, split_digits
+from .examples import DIGITS_INPUT, save
+from .repository import BUNDLED
 
+VERSION_DIR = BUNDLED / "digits" / "1"
+PIXEL_MAX = 16.0  # load_digits pixels are integers 0..16
+HIDDEN = 128
 SEED = 0
 EPOCHS = 60
 BATCH = 32
 LEARNING_RATE = 1e-3
+
+
+def build_network() -> paddle.nn.Layer:
+    """64 -> 128 -> 10, on the pixels scaled to [0, 1] (digits/1/model.py scales them)."""
+    return paddle.nn.Sequential(paddle.nn.Linear(64, HIDDEN), paddle.nn.ReLU(), paddle.nn.Linear(HIDDEN, 10))
+
+
+def split_digits():
+    """(X_train, X_test, y_train, y_test): the fixed split used for training and for tests.
+
+    X is raw pixels, float32 [n, 64] in 0..16; y is int64.
+    """
+    from sklearn.datasets import load_digits  # imported here: serving does not need sklearn
+    from sklearn.model_selection import train_test_split
+
+    x, y = load_digits(return_X_y=True)
+    x, y = x.astype(np.float32), y.astype(np.int64)
+    return train_test_split(x, y, test_size=0.25, random_state=0, stratify=y)
+
+
+def held_out_split() -> tuple[np.ndarray, np.ndarray]:
+    """(X_test, y_test): the examples training never saw."""
+    _, x_test, _, y_test = split_digits()
+    return x_test, y_test
 
 
 def accuracy(network: paddle.nn.Layer, x: np.ndarray, y: np.ndarray) -> float:
@@ -27,7 +55,7 @@ def accuracy(network: paddle.nn.Layer, x: np.ndarray, y: np.ndarray) -> float:
 
 @PlaceEnv("cpu")
 def train() -> float:
-    """Train, save the weights, return held-out accuracy."""
+    """Train, save the program, return held-out accuracy."""
     paddle.seed(SEED)
     shuffle = np.random.default_rng(SEED)
     x_train, x_test, y_train, y_test = split_digits()
@@ -44,11 +72,10 @@ def train() -> float:
             optimizer.step()
             optimizer.clear_grad()
     network.eval()
-    WEIGHTS.parent.mkdir(exist_ok=True)
-    paddle.save(network.state_dict(), str(WEIGHTS))
+    save(network, VERSION_DIR, DIGITS_INPUT)
     return accuracy(network, x_test, y_test)
 
 
 if __name__ == "__main__":
     held_out = train()
-    print(f"held-out accuracy {held_out:.4f}; wrote {WEIGHTS} ({WEIGHTS.stat().st_size} bytes)")
+    print(f"held-out accuracy {held_out:.4f}; wrote {VERSION_DIR}")

@@ -1,0 +1,356 @@
+"""The domain layer: ``Service.infer(model, version, tensors) -> Result``. No HTTP, no JSON.
+
+One path for every protocol: look the model up, check the tensors against what
+it takes, preprocess on the CPU under ``PlaceEnv('cpu')``, queue on the
+least-loaded device that holds the model, let a pinned worker batch and run it,
+and return the outputs as host arrays. Every failure is a ``ServiceError``
+(``errors.py``); every accepted request gets exactly one answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import gc
+import logging
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+import placeenv
+from placeenv import PlaceEnv
+
+from . import metrics
+from .config import Settings
+from .dispatch import DeviceQueue, Dispatcher, Job
+from .errors import (
+    OK_LABEL,
+    Draining,
+    InvalidInput,
+    ModelFailed,
+    NotReady,
+    Overloaded,
+    ServiceError,
+    Timeout,
+    UnknownModel,
+    outcome,
+)
+from .models import examples
+from .models.base import InputError, Model, TensorSpec, host_tensor, prefix
+from .models.repository import BUNDLED, Entry, RepositoryError, Version, scan
+from .workers import Answer, PlaceChecker, WorkerPool
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+    """One answered request."""
+
+    model: str
+    version: int
+    outputs: dict[str, np.ndarray]  # host arrays, in the model's output order (or the order asked for)
+    specs: dict[str, TensorSpec]
+    device: str  # the worker's device
+    worker: str
+    batch_size: int  # examples in the forward pass this request shared
+    batched: bool  # the outputs' first dimension is the request's examples
+    timings: dict[str, float]  # milliseconds: preprocess, queue, compute, total
+
+
+def resolve_devices(settings: Settings) -> list[str]:
+    """Device names to serve, validated; 'auto' is every accelerator, else cpu."""
+    names = settings.device_list()
+    if names == ["auto"]:
+        names = [d for d in placeenv.available_devices() if d != "cpu"] or ["cpu"]
+    good = []
+    for name in names:
+        try:
+            good.append(placeenv.device_name(placeenv.to_place(name)))
+        except ValueError as exc:
+            if settings.on_device_failure == "fail":
+                raise RuntimeError(f"device {name!r} cannot be used: {exc}") from None
+            log.error("skipping device %r: %s", name, exc)
+    if not good:
+        raise RuntimeError(f"no usable device in {settings.devices!r}")
+    return list(dict.fromkeys(good))
+
+
+def read_repository(settings: Settings) -> tuple[dict[str, Entry], dict[str, str]]:
+    """The entries to serve and, with ``on_model_failure=skip``, the skipped ones' reasons.
+
+    Refuses (``RuntimeError``, every problem named) under the default ``fail``.
+    """
+    repositories = settings.repository_list()
+    if BUNDLED in repositories:
+        try:
+            examples.ensure_mobilenet(BUNDLED)
+        except OSError as exc:
+            log.error("cannot build the bundled mobilenet into %s: %s; run python -m "
+                      "placeenv.serve.models.examples DIR and add DIR to PLACEENV_MODEL_REPOSITORY", BUNDLED, exc)
+    try:
+        entries, errors = scan(repositories, settings.model_list(), max_batch_size=settings.max_batch_size,
+                               max_batch_delay_ms=settings.max_batch_delay_ms)
+    except RepositoryError as exc:
+        raise RuntimeError(f"model repository: {exc}") from None
+    if errors and settings.on_model_failure == "fail":
+        raise RuntimeError("model repository: " + "; ".join(str(e) for e in errors)
+                           + " (PLACEENV_ON_MODEL_FAILURE=skip serves the rest)")
+    skipped = {e.model: str(e) for e in errors}
+    for message in skipped.values():
+        log.error("not serving: %s", message)
+    if not entries:
+        raise RuntimeError("model repository: no model to serve")
+    return entries, skipped
+
+
+class Service:
+    """Models, devices, queues and workers; built by the app's lifespan."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.entries, self.skipped = read_repository(settings)
+        # CPU-side instances for preprocessing: they have a context, never a network.
+        self.templates: dict[tuple[str, int], Model] = {}
+        for entry in self.entries.values():
+            for number, version in entry.versions.items():
+                template = version.model_class()
+                template.context = version.context(entry.name, entry.config)
+                self.templates[entry.name, number] = template
+        self.devices = resolve_devices(settings)
+        queues = {
+            d: DeviceQueue(d, settings.queue_capacity, settings.workers_per_device) for d in self.devices
+        }
+        self.dispatcher = Dispatcher(queues)
+        self.pool = WorkerPool(queues, dict(self.entries), settings)
+        self.preprocess_pool = ThreadPoolExecutor(settings.preprocess_threads, thread_name_prefix="preprocess")
+        self.check_cpu = PlaceChecker("preprocess", "cpu")
+        self.received = self.answered = 0  # infer calls that started / returned
+        self.accepted = 0  # requests past admission, not yet answered
+        self._accepted_lock = threading.Lock()
+        self.draining = False
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.pool.start()
+        self._settle_failures()
+        # Paddle, FastAPI and the models leave ~150k long-lived objects: a full
+        # collection walks them all (~60 ms with the GIL held, a latency spike for
+        # every request in flight). Frozen, they are skipped from now on.
+        gc.collect()
+        gc.freeze()
+        metrics.READY.set(1)
+
+    def _settle_failures(self) -> None:
+        failures = {}
+        for worker in self.pool.workers:
+            for model, why in worker.failed.items():
+                failures.setdefault(model, f"model {model!r} did not load on {worker.device}: {why}")
+        unserved = [name for name in self.entries if not any(
+            (name, n) in w.held for w in self.pool.workers for n in self.entries[name].versions)]
+        for name in unserved:
+            failures.setdefault(name, f"model {name!r}: no worker loads it (instance_group kinds "
+                                f"{[g.kind for g in self.entries[name].config.instance_group or []]}, "
+                                f"devices {', '.join(self.devices)})")
+        if failures and self.settings.on_model_failure == "fail":
+            self.pool.stop(5)
+            raise RuntimeError("; ".join(failures.values()) + " (PLACEENV_ON_MODEL_FAILURE=skip serves the rest)")
+        for name, why in failures.items():
+            log.error("not serving: %s", why)
+            self.skipped[name] = why
+            self.entries.pop(name, None)
+            self.pool.entries.pop(name, None)
+        if not self.entries:
+            self.pool.stop(5)
+            raise RuntimeError("no model could be loaded: " + "; ".join(failures.values()))
+        for queue in self.dispatcher.queues.values():
+            held = [set(k for k in w.held if k[0] in self.entries) for w in self.pool.workers if w.queue is queue]
+            queue.models = set().union(*held)
+            queue.uniform = all(h == held[0] for h in held)
+
+    def begin_drain(self) -> None:
+        self.draining = self.dispatcher.draining = True
+        metrics.READY.set(0)
+
+    def idle(self) -> bool:
+        return self.accepted == 0 and self.dispatcher.idle()
+
+    def stop(self) -> None:
+        self.begin_drain()
+        self.pool.stop(self.settings.shutdown_grace_s)
+        for queue in self.dispatcher.queues.values():
+            for job in queue.drain_unstarted():
+                job.fail(Draining("the service is shutting down"))
+        self.preprocess_pool.shutdown(wait=True)
+        log.info("stopped: %d inference requests received, %d answered", self.received, self.answered)
+
+    def ready(self) -> bool:
+        return not self.draining and self.pool.ready()
+
+    def model_ready(self, name: str) -> bool:
+        return self.ready() and name in self.entries
+
+    # -- lookups -----------------------------------------------------------------------------
+
+    def entry(self, name: str) -> Entry:
+        """The entry named ``name``; ``UnknownModel`` or ``NotReady`` naming what exists."""
+        entry = self.entries.get(name) if isinstance(name, str) else None
+        if entry is not None:
+            return entry
+        if isinstance(name, str) and name in self.skipped:
+            raise NotReady(f"model {name!r} is not ready: it failed to load at start (see the service log)")
+        raise UnknownModel(f"unknown model {prefix(name)}; available: {', '.join(self.entries)}")
+
+    def version(self, entry: Entry, version: str | int | None) -> Version:
+        if version is None or version == "":
+            return entry.default
+        number = int(version) if isinstance(version, int) or str(version).isdigit() else None
+        if number is None or number not in entry.versions:
+            raise UnknownModel(f"model {entry.name!r} has no version {prefix(version)}; it has "
+                               f"{', '.join(str(v) for v in sorted(entry.versions))}")
+        return entry.versions[number]
+
+    # -- the request path --------------------------------------------------------------------
+
+    async def infer(
+        self, model: str, version: str | int | None, inputs: Mapping[str, np.ndarray], *,
+        outputs: Sequence[str] | None = None, inline: bool = False, arrived: float | None = None,
+    ) -> Result:
+        """Run ``inputs`` through ``model``; ``inline``: preprocess on the calling (event loop) thread."""
+        arrived = time.perf_counter() if arrived is None else arrived
+        self.received += 1  # event-loop thread only
+        label = model if isinstance(model, str) and model in self.entries else "unknown"
+        try:
+            if self.draining:
+                raise Draining("the service is shutting down")
+            entry = self.entry(model)
+            chosen = self.version(entry, version)
+            key = (entry.name, chosen.number)
+            arrays, examples = self._check_inputs(entry, chosen, inputs)
+            wanted = self._check_outputs(chosen, outputs)
+            if not self.dispatcher.has_room(key):  # refuse before spending CPU on preprocessing
+                raise Overloaded("every device queue serving this model is full; retry later")
+            self._count(+1)
+            metrics.IN_FLIGHT.inc()
+            try:
+                result = await self._run(entry, chosen, arrays, examples, wanted, inline, arrived)
+            finally:
+                self._count(-1)
+                metrics.IN_FLIGHT.dec()
+        except ServiceError as exc:
+            metrics.REQUESTS.labels(label, getattr(exc, "device", "none"), outcome(exc).label).inc()
+            raise
+        finally:
+            self.answered += 1
+        metrics.child(metrics.REQUESTS, label, result.device, OK_LABEL).inc()
+        metrics.child(metrics.REQUEST_DURATION, label, result.device).observe(result.timings["total_ms"] / 1000)
+        return result
+
+    def _check_inputs(self, entry: Entry, version: Version, inputs: Mapping[str, np.ndarray]):
+        specs = {spec.name: spec for spec in version.inputs}
+        unknown = [name for name in inputs if name not in specs]
+        if unknown:
+            raise InvalidInput(f"unknown input {prefix(unknown[0])}; model {entry.name!r} takes "
+                               + ", ".join(f"{s.name} ({s.datatype} {list(s.shape)})" for s in version.inputs))
+        missing = [name for name in specs if name not in inputs]
+        if missing:
+            raise InvalidInput(f"missing input {missing[0]!r} ({specs[missing[0]].datatype} "
+                               f"{list(specs[missing[0]].shape)}); model {entry.name!r} takes "
+                               f"{', '.join(specs)}")
+        arrays = {}
+        for spec in version.inputs:
+            array = inputs[spec.name]
+            try:
+                spec.check(array)
+            except InputError as exc:
+                raise InvalidInput(str(exc)) from None
+            arrays[spec.name] = array
+        if entry.max_batch_size == 0:
+            return arrays, 1
+        rows = {int(a.shape[0]) for a in arrays.values()}
+        if len(rows) != 1:
+            raise InvalidInput(f"inputs differ in their first (batch) dimension: "
+                               f"{ {n: int(a.shape[0]) for n, a in arrays.items()} }; send the same number of rows")
+        (examples,) = rows
+        limit = self.settings.max_examples_per_request
+        if examples == 0 or examples > limit:
+            raise InvalidInput(f"batch of {examples} examples in one request; send 1 to {limit}")
+        return arrays, examples
+
+    @staticmethod
+    def _check_outputs(version: Version, outputs: Sequence[str] | None) -> list[str]:
+        names = [spec.name for spec in version.outputs]
+        if outputs is None:
+            return names
+        for name in outputs:
+            if name not in names:
+                raise InvalidInput(f"unknown output {prefix(name)}; the model's outputs are {', '.join(names)}")
+        return list(dict.fromkeys(outputs))
+
+    async def _run(self, entry: Entry, version: Version, arrays, examples: int, wanted: list[str],
+                   inline: bool, arrived: float) -> Result:
+        loop = asyncio.get_running_loop()
+        template = self.templates[entry.name, version.number]
+        try:
+            if inline:  # small: cheaper here than two thread hand-offs
+                tensors = self._preprocess(template, arrays)
+            else:
+                tensors = await loop.run_in_executor(self.preprocess_pool, self._preprocess, template, arrays)
+        except InputError as exc:
+            raise InvalidInput(str(exc)) from None
+        preprocessed = time.perf_counter()
+        metrics.child(metrics.PREPROCESS_DURATION, entry.name).observe(preprocessed - arrived)
+        job = Job(
+            model=(entry.name, version.number), inputs=tensors, examples=examples,
+            batched=entry.max_batch_size > 0, loop=loop, future=loop.create_future(), arrived=arrived,
+            deadline=arrived + self.settings.request_timeout_s,
+        )
+        self.dispatcher.submit(job)  # Overloaded or Draining
+        # A timer, not asyncio.wait(timeout=): one handle instead of a waiter future and callbacks.
+        timeout = Timeout(f"no answer within {self.settings.request_timeout_s:g} s")
+        timer = loop.call_later(max(0.0, job.deadline - time.perf_counter()), job.fail, timeout)
+        try:
+            answer: Answer = await job.future
+        except ServiceError as exc:
+            exc.device = job.device or "none"
+            raise
+        finally:
+            timer.cancel()
+        done = time.perf_counter()
+        specs = {spec.name: spec for spec in version.outputs}
+        return Result(
+            model=entry.name, version=version.number,
+            outputs={name: answer.outputs[name] for name in wanted}, specs=specs,
+            device=answer.device, worker=answer.worker, batch_size=answer.batch_size,
+            batched=entry.max_batch_size > 0,
+            timings={
+                "preprocess_ms": round((preprocessed - arrived) * 1000, 3),
+                "queue_ms": round((answer.compute_started - job.enqueued) * 1000, 3),
+                "compute_ms": round((done - answer.compute_started) * 1000, 3),
+                "total_ms": round((done - arrived) * 1000, 3),
+            },
+        )
+
+    @PlaceEnv("cpu")
+    def _preprocess(self, template: Model, arrays: dict[str, np.ndarray]) -> dict:
+        """The model's preprocess, then host tensors in input order, each checked to be on the CPU."""
+        out = template.preprocess(dict(arrays))
+        tensors = {}
+        for spec in template.context.inputs:
+            value = out.get(spec.name) if isinstance(out, Mapping) else None
+            if value is None:
+                raise ModelFailed(f"model {template.context.name!r}: preprocess returned no {spec.name!r}")
+            if isinstance(value, np.ndarray):
+                value = host_tensor(value)
+            self.check_cpu("preprocess", placeenv.device_name(value.place))
+            tensors[spec.name] = value
+        return tensors
+
+    def _count(self, delta: int) -> None:
+        with self._accepted_lock:
+            self.accepted += delta
+

@@ -1,0 +1,82 @@
+"""The bundled repository's examples, built reproducibly.
+
+- ``digits``: an MLP trained on scikit-learn's 8x8 digits (``train_digits.py``),
+  saved with ``paddle.jit.save`` and committed (38 KB), with a ``model.py`` for
+  its JSON-friendly pre- and post-processing.
+- ``mobilenet``: MobileNetV2 (scale 0.5, 10 classes, 3x32x32) with seeded random
+  weights, a plain ``jit.save`` directory. Not committed (2.6 MB): built here at
+  first start, or by ``python -m placeenv.serve.models.examples [REPOSITORY]``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import paddle
+
+from placeenv import PlaceEnv
+
+from .repository import BUNDLED
+
+MOBILENET_SEED = 0
+MOBILENET_INPUT = paddle.static.InputSpec([None, 3, 32, 32], "float32", name="image")
+DIGITS_INPUT = paddle.static.InputSpec([None, 64], "float32", name="pixels")
+
+
+def mobilenet_network() -> paddle.nn.Layer:
+    """MobileNetV2, its weights drawn from a fixed seed (every build is the same model)."""
+    network = paddle.vision.models.mobilenet_v2(num_classes=10, scale=0.5)
+    # Our own numpy generator, not Paddle's: state_dict order is fixed, so the draws are too.
+    rng = np.random.default_rng(MOBILENET_SEED)
+    missing, unexpected = network.set_state_dict(
+        {name: _seeded(rng, value.numpy()) for name, value in network.state_dict().items()}
+    )
+    assert not missing and not unexpected, (missing, unexpected)
+    network.eval()
+    return network
+
+
+def _seeded(rng: np.random.Generator, value: np.ndarray) -> np.ndarray:
+    if value.ndim == 4:  # conv [out, in/groups, kh, kw]: Kaiming normal on the fan-in
+        std = math.sqrt(2.0 / math.prod(value.shape[1:]))
+        return rng.normal(0.0, std, value.shape).astype(np.float32)
+    if value.ndim == 2:  # classifier [in, out]: Xavier uniform
+        limit = math.sqrt(6.0 / sum(value.shape))
+        return rng.uniform(-limit, limit, value.shape).astype(np.float32)
+    return value  # biases and BatchNorm scale/shift/statistics start as constants
+
+
+@PlaceEnv("cpu")
+def save(network: paddle.nn.Layer, version_dir: Path, spec) -> None:
+    """``paddle.jit.save`` into ``version_dir/model.*``, atomically: a half-written program is never seen."""
+    version_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".building-", dir=version_dir.parent))
+    try:
+        paddle.jit.save(network, str(staging / "model"), input_spec=[spec])
+        version_dir.mkdir(exist_ok=True)
+        for name in ("model.json", "model.pdiparams"):
+            os.replace(staging / name, version_dir / name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def ensure_mobilenet(repository: Path = BUNDLED) -> bool:
+    """Build ``<repository>/mobilenet/1`` unless it is there; whether it built."""
+    version_dir = repository / "mobilenet" / "1"
+    if (version_dir / "model.json").is_file() and (version_dir / "model.pdiparams").is_file():
+        return False
+    with PlaceEnv("cpu"):
+        save(mobilenet_network(), version_dir, MOBILENET_INPUT)
+    return True
+
+
+if __name__ == "__main__":
+    target = Path(sys.argv[1]) if len(sys.argv) > 1 else BUNDLED
+    built = ensure_mobilenet(target)
+    print(f"{target / 'mobilenet' / '1'}: {'built' if built else 'already there'}")

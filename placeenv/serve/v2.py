@@ -1,0 +1,226 @@
+"""The Open Inference Protocol (KServe v2) over REST, with Triton's binary tensor extension.
+
+A thin adapter: parse the request into numpy arrays, call ``Service.infer``,
+render the result. Errors are ``{"error": "..."}`` with the status, headers and
+metric label of ``errors.OUTCOMES``.
+
+Binary tensor data (Triton): the body is a JSON header of
+``Inference-Header-Content-Length`` bytes, then each binary input's raw bytes, in
+input order, each input saying its ``binary_data_size``. An output asked for with
+``binary_data`` (or every output, with ``binary_data_output``) comes back the same
+way.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from typing import Any
+
+import numpy as np
+import pydantic_core
+from fastapi import APIRouter, Request, Response
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from . import wire
+from .core import Result, Service
+from .errors import InvalidInput, ServiceError, outcome
+from .models.base import prefix
+
+HEADER_LENGTH = "inference-header-content-length"
+VERSION = importlib.metadata.version("placeenv")
+MAX_ID = 256
+
+
+class RequestInput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    shape: list[int]
+    datatype: str
+    parameters: dict[str, Any] = Field(default_factory=dict)
+    data: Any = None
+
+
+class RequestOutput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    parameters: dict[str, Any] = Field(default_factory=dict)
+
+
+class InferenceRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: str | None = None
+    parameters: dict[str, Any] = Field(default_factory=dict)
+    inputs: list[RequestInput]
+    outputs: list[RequestOutput] | None = None
+
+
+class ErrorBody(BaseModel):
+    error: str
+
+
+def error_response(exc: ServiceError, retry_after: int) -> Response:
+    found = outcome(exc)
+    headers = {"Retry-After": str(retry_after)} if found.retry else None
+    return Response(pydantic_core.to_json({"error": str(exc)}), status_code=found.status, headers=headers,
+                    media_type="application/json")
+
+
+def json_response(body: Any, status: int = 200) -> Response:
+    return Response(pydantic_core.to_json(body, inf_nan_mode="strings"), status_code=status,
+                    media_type="application/json")
+
+
+def parse(body: bytes, header_length: str | None) -> tuple[InferenceRequest, dict[str, np.ndarray]]:
+    """The request and its input arrays, from a JSON body or a JSON header plus binary data."""
+    if header_length is None:
+        header, rest = body, b""
+    else:
+        if not header_length.isdigit() or int(header_length) > len(body):
+            raise InvalidInput(f"Inference-Header-Content-Length {prefix(header_length)} is not a byte count "
+                               f"within the {len(body)}-byte body")
+        header, rest = body[:int(header_length)], memoryview(body)[int(header_length):]
+    try:
+        request = InferenceRequest.model_validate_json(header)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}"
+                             for e in exc.errors(include_input=False)[:3])
+        raise InvalidInput(f"not an inference request ({problems}); send {{\"inputs\": [{{\"name\", \"shape\", "
+                           f"\"datatype\", \"data\"}}]}} as JSON (the Open Inference Protocol)") from None
+    if request.id is not None and len(request.id) > MAX_ID:
+        raise InvalidInput(f"id of {len(request.id)} characters; send at most {MAX_ID}")
+    arrays, offset = {}, 0
+    for item in request.inputs:
+        if item.name in arrays:
+            raise InvalidInput(f"input {prefix(item.name)} appears twice; send each input once")
+        shape = tuple(item.shape)
+        size = item.parameters.get("binary_data_size")
+        if size is not None:
+            if type(size) is not int or size < 0 or offset + size > len(rest):
+                raise InvalidInput(f"input {prefix(item.name)}: binary_data_size {prefix(size)} does not fit the "
+                                   f"{len(rest) - offset} bytes left after the JSON header")
+            arrays[item.name] = wire.from_binary(rest[offset:offset + size], item.datatype, item.name, shape)
+            offset += size
+        elif item.data is None:
+            raise InvalidInput(f"input {prefix(item.name)} has no data; send \"data\" or binary_data_size")
+        else:
+            arrays[item.name] = wire.from_json(item.data, item.datatype, item.name, shape)
+    if offset != len(rest):
+        raise InvalidInput(f"{len(rest) - offset} bytes after the binary inputs; the binary_data_size values "
+                           f"add up to {offset}")
+    return request, arrays
+
+
+def render(result: Result, request: InferenceRequest) -> Response:
+    everything = bool(request.parameters.get("binary_data_output", False))
+    asked = {o.name: o.parameters for o in request.outputs or []}
+    outputs, blobs = [], []
+    for name, array in result.outputs.items():
+        entry = {"name": name, "datatype": result.specs[name].datatype, "shape": list(array.shape)}
+        if asked.get(name, {}).get("binary_data", everything):
+            blob = wire.to_binary(array)
+            entry["parameters"] = {"binary_data_size": len(blob)}
+            blobs.append(blob)
+        else:
+            entry["data"] = array.ravel().tolist()
+        outputs.append(entry)
+    body = {"model_name": result.model, "model_version": str(result.version), "outputs": outputs}
+    if request.id is not None:
+        body["id"] = request.id
+    header = pydantic_core.to_json(body, inf_nan_mode="strings")
+    if not blobs:
+        return Response(header, media_type="application/json")
+    return Response(b"".join([header, *blobs]), media_type="application/octet-stream",
+                    headers={"Inference-Header-Content-Length": str(len(header))})
+
+
+def router(settings) -> APIRouter:
+    api = APIRouter(prefix="/v2", tags=["Open Inference Protocol (v2)"])
+    failed = {"model": ErrorBody}
+    retry = settings.retry_after_s
+
+    def service_of(request: Request) -> Service:
+        return request.app.state.service
+
+    @api.get("", summary="Server metadata")
+    async def server_metadata() -> dict[str, Any]:
+        return {"name": "placeenv", "version": VERSION, "extensions": ["binary_tensor_data", "model_repository"]}
+
+    @api.get("/health/live", summary="Server liveness")
+    async def live() -> dict[str, bool]:
+        return {"live": True}
+
+    @api.get("/health/ready", summary="Server readiness", responses={503: failed})
+    async def ready(request: Request) -> Response:
+        ok = service_of(request).ready()
+        return json_response({"ready": ok}, 200 if ok else 503)
+
+    def lookup(request: Request, name: str, version: str | None):
+        service = service_of(request)
+        entry = service.entry(name)
+        return service, entry, service.version(entry, version)
+
+    async def metadata(request: Request, name: str, version: str | None = None) -> Response:
+        try:
+            _, entry, chosen = lookup(request, name, version)
+        except ServiceError as exc:
+            return error_response(exc, retry)
+        return json_response({
+            "name": entry.name, "versions": [str(v) for v in sorted(entry.versions)],
+            "platform": "paddle_python" if chosen.model_class.__module__.startswith("placeenv_repository")
+            else "paddle_jit",
+            "inputs": [s.describe() for s in chosen.inputs], "outputs": [s.describe() for s in chosen.outputs],
+        })
+
+    async def model_ready(request: Request, name: str, version: str | None = None) -> Response:
+        try:
+            service, entry, chosen = lookup(request, name, version)
+        except ServiceError as exc:
+            return error_response(exc, retry)
+        ok = service.model_ready(entry.name)
+        return json_response({"name": entry.name, "version": str(chosen.number), "ready": ok}, 200 if ok else 503)
+
+    async def model_config(request: Request, name: str, version: str | None = None) -> Response:
+        try:
+            _, entry, chosen = lookup(request, name, version)
+        except ServiceError as exc:
+            return error_response(exc, retry)
+        return json_response({"name": entry.name, "max_batch_size": entry.max_batch_size,
+                              "max_batch_delay_ms": entry.max_batch_delay_ms,
+                              "input": [s.describe() for s in chosen.inputs],
+                              "output": [s.describe() for s in chosen.outputs],
+                              **entry.config.model_dump(exclude={"inputs", "outputs"})})
+
+    async def infer(request: Request, name: str, version: str | None = None) -> Response:
+        service = service_of(request)
+        body = await request.body()
+        try:
+            parsed, arrays = parse(body, request.headers.get(HEADER_LENGTH))
+            outputs = [o.name for o in parsed.outputs] if parsed.outputs else None
+            result = await service.infer(name, version, arrays, outputs=outputs,
+                                         inline=len(body) <= settings.inline_preprocess_bytes)
+        except ServiceError as exc:
+            return error_response(exc, retry)
+        return render(result, parsed)
+
+    for path, suffix in (("/models/{name}", ""), ("/models/{name}/versions/{version}", " (a version)")):
+        api.add_api_route(path, metadata, methods=["GET"], summary="Model metadata" + suffix,
+                          responses={404: failed})
+        api.add_api_route(path + "/ready", model_ready, methods=["GET"], summary="Model readiness" + suffix,
+                          responses={404: failed, 503: failed})
+        api.add_api_route(path + "/config", model_config, methods=["GET"], summary="Model config" + suffix,
+                          responses={404: failed})
+        api.add_api_route(path + "/infer", infer, methods=["POST"], summary="Inference" + suffix,
+                          openapi_extra={"requestBody": {"content": {"application/json": {
+                              "schema": InferenceRequest.model_json_schema()}}}},
+                          responses={400: failed, 404: failed, 500: failed, 503: failed, 504: failed})
+
+    @api.post("/repository/index", summary="Repository index (read-only)")
+    async def repository_index(request: Request) -> list[dict[str, str]]:
+        service = service_of(request)
+        rows = [{"name": e.name, "version": str(v), "state": "READY" if service.model_ready(e.name) else "UNAVAILABLE"}
+                for e in service.entries.values() for v in sorted(e.versions)]
+        rows += [{"name": name, "state": "UNAVAILABLE", "reason": why[:300]} for name, why in service.skipped.items()]
+        return sorted(rows, key=lambda r: r["name"])
+
+    return api
+

@@ -1,0 +1,131 @@
+"""Tensors on the wire: JSON number lists and binary buffers to numpy arrays, and back.
+
+Shared by both HTTP APIs. Every refusal is an ``InvalidInput`` that names the
+tensor and what was expected, and quotes at most a short prefix of the input.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+import numpy as np
+
+from .errors import InvalidInput
+from .models.base import DATATYPES, prefix
+
+_INTEGER = frozenset({"UINT8", "INT8", "INT16", "INT32", "INT64"})
+_LEAVES = {"BOOL": {bool}, **{t: {int} for t in _INTEGER}, "FP16": {int, float}, "FP32": {int, float},
+           "FP64": {int, float}}
+_MAX_DEPTH = 8
+
+
+def datatype(name: Any, tensor: str) -> np.dtype:
+    dtype = DATATYPES.get(name) if isinstance(name, str) else None
+    if dtype is None:
+        raise InvalidInput(f"tensor {tensor!r} has datatype {prefix(name)}; the service takes "
+                           f"{', '.join(DATATYPES)}")
+    return dtype
+
+
+def from_json(data: Any, kind: str, tensor: str, shape: tuple[int, ...] | None = None) -> np.ndarray:
+    """``data`` (nested lists of numbers) as an array of ``kind``, reshaped to ``shape`` when given.
+
+    Without ``shape`` the nesting gives the shape; with it, ``data`` may be flat or
+    nested, and must hold exactly the shape's number of values.
+    """
+    dtype = datatype(kind, tensor)
+    if not isinstance(data, list):
+        raise InvalidInput(f"tensor {tensor!r}: data must be a list of values, got {type(data).__name__}")
+    array = _fast(data, kind, dtype)
+    if array is None:
+        array = _diagnose(data, kind, dtype, tensor)
+    if shape is not None:
+        if any(d < 0 for d in shape):
+            raise InvalidInput(f"tensor {tensor!r} has shape {list(shape)}; dimensions are >= 0")
+        if array.size != math.prod(shape):
+            raise InvalidInput(f"tensor {tensor!r}: {array.size} values for shape {list(shape)}; "
+                               f"send {math.prod(shape)}")
+        array = array.reshape(shape)
+    return array
+
+
+def _fast(data: list, kind: str, dtype: np.dtype) -> np.ndarray | None:
+    """The common case, checked by C loops: regular nesting of the right leaf type; else None."""
+    try:
+        probe = np.asarray(data, dtype=np.float64 if kind not in ("BOOL",) else np.bool_)
+    except (ValueError, TypeError, OverflowError):
+        return None
+    if probe.ndim > _MAX_DEPTH:
+        return None
+    leaves = data
+    for _ in range(probe.ndim - 1):
+        if any(type(row) is not list for row in leaves):
+            return None
+        leaves = list(itertools.chain.from_iterable(leaves))
+    if not set(map(type, leaves)) <= _LEAVES[kind]:
+        return None
+    if kind in _INTEGER:
+        try:
+            return np.asarray(data, dtype=dtype) if _ints_fit(probe, dtype) else None
+        except (OverflowError, ValueError):
+            return None
+    with np.errstate(over="ignore"):
+        return probe.astype(dtype)
+
+
+def _ints_fit(probe: np.ndarray, dtype: np.dtype) -> bool:
+    info = np.iinfo(dtype)
+    return not probe.size or (info.min <= probe.min() and probe.max() <= info.max)
+
+
+def _diagnose(data: list, kind: str, dtype: np.dtype, tensor: str) -> np.ndarray:
+    """The slow path, for anything unusual: walks the values to name the exact problem."""
+    allowed = _LEAVES[kind]
+    what = {"BOOL": "true/false", "FP16": "numbers", "FP32": "numbers", "FP64": "numbers"}.get(kind, "integers")
+    try:
+        cells = np.array(data, dtype=object)  # keeps every leaf as sent
+    except Exception as exc:  # noqa: BLE001 - any numpy failure on hostile input is the client's
+        raise InvalidInput(f"tensor {tensor!r} is not an array of {what} ({type(exc).__name__})") from None
+    if cells.ndim > _MAX_DEPTH:
+        raise InvalidInput(f"tensor {tensor!r} is nested too deep ({cells.ndim}+ levels; at most {_MAX_DEPTH})")
+    for flat, cell in enumerate(cells.flat):
+        if type(cell) in allowed:
+            continue
+        if isinstance(cell, (list, tuple)):
+            raise InvalidInput(f"tensor {tensor!r} is ragged: its nested lists differ in length or depth "
+                               f"below shape {list(cells.shape)}")
+        at = f" at position {list(np.unravel_index(flat, cells.shape))}" if cells.ndim else ""
+        raise InvalidInput(f"tensor {tensor!r} ({kind}) has the value {prefix(cell)}{at}; expected {what}")
+    if kind in _INTEGER:
+        info = np.iinfo(dtype)
+        for flat, cell in enumerate(cells.flat):
+            if not info.min <= cell <= info.max:
+                at = list(np.unravel_index(flat, cells.shape))
+                raise InvalidInput(f"tensor {tensor!r} has {prefix(cell)} at position {at}, outside {kind}'s "
+                                   f"range [{info.min}, {info.max}]")
+    try:
+        with np.errstate(over="ignore"):
+            return cells.astype(np.float64 if kind not in _INTEGER and kind != "BOOL" else dtype).astype(dtype)
+    except OverflowError:
+        raise InvalidInput(f"tensor {tensor!r} has an integer too large for {kind}") from None
+
+
+def from_binary(buffer: memoryview | bytes, kind: str, tensor: str, shape: tuple[int, ...]) -> np.ndarray:
+    """Raw little-endian values (BOOL: one byte each), as Triton's binary tensor extension sends them."""
+    dtype = datatype(kind, tensor).newbyteorder("<")
+    if any(d < 0 for d in shape):
+        raise InvalidInput(f"tensor {tensor!r} has shape {list(shape)}; dimensions are >= 0")
+    want = math.prod(shape) * dtype.itemsize
+    if len(buffer) != want:
+        raise InvalidInput(f"tensor {tensor!r}: {len(buffer)} bytes of binary data for {kind} {list(shape)}; "
+                           f"send {want}")
+    array = np.frombuffer(buffer, dtype=dtype).reshape(shape)
+    if kind == "BOOL" and array.size and array.view(np.uint8).max() > 1:
+        raise InvalidInput(f"tensor {tensor!r} (BOOL) has bytes other than 0 and 1")
+    return array.astype(dtype.newbyteorder("="), copy=False)
+
+
+def to_binary(array: np.ndarray) -> bytes:
+    return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
