@@ -44,9 +44,12 @@ RUN pip install '.[dev]' \
 
 # Unprivileged user; it owns the sim cache so a rebuild (new headers) can still
 # write it, and /app/results, where a locust run in this image writes its CSVs.
+# The bundled mobilenet is built here (the package directory is root's at run time).
+# Your own models: mount a repository and set PLACEENV_MODEL_REPOSITORY (docs/serving.md).
 RUN useradd --create-home --uid 10001 placeenv \
     && mkdir -p "$PLACEENV_SIM_CACHE" /app/results \
     && python -m placeenv.sim build \
+    && python -m placeenv.serve.models.examples \
     && chown -R placeenv:placeenv "$PLACEENV_SIM_CACHE" /app/results
 USER placeenv
 

@@ -12,6 +12,12 @@ import time
 
 import httpx
 
+from placeenv.serve.config import BUNDLED_REPOSITORY
+
+#: The test-only models (faulty), served beside the bundled examples.
+TEST_REPOSITORY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "repository")
+REPOSITORIES = f"{BUNDLED_REPOSITORY},{TEST_REPOSITORY}"
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -26,7 +32,8 @@ class ServiceProcess:
         self.port = port or free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith("PLACEENV_")}
         env.update({"PLACEENV_DEVICES": "sim:0,sim:1,sim:2,sim:3", "PLACEENV_WORKERS_PER_DEVICE": "2",
-                    "PLACEENV_MODELS": "digits", "PLACEENV_LOG_LEVEL": "info"})
+                    "PLACEENV_MODELS": "digits", "PLACEENV_LOG_LEVEL": "info",
+                    "PLACEENV_MODEL_REPOSITORY": REPOSITORIES})
         env.update({f"PLACEENV_{k.upper()}": str(v) for k, v in settings.items()})
         env["PLACEENV_PORT"] = str(self.port)
         env["PLACEENV_HOST"] = "127.0.0.1"

@@ -70,3 +70,35 @@ def test_docs_link_nothing_outside_the_repository():
                 assert (path.parent / target.split("#")[0]).resolve().is_relative_to(ROOT), (path, target)
                 assert (path.parent / target.split("#")[0]).exists(), (path, target)
         assert "../shared" not in path.read_text(), path
+
+
+def test_readme_serve_your_own_model_runs_as_written(tmp_path):
+    """The README's "Serve your own model": save with jit.save, serve that directory, call it with
+    tritonclient and with curl, each block as written (only the port differs)."""
+    from servers import ServiceProcess
+
+    text = (ROOT / "README.md").read_text()
+    section = text.split("### Serve your own model\n", 1)[1].split("\n### ", 1)[0]
+    blocks = re.findall(r"```(python|bash)\n(.+?)\n```", section, re.S)
+    assert [kind for kind, _ in blocks] == ["python", "bash", "python", "bash"]
+    (_, save), (_, serve), (_, call), (_, curls) = blocks
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PLACEENV_")}
+    saved = subprocess.run([sys.executable, "-c", save], cwd=tmp_path, capture_output=True, text=True, env=env,
+                           timeout=180)
+    assert saved.returncode == 0, saved.stderr[-3000:]
+    repository = re.fullmatch(r"\.venv/bin/python -m placeenv\.serve --model-repository (\S+)\s+#.*", serve)
+    assert repository, serve
+    with ServiceProcess(model_repository=tmp_path / repository[1], models="", devices="sim:0,sim:1") as service:
+        port = str(service.port)
+        called = subprocess.run([sys.executable, "-c", call.replace("127.0.0.1:8000", f"127.0.0.1:{port}")],
+                                capture_output=True, text=True, timeout=120)
+        assert called.returncode == 0, called.stderr[-3000:]
+        rows = re.findall(r"\[([^\[\]]+)\]", called.stdout)  # numpy's print of a 2x3 array
+        assert len(rows) == 2 and all(len(row.split()) == 3 for row in rows), called.stdout
+        commands = [c for c in curls.replace("\\\n", " ").splitlines() if c.strip()]
+        metadata = subprocess.run(commands[0].split("#")[0].replace("8000", port), shell=True,
+                                  capture_output=True, text=True, timeout=60)
+        assert '"inputs":[{"name":"features","datatype":"FP32","shape":[-1,4]}]' in metadata.stdout
+        answer = subprocess.run(commands[1].replace("8000", port), shell=True, capture_output=True, text=True,
+                                timeout=60)
+        assert '"model_name":"iris"' in answer.stdout and '"shape":[1,3]' in answer.stdout, answer.stdout

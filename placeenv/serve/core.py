@@ -61,6 +61,32 @@ class Result:
     timings: dict[str, float]  # milliseconds: preprocess, queue, compute, total
 
 
+@dataclasses.dataclass
+class Stats:
+    """Per model version, Triton's statistics shape: counts, and cumulative nanoseconds per stage."""
+
+    success: int = 0
+    success_ns: int = 0
+    fail: int = 0
+    fail_ns: int = 0
+    queue_ns: int = 0
+    compute_ns: int = 0
+    preprocess_ns: int = 0
+    last_inference_ms: int = 0
+
+    def describe(self, name: str, version: int) -> dict:
+        pair = lambda count, ns: {"count": count, "ns": ns}
+        return {
+            "name": name, "version": str(version), "last_inference": self.last_inference_ms,
+            "inference_count": self.success, "execution_count": self.success,
+            "inference_stats": {
+                "success": pair(self.success, self.success_ns), "fail": pair(self.fail, self.fail_ns),
+                "queue": pair(self.success, self.queue_ns), "compute_input": pair(self.success, self.preprocess_ns),
+                "compute_infer": pair(self.success, self.compute_ns), "compute_output": pair(self.success, 0),
+            },
+        }
+
+
 def resolve_devices(settings: Settings) -> list[str]:
     """Device names to serve, validated; 'auto' is every accelerator, else cpu."""
     names = settings.device_list()
@@ -128,6 +154,7 @@ class Service:
         self.pool = WorkerPool(queues, dict(self.entries), settings)
         self.preprocess_pool = ThreadPoolExecutor(settings.preprocess_threads, thread_name_prefix="preprocess")
         self.check_cpu = PlaceChecker("preprocess", "cpu")
+        self.stats = {key: Stats() for key in self.templates}  # written on the event loop thread only
         self.received = self.answered = 0  # infer calls that started / returned
         self.accepted = 0  # requests past admission, not yet answered
         self._accepted_lock = threading.Lock()
@@ -168,7 +195,7 @@ class Service:
             self.pool.stop(5)
             raise RuntimeError("no model could be loaded: " + "; ".join(failures.values()))
         for queue in self.dispatcher.queues.values():
-            held = [set(k for k in w.held if k[0] in self.entries) for w in self.pool.workers if w.queue is queue]
+            held = [{k for k in w.held if k[0] in self.entries} for w in self.pool.workers if w.queue is queue]
             queue.models = set().union(*held)
             queue.uniform = all(h == held[0] for h in held)
 
@@ -224,6 +251,7 @@ class Service:
         arrived = time.perf_counter() if arrived is None else arrived
         self.received += 1  # event-loop thread only
         label = model if isinstance(model, str) and model in self.entries else "unknown"
+        key = None
         try:
             if self.draining:
                 raise Draining("the service is shutting down")
@@ -243,11 +271,23 @@ class Service:
                 metrics.IN_FLIGHT.dec()
         except ServiceError as exc:
             metrics.REQUESTS.labels(label, getattr(exc, "device", "none"), outcome(exc).label).inc()
+            stats = self.stats.get(key)
+            if stats is not None:
+                stats.fail += 1
+                stats.fail_ns += int((time.perf_counter() - arrived) * 1e9)
             raise
         finally:
             self.answered += 1
         metrics.child(metrics.REQUESTS, label, result.device, OK_LABEL).inc()
         metrics.child(metrics.REQUEST_DURATION, label, result.device).observe(result.timings["total_ms"] / 1000)
+        stats = self.stats[result.model, result.version]
+        timings = result.timings
+        stats.success += 1
+        stats.success_ns += int(timings["total_ms"] * 1e6)
+        stats.queue_ns += int(timings["queue_ms"] * 1e6)
+        stats.compute_ns += int(timings["compute_ms"] * 1e6)
+        stats.preprocess_ns += int(timings["preprocess_ms"] * 1e6)
+        stats.last_inference_ms = int(time.time() * 1000)
         return result
 
     def _check_inputs(self, entry: Entry, version: Version, inputs: Mapping[str, np.ndarray]):

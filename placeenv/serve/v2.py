@@ -143,7 +143,7 @@ def router(settings) -> APIRouter:
 
     @api.get("", summary="Server metadata")
     async def server_metadata() -> dict[str, Any]:
-        return {"name": "placeenv", "version": VERSION, "extensions": ["binary_tensor_data", "model_repository"]}
+        return {"name": "placeenv", "version": VERSION, "extensions": ["binary_tensor_data", "model_repository", "statistics"]}
 
     @api.get("/health/live", summary="Server liveness")
     async def live() -> dict[str, bool]:
@@ -190,6 +190,15 @@ def router(settings) -> APIRouter:
                               "output": [s.describe() for s in chosen.outputs],
                               **entry.config.model_dump(exclude={"inputs", "outputs"})})
 
+    async def statistics(request: Request, name: str, version: str | None = None) -> Response:
+        try:
+            service, entry, chosen = lookup(request, name, version)
+        except ServiceError as exc:
+            return error_response(exc, retry)
+        numbers = [chosen.number] if version is not None else sorted(entry.versions)
+        return json_response({"model_stats": [service.stats[entry.name, n].describe(entry.name, n)
+                                              for n in numbers]})
+
     async def infer(request: Request, name: str, version: str | None = None) -> Response:
         service = service_of(request)
         body = await request.body()
@@ -208,6 +217,8 @@ def router(settings) -> APIRouter:
         api.add_api_route(path + "/ready", model_ready, methods=["GET"], summary="Model readiness" + suffix,
                           responses={404: failed, 503: failed})
         api.add_api_route(path + "/config", model_config, methods=["GET"], summary="Model config" + suffix,
+                          responses={404: failed})
+        api.add_api_route(path + "/stats", statistics, methods=["GET"], summary="Statistics" + suffix,
                           responses={404: failed})
         api.add_api_route(path + "/infer", infer, methods=["POST"], summary="Inference" + suffix,
                           openapi_extra={"requestBody": {"content": {"application/json": {

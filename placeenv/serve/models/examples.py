@@ -60,7 +60,8 @@ def save(network: paddle.nn.Layer, version_dir: Path, spec) -> None:
     try:
         paddle.jit.save(network, str(staging / "model"), input_spec=[spec])
         version_dir.mkdir(exist_ok=True)
-        for name in ("model.json", "model.pdiparams"):
+        # The program last: a reader that sees model.json finds its parameters already there.
+        for name in ("model.pdiparams", "model.json"):
             os.replace(staging / name, version_dir / name)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
