@@ -136,6 +136,13 @@ def create_app(settings: Settings) -> FastAPI:
         found = [{**e, "input": prefix(e["input"])} if "input" in e else e for e in exc.errors()]
         return EscapedJSONResponse({"detail": _json_safe(jsonable_encoder(found))}, status_code=422)
 
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # A bug of ours still answers in the API's own error shape (uvicorn logs the traceback).
+        key = "error" if request.url.path.startswith("/v2") else "detail"
+        return JSONResponse({key: f"internal error ({type(exc).__name__}); see the service log"},
+                            status_code=500)
+
     def failure(exc: ServiceError) -> JSONResponse:
         found = outcome(exc)
         headers = {"Retry-After": str(settings.retry_after_s)} if found.retry else None
@@ -148,6 +155,10 @@ def create_app(settings: Settings) -> FastAPI:
         size = request.headers.get("content-length", "")
         try:
             inputs = predict_inputs(service, body)
+        except ServiceError as exc:
+            service.refused(body.model, exc)
+            return failure(exc)
+        try:
             result = await service.infer(
                 body.model, body.version, inputs, arrived=arrived,
                 inline=size.isdigit() and int(size) <= settings.inline_preprocess_bytes,

@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 
@@ -270,7 +271,7 @@ class Service:
                 self._count(-1)
                 metrics.IN_FLIGHT.dec()
         except ServiceError as exc:
-            metrics.REQUESTS.labels(label, getattr(exc, "device", "none"), outcome(exc).label).inc()
+            self.refused(model, exc, getattr(exc, "device", "none"))
             stats = self.stats.get(key)
             if stats is not None:
                 stats.fail += 1
@@ -289,6 +290,12 @@ class Service:
         stats.preprocess_ns += int(timings["preprocess_ms"] * 1e6)
         stats.last_inference_ms = int(time.time() * 1000)
         return result
+
+    def refused(self, model: Any, error: ServiceError, device: str = "none") -> None:
+        """Count a request answered with ``error``; also for adapters refusing one before ``infer``
+        (a body that does not parse). The model label is a served model's name or "unknown"."""
+        label = model if isinstance(model, str) and model in self.entries else "unknown"
+        metrics.REQUESTS.labels(label, device, outcome(error).label).inc()
 
     def _check_inputs(self, entry: Entry, version: Version, inputs: Mapping[str, np.ndarray]):
         specs = {spec.name: spec for spec in version.inputs}
@@ -342,6 +349,12 @@ class Service:
                 tensors = await loop.run_in_executor(self.preprocess_pool, self._preprocess, template, arrays)
         except InputError as exc:
             raise InvalidInput(str(exc)) from None
+        except ServiceError:
+            raise
+        except Exception as exc:
+            log.exception("model %r: preprocess failed", entry.name)
+            raise ModelFailed(f"model {entry.name!r}: preprocess failed: {type(exc).__name__}: "
+                              f"{str(exc)[:300]}") from None
         preprocessed = time.perf_counter()
         metrics.child(metrics.PREPROCESS_DURATION, entry.name).observe(preprocessed - arrived)
         job = Job(

@@ -204,6 +204,10 @@ def router(settings) -> APIRouter:
         body = await request.body()
         try:
             parsed, arrays = parse(body, request.headers.get(HEADER_LENGTH))
+        except ServiceError as exc:
+            service.refused(name, exc)
+            return error_response(exc, retry)
+        try:
             outputs = [o.name for o in parsed.outputs] if parsed.outputs else None
             result = await service.infer(name, version, arrays, outputs=outputs,
                                          inline=len(body) <= settings.inline_preprocess_bytes)
