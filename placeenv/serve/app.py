@@ -18,10 +18,12 @@ from typing import Any
 
 from fastapi import FastAPI, Request, Response
 from fastapi.encoders import jsonable_encoder
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import placeenv
 
@@ -133,8 +135,18 @@ def create_app(settings: Settings) -> FastAPI:
         # FastAPI's default handler echoes the offending input, and would answer 500 when
         # that input is NaN/Infinity or holds a lone surrogate ("\ud800"): strict UTF-8
         # JSON cannot encode either. Same 422 body otherwise, each input cut to a prefix.
-        found = [{**e, "input": prefix(e["input"])} if "input" in e else e for e in exc.errors()]
+        # loc holds the client's keys too (an unknown field's name, an inputs key): cut them alike;
+        # and the first 10 errors only (a body of 20,000 unknown keys had 2.5 MB of answer).
+        found = [{**e, "loc": [p if not isinstance(p, str) or len(p) <= 40 else prefix(p) for p in e["loc"]],
+                  **({"input": prefix(e["input"])} if "input" in e else {})} for e in exc.errors()[:10]]
         return EscapedJSONResponse({"detail": _json_safe(jsonable_encoder(found))}, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def routing_error(request: Request, exc: StarletteHTTPException) -> Response:
+        # The framework's own answers (405 for a method a /v2 path does not take), in each API's shape.
+        if not request.url.path.startswith("/v2"):
+            return await http_exception_handler(request, exc)
+        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -236,7 +236,9 @@ class Service:
     def version(self, entry: Entry, version: str | int | None) -> Version:
         if version is None or version == "":
             return entry.default
-        number = int(version) if isinstance(version, int) or str(version).isdigit() else None
+        number = version if isinstance(version, int) else None
+        if isinstance(version, str) and version.isascii() and version.isdigit() and len(version) <= 18:
+            number = int(version)  # not "²" (isdigit, but int() refuses it), nor 4300+ digits (int() refuses)
         if number is None or number not in entry.versions:
             raise UnknownModel(f"model {entry.name!r} has no version {prefix(version)}; it has "
                                f"{', '.join(str(v) for v in sorted(entry.versions))}")

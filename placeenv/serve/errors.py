@@ -22,6 +22,10 @@ class InvalidInput(ServiceError):
     """A tensor's name, datatype, shape or data is not what the model takes."""
 
 
+class TooLarge(ServiceError):
+    """The request, once decompressed, is over the body limit."""
+
+
 class Overloaded(ServiceError):
     """Every queue that could take the request is full."""
 
@@ -52,6 +56,7 @@ class Outcome:
 OUTCOMES: dict[type[ServiceError], Outcome] = {
     UnknownModel: Outcome(404, "not_found", False),
     InvalidInput: Outcome(400, "invalid", False),
+    TooLarge: Outcome(413, "too_large", False),
     Overloaded: Outcome(503, "overloaded", True),
     Draining: Outcome(503, "draining", True),
     NotReady: Outcome(503, "not_ready", True),

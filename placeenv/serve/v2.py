@@ -4,6 +4,9 @@ A thin adapter: parse the request into numpy arrays, call ``Service.infer``,
 render the result. Errors are ``{"error": "..."}`` with the status, headers and
 metric label of ``errors.OUTCOMES``.
 
+Request compression (Triton): a gzip or deflate ``Content-Encoding`` is inflated,
+up to the body limit. Answers are not compressed.
+
 Binary tensor data (Triton): the body is a JSON header of
 ``Inference-Header-Content-Length`` bytes, then each binary input's raw bytes, in
 input order, each input saying its ``binary_data_size``. An output asked for with
@@ -14,6 +17,7 @@ way.
 from __future__ import annotations
 
 import importlib.metadata
+import zlib
 from typing import Any
 
 import numpy as np
@@ -23,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from . import wire
 from .core import Result, Service
-from .errors import InvalidInput, ServiceError, outcome
+from .errors import InvalidInput, ServiceError, TooLarge, outcome
 from .models.base import prefix
 
 HEADER_LENGTH = "inference-header-content-length"
@@ -70,6 +74,26 @@ def json_response(body: Any, status: int = 200) -> Response:
                     media_type="application/json")
 
 
+def decompressed(body: bytes, encoding: str | None, limit: int) -> bytes:
+    """The body as sent before ``Content-Encoding`` (tritonclient's request_compression_algorithm),
+    refused past ``limit`` bytes without inflating more than that."""
+    encoding = (encoding or "identity").strip().lower()
+    if encoding == "identity":
+        return body
+    if encoding not in ("gzip", "deflate"):
+        raise InvalidInput(f"Content-Encoding {prefix(encoding)} is not supported; send gzip, deflate or none")
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS)
+    try:
+        plain = inflater.decompress(body, limit + 1)
+    except zlib.error:
+        raise InvalidInput(f"the body is not valid {encoding} data (Content-Encoding: {encoding})") from None
+    if len(plain) > limit or inflater.unconsumed_tail:
+        raise TooLarge(f"request body over the limit of {limit} bytes once decompressed; send less")
+    if not inflater.eof:
+        raise InvalidInput(f"the {encoding} body ends early (Content-Encoding: {encoding})")
+    return plain
+
+
 def parse(body: bytes, header_length: str | None) -> tuple[InferenceRequest, dict[str, np.ndarray]]:
     """The request and its input arrays, from a JSON body or a JSON header plus binary data."""
     if header_length is None:
@@ -82,7 +106,8 @@ def parse(body: bytes, header_length: str | None) -> tuple[InferenceRequest, dic
     try:
         request = InferenceRequest.model_validate_json(header)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}"
+        # loc holds the client's keys (an unknown field's name): each cut to a prefix, as every echo is.
+        problems = "; ".join(f"{'.'.join(str(p)[:40] for p in e['loc']) or 'body'}: {e['msg']}"
                              for e in exc.errors(include_input=False)[:3])
         raise InvalidInput(f"not an inference request ({problems}); send {{\"inputs\": [{{\"name\", \"shape\", "
                            f"\"datatype\", \"data\"}}]}} as JSON (the Open Inference Protocol)") from None
@@ -184,11 +209,12 @@ def router(settings) -> APIRouter:
             _, entry, chosen = lookup(request, name, version)
         except ServiceError as exc:
             return error_response(exc, retry)
-        return json_response({"name": entry.name, "max_batch_size": entry.max_batch_size,
+        # The config file's fields first: the effective values below replace its unset (None) ones.
+        return json_response({**entry.config.model_dump(exclude={"inputs", "outputs"}),
+                              "name": entry.name, "max_batch_size": entry.max_batch_size,
                               "max_batch_delay_ms": entry.max_batch_delay_ms,
                               "input": [s.describe() for s in chosen.inputs],
-                              "output": [s.describe() for s in chosen.outputs],
-                              **entry.config.model_dump(exclude={"inputs", "outputs"})})
+                              "output": [s.describe() for s in chosen.outputs]})
 
     async def statistics(request: Request, name: str, version: str | None = None) -> Response:
         try:
@@ -203,6 +229,7 @@ def router(settings) -> APIRouter:
         service = service_of(request)
         body = await request.body()
         try:
+            body = decompressed(body, request.headers.get("content-encoding"), settings.max_body_bytes)
             parsed, arrays = parse(body, request.headers.get(HEADER_LENGTH))
         except ServiceError as exc:
             service.refused(name, exc)
@@ -214,6 +241,14 @@ def router(settings) -> APIRouter:
         except ServiceError as exc:
             return error_response(exc, retry)
         return render(result, parsed)
+
+    # Before /models/{name}, which would take "stats" for a model name: Triton's statistics of every
+    # model (what tritonclient's get_inference_statistics() asks for when no model is named).
+    @api.get("/models/stats", summary="Statistics of every model")
+    async def every_statistics(request: Request) -> Response:
+        service = service_of(request)
+        return json_response({"model_stats": [service.stats[e.name, n].describe(e.name, n)
+                                              for e in service.entries.values() for n in sorted(e.versions)]})
 
     for path, suffix in (("/models/{name}", ""), ("/models/{name}/versions/{version}", " (a version)")):
         api.add_api_route(path, metadata, methods=["GET"], summary="Model metadata" + suffix,

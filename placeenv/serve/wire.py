@@ -21,6 +21,11 @@ _LEAVES = {"BOOL": {bool}, **{t: {int} for t in _INTEGER}, "FP16": {int, float},
 _MAX_DEPTH = 8
 
 
+def _label(tensor: str) -> str:
+    """A client-sent tensor name as messages quote it: at most a short prefix."""
+    return tensor if len(tensor) <= 40 else f"{tensor[:40]}... ({len(tensor)} characters)"
+
+
 def datatype(name: Any, tensor: str) -> np.dtype:
     dtype = DATATYPES.get(name) if isinstance(name, str) else None
     if dtype is None:
@@ -35,6 +40,7 @@ def from_json(data: Any, kind: str, tensor: str, shape: tuple[int, ...] | None =
     Without ``shape`` the nesting gives the shape; with it, ``data`` may be flat or
     nested, and must hold exactly the shape's number of values.
     """
+    tensor = _label(tensor)
     dtype = datatype(kind, tensor)
     if not isinstance(data, list):
         raise InvalidInput(f"tensor {tensor!r}: data must be a list of values, got {type(data).__name__}")
@@ -43,11 +49,11 @@ def from_json(data: Any, kind: str, tensor: str, shape: tuple[int, ...] | None =
         array = _diagnose(data, kind, dtype, tensor)
     if shape is not None:
         if any(d < 0 for d in shape):
-            raise InvalidInput(f"tensor {tensor!r} has shape {list(shape)}; dimensions are >= 0")
+            raise InvalidInput(f"tensor {tensor!r} has shape {prefix(list(shape))}; dimensions are >= 0")
         if array.size != math.prod(shape):
-            raise InvalidInput(f"tensor {tensor!r}: {array.size} values for shape {list(shape)}; "
-                               f"send {math.prod(shape)}")
-        array = array.reshape(shape)
+            raise InvalidInput(f"tensor {tensor!r}: {array.size} values for shape {prefix(list(shape))}; "
+                               f"send {prefix(math.prod(shape))}")
+        array = _reshaped(array, shape, tensor)
     return array
 
 
@@ -96,13 +102,13 @@ def _diagnose(data: list, kind: str, dtype: np.dtype, tensor: str) -> np.ndarray
         if isinstance(cell, (list, tuple)):
             raise InvalidInput(f"tensor {tensor!r} is ragged: its nested lists differ in length or depth "
                                f"below shape {list(cells.shape)}")
-        at = f" at position {list(np.unravel_index(flat, cells.shape))}" if cells.ndim else ""
+        at = f" at position {[int(i) for i in np.unravel_index(flat, cells.shape)]}" if cells.ndim else ""
         raise InvalidInput(f"tensor {tensor!r} ({kind}) has the value {prefix(cell)}{at}; expected {what}")
     if kind in _INTEGER:
         info = np.iinfo(dtype)
         for flat, cell in enumerate(cells.flat):
             if not info.min <= cell <= info.max:
-                at = list(np.unravel_index(flat, cells.shape))
+                at = [int(i) for i in np.unravel_index(flat, cells.shape)]
                 raise InvalidInput(f"tensor {tensor!r} has {prefix(cell)} at position {at}, outside {kind}'s "
                                    f"range [{info.min}, {info.max}]")
     try:
@@ -114,17 +120,26 @@ def _diagnose(data: list, kind: str, dtype: np.dtype, tensor: str) -> np.ndarray
 
 def from_binary(buffer: memoryview | bytes, kind: str, tensor: str, shape: tuple[int, ...]) -> np.ndarray:
     """Raw little-endian values (BOOL: one byte each), as Triton's binary tensor extension sends them."""
+    tensor = _label(tensor)
     dtype = datatype(kind, tensor).newbyteorder("<")
     if any(d < 0 for d in shape):
-        raise InvalidInput(f"tensor {tensor!r} has shape {list(shape)}; dimensions are >= 0")
+        raise InvalidInput(f"tensor {tensor!r} has shape {prefix(list(shape))}; dimensions are >= 0")
     want = math.prod(shape) * dtype.itemsize
     if len(buffer) != want:
-        raise InvalidInput(f"tensor {tensor!r}: {len(buffer)} bytes of binary data for {kind} {list(shape)}; "
-                           f"send {want}")
-    array = np.frombuffer(buffer, dtype=dtype).reshape(shape)
+        raise InvalidInput(f"tensor {tensor!r}: {len(buffer)} bytes of binary data for {kind} "
+                           f"{prefix(list(shape))}; send {prefix(want)}")
+    array = _reshaped(np.frombuffer(buffer, dtype=dtype), shape, tensor)
     if kind == "BOOL" and array.size and array.view(np.uint8).max() > 1:
         raise InvalidInput(f"tensor {tensor!r} (BOOL) has bytes other than 0 and 1")
     return array.astype(dtype.newbyteorder("="), copy=False)
+
+
+def _reshaped(array: np.ndarray, shape: tuple[int, ...], tensor: str) -> np.ndarray:
+    try:
+        return array.reshape(shape)
+    except ValueError:  # over numpy's 64 dimensions, or a dimension past its index range beside a 0
+        raise InvalidInput(f"tensor {tensor!r} has shape {prefix(list(shape))}, which numpy cannot hold "
+                           "(at most 64 dimensions, each below 2**63)") from None
 
 
 def to_binary(array: np.ndarray) -> bytes:

@@ -21,7 +21,7 @@ import placeenv
 from . import metrics
 from .dispatch import DeviceQueue, Job
 from .errors import ModelFailed, Timeout
-from .models.base import Model, move_to
+from .models.base import JIT_LOAD_LOCK, Model, move_to
 from .models.repository import Entry
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,11 @@ class Worker:
     def _run(self) -> None:
         replicas: dict[tuple[str, int], Model] = {}
         try:
-            paddle.set_device(self.device)  # once: placeenv keeps it to this thread
+            # The thread's first Paddle call, not during another worker's jit.load: stock Paddle (isolation
+            # off) gives a new thread the process-wide Tracer of that moment, and jit.load sets it to None
+            # hundreds of times (switch_to_static_graph): a thread born then stays in static mode.
+            with JIT_LOAD_LOCK:
+                paddle.set_device(self.device)  # once: placeenv keeps it to this thread
             for entry in self.entries:
                 try:
                     loaded = {key: self._load(entry, version) for key, version in

@@ -60,7 +60,10 @@ def datatype_of(dtype: Any) -> str:
 
 def prefix(value: Any, limit: int = 40) -> str:
     """``repr`` of a client-sent value, cut to ``limit`` characters: error messages never echo more."""
-    text = repr(value)
+    try:
+        text = repr(value)
+    except ValueError:  # an int of over 4300 digits (sys.get_int_max_str_digits), alone or inside a list
+        return f"<{type(value).__name__} too large to show>"
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 

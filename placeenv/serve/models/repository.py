@@ -258,9 +258,8 @@ def find_program(name: str, directory: Path) -> Path | None:
     for stem in PROGRAM_PREFIXES:
         prefix = directory / stem
         if prefix.with_suffix(".json").is_file():
-            if not prefix.with_suffix(".pdiparams").is_file():
-                raise RepositoryError(name, prefix.with_suffix(".pdiparams"), "missing: the saved program's "
-                                      "parameters (paddle.jit.save writes both files)")
+            # No .pdiparams is a layer without parameters (jit.save writes none); a program that needs
+            # them fails its load below, named.
             return prefix
         if prefix.with_suffix(".pdmodel").is_file():
             raise RepositoryError(
