@@ -10,14 +10,18 @@ import subprocess
 import sys
 import textwrap
 
+import httpx
 import numpy as np
 import paddle
 import pytest
 from paddle.base import core
 
 import placeenv
+from placeenv import PlaceEnv
+from placeenv.serve.app import create_app
+from placeenv.serve.config import Settings
 from placeenv.serve.fastjson import FastJSONRequest, FastJSONResponse
-from placeenv.serve.models import registry
+from placeenv.serve.models import BUNDLED, scan
 from placeenv.serve.models.base import host_tensor, move_to
 
 BODIES = [
@@ -100,9 +104,31 @@ _OTEL_PROBE = textwrap.dedent("""
 @pytest.mark.parametrize("setting, traced", [("on", True), ("off", False)])
 def test_opentelemetry_setting_turns_fastapis_tracing_on_and_off(setting, traced):
     # "on" is the control: the same probe sees FastAPI ask the configured provider for a tracer.
-    out = subprocess.run([sys.executable, "-c", _OTEL_PROBE, setting], capture_output=True, text=True, timeout=120, check=False)
+    out = subprocess.run([sys.executable, "-c", _OTEL_PROBE, setting], capture_output=True, text=True,
+                         timeout=120, check=False)
     assert out.returncode == 0, out.stderr[-2000:]
     assert (int(out.stdout.split()[-1]) > 0) is traced
+
+
+def test_create_app_returns_the_complete_app_with_its_body_limit():
+    # No lifespan here (ASGITransport runs none): no service, no workers; the limit comes first.
+    app = create_app(Settings(devices="cpu", models="digits", max_body_bytes=1024))
+
+    async def post(path: str, content) -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+            return await client.post(path, content=content, headers={"content-type": "application/json"})
+
+    async def chunks(size: int):  # no content-length: the limit counts what arrives
+        for _ in range(size // 100 + 1):
+            yield b"{" * 100
+
+    at_limit = asyncio.run(post("/predict", b"{" * 1024))
+    assert at_limit.status_code == 422, at_limit.text  # read and parsed: not JSON (the control)
+    for path, key in (("/predict", "detail"), ("/v2/models/digits/infer", "error")):
+        over = asyncio.run(post(path, b"{" * 1025))
+        assert over.status_code == 413 and "1024 bytes" in over.json()[key], over.text
+    streamed = asyncio.run(post("/predict", chunks(1025)))
+    assert streamed.status_code == 413, streamed.text
 
 
 def test_device_name_cache_follows_a_place_object_that_changes():
@@ -154,15 +180,20 @@ def test_move_to_is_tensor_to(device, stop_gradient):
 
 def test_the_request_path_leaks_no_python_objects():
     """Paddle 3.3.1's eager Tensor constructor leaks a list per call; the request path avoids it."""
-    model = registry.create("digits")
-    model.initialize("sim:1")
-    example = [float(i % 17) for i in range(64)]
+    entries, errors = scan([BUNDLED], ["digits"], max_batch_size=8, max_batch_delay_ms=2.0)
+    assert errors == []
+    version = entries["digits"].default
+    model = version.model_class()
+    model.initialize(placeenv.to_place("sim:1"), version.context("digits", entries["digits"].config))
+    example = np.array([[float(i % 17) for i in range(64)]], dtype="float32")
     arrays = [np.full((1, 64), 3.0, dtype="float32") for _ in range(3)]
     jobs = [host_tensor(array) for array in arrays]
 
-    def request():  # what a worker does with one request, and with a batch of three
-        model.infer([example])
-        model.execute(move_to(paddle.concat(jobs), model.place))
+    def request():  # what the service and a worker do with one request, and with a batch of three
+        with PlaceEnv("cpu"):
+            host = host_tensor(model.preprocess({"pixels": example})["pixels"])
+        model.postprocess(model.execute({"pixels": move_to(host, model.place)}))
+        model.postprocess(model.execute({"pixels": move_to(paddle.concat(jobs), model.place)}))
 
     assert _objects_left_after(request) < 30
     # The negative control: the same count catches the leak host_tensor avoids.

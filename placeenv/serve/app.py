@@ -30,7 +30,7 @@ import placeenv
 from . import v2, wire
 from .config import Settings
 from .core import Result, Service
-from .errors import InvalidInput, ServiceError, outcome
+from .errors import InvalidInput, ServiceError, StartupError, outcome
 from .fastjson import FastJSONResponse, FastJSONRoute
 from .models.base import prefix
 
@@ -96,9 +96,16 @@ def create_app(settings: Settings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        service = Service(settings)
-        app.state.service = service
-        await asyncio.to_thread(service.start)
+        try:
+            service = Service(settings)
+            app.state.service = service
+            await asyncio.to_thread(service.start)
+        except StartupError as exc:
+            # Said once, as it is (it names the model, file or device); QuietStartupFailure keeps
+            # Starlette from repeating it as a traceback of our own frames.
+            log.error("cannot start: %s", exc)
+            app.state.startup_error = exc
+            raise
         log.info("serving %s on %s (isolation %s)", ", ".join(service.entries), ", ".join(service.devices),
                  settings.isolation)
         try:
@@ -119,6 +126,7 @@ def create_app(settings: Settings) -> FastAPI:
         lifespan=lifespan,
     )
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(QuietStartupFailure)
     app.router.route_class = FastJSONRoute  # bodies parsed by pydantic-core (see fastjson.py)
     errors = {
         400: {"model": Error, "description": "inputs the model does not take, or a body not readable as JSON"},
@@ -254,6 +262,26 @@ def per_example(result: Result) -> list[dict[str, Any]]:
         return [columns]
     rows = len(next(iter(columns.values())))
     return [{name: column[i] for name, column in columns.items()} for i in range(rows)]
+
+
+class QuietStartupFailure:
+    """ASGI middleware: a start-up refused with a ``StartupError`` (already logged in one line) is
+    reported to the server without Starlette's formatted traceback; any other failure keeps it."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "lifespan":
+            return await self.app(scope, receive, send)
+
+        async def quiet(message):
+            if message["type"] == "lifespan.startup.failed" and getattr(
+                    scope["app"].state, "startup_error", None) is not None:
+                message = {"type": "lifespan.startup.failed", "message": ""}
+            await send(message)
+
+        return await self.app(scope, receive, quiet)
 
 
 class BodyLimit:

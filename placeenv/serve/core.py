@@ -35,6 +35,7 @@ from .errors import (
     NotReady,
     Overloaded,
     ServiceError,
+    StartupError,
     Timeout,
     UnknownModel,
     outcome,
@@ -99,17 +100,17 @@ def resolve_devices(settings: Settings) -> list[str]:
             good.append(placeenv.device_name(placeenv.to_place(name)))
         except ValueError as exc:
             if settings.on_device_failure == "fail":
-                raise RuntimeError(f"device {name!r} cannot be used: {exc}") from None
+                raise StartupError(f"device {name!r} cannot be used: {exc}") from None
             log.error("skipping device %r: %s", name, exc)
     if not good:
-        raise RuntimeError(f"no usable device in {settings.devices!r}")
+        raise StartupError(f"no usable device in {settings.devices!r}")
     return list(dict.fromkeys(good))
 
 
 def read_repository(settings: Settings) -> tuple[dict[str, Entry], dict[str, str]]:
     """The entries to serve and, with ``on_model_failure=skip``, the skipped ones' reasons.
 
-    Refuses (``RuntimeError``, every problem named) under the default ``fail``.
+    Refuses (``StartupError``, every problem named) under the default ``fail``.
     """
     repositories = settings.repository_list()
     if BUNDLED in repositories:
@@ -122,15 +123,15 @@ def read_repository(settings: Settings) -> tuple[dict[str, Entry], dict[str, str
         entries, errors = scan(repositories, settings.model_list(), max_batch_size=settings.max_batch_size,
                                max_batch_delay_ms=settings.max_batch_delay_ms)
     except RepositoryError as exc:
-        raise RuntimeError(f"model repository: {exc}") from None
+        raise StartupError(f"model repository: {exc}") from None
     if errors and settings.on_model_failure == "fail":
-        raise RuntimeError("model repository: " + "; ".join(str(e) for e in errors)
+        raise StartupError("model repository: " + "; ".join(str(e) for e in errors)
                            + " (PLACEENV_ON_MODEL_FAILURE=skip serves the rest)")
     skipped = {e.model: str(e) for e in errors}
     for message in skipped.values():
         log.error("not serving: %s", message)
     if not entries:
-        raise RuntimeError("model repository: no model to serve")
+        raise StartupError("model repository: no model to serve")
     return entries, skipped
 
 
@@ -186,7 +187,7 @@ class Service:
                                 f"devices {', '.join(self.devices)})")
         if failures and self.settings.on_model_failure == "fail":
             self.pool.stop(5)
-            raise RuntimeError("; ".join(failures.values()) + " (PLACEENV_ON_MODEL_FAILURE=skip serves the rest)")
+            raise StartupError("; ".join(failures.values()) + " (PLACEENV_ON_MODEL_FAILURE=skip serves the rest)")
         for name, why in failures.items():
             log.error("not serving: %s", why)
             self.skipped[name] = why
@@ -194,7 +195,7 @@ class Service:
             self.pool.entries.pop(name, None)
         if not self.entries:
             self.pool.stop(5)
-            raise RuntimeError("no model could be loaded: " + "; ".join(failures.values()))
+            raise StartupError("no model could be loaded: " + "; ".join(failures.values()))
         for queue in self.dispatcher.queues.values():
             held = [{k for k in w.held if k[0] in self.entries} for w in self.pool.workers if w.queue is queue]
             queue.models = set().union(*held)
@@ -239,6 +240,8 @@ class Service:
         number = version if isinstance(version, int) else None
         if isinstance(version, str) and version.isascii() and version.isdigit() and len(version) <= 18:
             number = int(version)  # not "²" (isdigit, but int() refuses it), nor 4300+ digits (int() refuses)
+            if str(number) != version:  # "01": as the repository, which serves only directories named "1"
+                number = None
         if number is None or number not in entry.versions:
             raise UnknownModel(f"model {entry.name!r} has no version {prefix(version)}; it has "
                                f"{', '.join(str(v) for v in sorted(entry.versions))}")

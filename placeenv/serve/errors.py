@@ -10,6 +10,10 @@ from __future__ import annotations
 import dataclasses
 
 
+class StartupError(RuntimeError):
+    """The service cannot start as configured; the message names what (model, file, device) and why."""
+
+
 class ServiceError(Exception):
     """A request the service cannot answer with a result; the message is for the client."""
 

@@ -20,7 +20,7 @@ import placeenv
 
 from . import metrics
 from .dispatch import DeviceQueue, Job
-from .errors import ModelFailed, Timeout
+from .errors import ModelFailed, StartupError, Timeout
 from .models.base import JIT_LOAD_LOCK, Model, move_to
 from .models.repository import Entry
 
@@ -250,9 +250,9 @@ class WorkerPool:
         for worker in self.workers:
             while not worker.ready.wait(0.1):
                 if not worker.alive():
-                    raise RuntimeError(f"worker {worker.name} failed to start: {worker.error!r}")
+                    raise StartupError(f"worker {worker.name} failed to start: {worker.error!r}")
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"worker {worker.name} did not load its models in {timeout}s")
+                    raise StartupError(f"worker {worker.name} did not load its models in {timeout}s")
         self._supervisor.start()
 
     def ready(self) -> bool:

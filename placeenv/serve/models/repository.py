@@ -37,6 +37,8 @@ BUNDLED = Path(__file__).with_name("repository")
 CONFIG_FILES = ("config.yaml", "config.yml", "config.toml")
 PROGRAM_PREFIXES = ("model", "inference")
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+#: A parameter op in a PIR program's JSON (model.json): {"#": "p", ...}.
+PARAMETER_OP = re.compile(rb'"#"\s*:\s*"p"')
 
 
 class RepositoryError(Exception):
@@ -258,8 +260,12 @@ def find_program(name: str, directory: Path) -> Path | None:
     for stem in PROGRAM_PREFIXES:
         prefix = directory / stem
         if prefix.with_suffix(".json").is_file():
-            # No .pdiparams is a layer without parameters (jit.save writes none); a program that needs
-            # them fails its load below, named.
+            # No .pdiparams is fine for a layer without parameters (jit.save writes none). A program that
+            # has some would still load without them, and fail at its first forward (KeyError): refuse it.
+            params = prefix.with_suffix(".pdiparams")
+            if not params.is_file() and PARAMETER_OP.search(prefix.with_suffix(".json").read_bytes()):
+                raise RepositoryError(name, params, "missing: the saved program's parameters (paddle.jit.save "
+                                      "writes both files)")
             return prefix
         if prefix.with_suffix(".pdmodel").is_file():
             raise RepositoryError(
