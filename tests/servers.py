@@ -9,10 +9,14 @@ import subprocess
 import sys
 import threading
 import time
+from typing import TYPE_CHECKING
 
 import httpx
 
 from placeenv.serve.config import BUNDLED_REPOSITORY
+
+if TYPE_CHECKING:
+    from typing import Self  # Python 3.11; annotations are not evaluated (PEP 563)
 
 #: The test-only models (faulty), served beside the bundled examples.
 TEST_REPOSITORY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "repository")
@@ -39,7 +43,8 @@ class ServiceProcess:
         env["PLACEENV_HOST"] = "127.0.0.1"
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "placeenv.serve"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            [sys.executable, "-m", "placeenv.serve"], env=env, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         )
         # Read the log as it comes: unread, the pipe fills (64 KiB, a dozen tracebacks)
         # and the service blocks on its next log line.
@@ -47,7 +52,7 @@ class ServiceProcess:
         self._drain = threading.Thread(target=self._lines.extend, args=(self.proc.stdout,), daemon=True)
         self._drain.start()
 
-    def wait_ready(self, timeout: float = 180) -> "ServiceProcess":
+    def wait_ready(self, timeout: float = 180) -> Self:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -98,7 +103,16 @@ class ServiceProcess:
             if n == name and all(dict(items).get(k) == v for k, v in labels.items())
         )
 
-    def __enter__(self) -> "ServiceProcess":
+    def by_label(self, name: str, label: str, **labels) -> dict[str, float]:
+        """``name``'s samples summed per value of ``label`` (e.g. leaks per stage), zeros left out."""
+        found: dict[str, float] = {}
+        for (n, items), value in self.metrics().items():
+            items = dict(items)
+            if n == name and value and all(items.get(k) == v for k, v in labels.items()):
+                found[items.get(label, "")] = found.get(items.get(label, ""), 0.0) + value
+        return found
+
+    def __enter__(self) -> Self:
         return self.wait_ready()
 
     def __exit__(self, *exc) -> None:

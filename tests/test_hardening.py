@@ -14,7 +14,6 @@ import time
 
 import httpx
 import numpy as np
-
 from servers import ServiceProcess
 
 MiB = 1024 * 1024
@@ -97,7 +96,7 @@ def _sequential_latency(url: str, content: bytes, n: int) -> list[float]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Overload at ~5x capacity
+# Overload at ~5x capacity (at most 150 requests/s)
 # ---------------------------------------------------------------------------------------------
 
 OVERLOAD_SECONDS = 10.0
@@ -120,7 +119,10 @@ def test_sustained_overload_sheds_load_and_recovers():
         )
         assert {r[0] for r in measured} == {200}, {r[0] for r in measured}
         capacity = len(measured) / elapsed  # requests per second
-        rate = min(5 * capacity, 300.0)  # ~5x what it can serve, bounded for a small machine
+        # ~5x what it can serve, at most 150/s: on a 2-core machine the client and the service's event
+        # loop share the cores with the workers, and past ~200/s of 26 KB bodies they, not the service's
+        # queues, set the latency (requests wait unread in socket buffers for seconds).
+        rate = min(5 * capacity, 150.0)
 
         rss_before = rss_bytes(pid)
         rss_samples: list[tuple[float, int]] = []
@@ -148,7 +150,7 @@ def test_sustained_overload_sheds_load_and_recovers():
         overloaded = proc.total("inference_requests_total", status="overloaded")
         others = {
             status: proc.total("inference_requests_total", status=status)
-            for status in ("timeout", "error", "invalid", "draining", "not_found")
+            for status in ("timeout", "error", "invalid", "draining", "not_found", "not_ready")
         }
         rss_after = rss_bytes(pid)
 
@@ -234,7 +236,7 @@ def test_unusable_device_is_skipped_when_asked():
             assert http.get("/v1/models").json()["devices"] == ["sim:0"]
             ready = http.get("/readyz").json()
             assert ready["ready"] and set(ready["workers"]) == {"sim:0/0", "sim:0/1"}
-            r = http.post("/predict", json={"model": "digits", "inputs": [[0] * 64, [[16] * 8] * 8]})
+            r = http.post("/predict", json={"model": "digits", "inputs": [[0] * 64, [16] * 64]})
             assert r.status_code == 200, r.text
             assert r.json()["device"] == "sim:0" and len(r.json()["outputs"]) == 2
         assert proc.total("worker_up") == 2
