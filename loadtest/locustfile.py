@@ -4,7 +4,8 @@
 
 Defaults live in ``locust.conf`` at the repository root (Locust reads it from
 the working directory). Traffic: valid predictions across the models with
-varied batch sizes, plus a small share of deliberately invalid requests that
+varied batch sizes, on /predict and on /v2 (bodies encoded and answers decoded by
+tritonclient's own codec), plus a small share of deliberately invalid requests that
 count as correct when they get the expected 4xx.
 
 When the run ends, the gate scrapes ``/metrics`` and compares with the scrape
@@ -22,6 +23,8 @@ import random
 import time
 
 import gevent
+import numpy as np
+import tritonclient.http as triton
 from locust import FastHttpUser, between, events, task
 
 from loadtest.gate import Scrape, evaluate
@@ -35,12 +38,24 @@ except ImportError:  # pragma: no cover
 
 MOBILENET = [[[[round(random.uniform(-1, 1), 3)] * 32 for _ in range(32)] for _ in range(3)] for _ in range(8)]
 
+def v2_request(images: list) -> tuple[bytes, dict]:
+    """A mobilenet request in the Open Inference Protocol with binary tensors, encoded by tritonclient."""
+    array = np.asarray(images, dtype=np.float32)
+    image = triton.InferInput("image", list(array.shape), "FP32")
+    image.set_data_from_numpy(array, binary_data=True)
+    body, header = triton.InferenceServerClient.generate_request_body(
+        [image], outputs=[triton.InferRequestedOutput("output_0", binary_data=True)])
+    return body, {"Inference-Header-Content-Length": str(header), "Content-Type": "application/octet-stream"}
+
+
+V2_MOBILENET = [v2_request(random.sample(MOBILENET, size)) + (size,) for size in (1, 1, 2)]
+
 INVALID = [  # (name, body, expected status)
     ("unknown model", {"model": "no-such-model", "inputs": [DIGITS[0]]}, 404),
-    ("wrong shape", {"model": "digits", "inputs": [[1.0] * 63]}, 422),
-    ("out of range", {"model": "digits", "inputs": [[17.0] * 64]}, 422),
-    ("empty inputs", {"model": "digits", "inputs": []}, 422),
-    ("not numbers", {"model": "digits", "inputs": [["x"] * 64]}, 422),
+    ("wrong shape", {"model": "digits", "inputs": [[1.0] * 63]}, 400),
+    ("out of range", {"model": "digits", "inputs": [[17.0] * 64]}, 400),
+    ("empty inputs", {"model": "digits", "inputs": []}, 400),
+    ("not numbers", {"model": "digits", "inputs": [["x"] * 64]}, 400),
     ("missing model", {"inputs": [DIGITS[0]]}, 422),
 ]
 
@@ -70,6 +85,20 @@ class Client(FastHttpUser):
     def mobilenet(self) -> None:
         size = random.choice((1, 1, 2))
         self._predict(f"mobilenet x{size}", {"model": "mobilenet", "inputs": random.sample(MOBILENET, size)})
+
+    @task(2)
+    def mobilenet_v2(self) -> None:
+        body, headers, size = random.choice(V2_MOBILENET)
+        with self.client.post("/v2/models/mobilenet/infer", data=body, headers=headers,
+                              name=f"v2 mobilenet x{size} (binary)", catch_response=True) as r:
+            if r.status_code != 200:
+                r.failure(f"{r.status_code}: {r.text[:200]}")
+                return
+            length = r.headers.get("Inference-Header-Content-Length")
+            result = triton.InferenceServerClient.parse_response_body(
+                r.content, header_length=int(length) if length else None)
+            if result.as_numpy("output_0").shape != (size, 10):
+                r.failure("wrong output shape")
 
     @task(1)
     def invalid(self) -> None:
