@@ -79,7 +79,7 @@ def bare(model: str, devices: list[str]) -> None:
     import paddle
 
     import placeenv
-    from placeenv.serve.models import registry
+    from placeenv.serve.models.local import Local
 
     inputs = json.loads(example_body(model))["inputs"]
     go = [threading.Event() for _ in devices]
@@ -87,10 +87,10 @@ def bare(model: str, devices: list[str]) -> None:
 
     def loop(index: int, device: str) -> None:
         paddle.set_device(device)
-        replica = registry.create(model)
-        replica.initialize(device)
+        replica = Local(model, device)
+        arrays = replica.examples(inputs)
         for _ in range(5):  # warm-up
-            replica.infer(inputs)
+            replica.infer(arrays)
         ready.wait()
         while True:
             go[index].wait()
@@ -99,7 +99,7 @@ def bare(model: str, devices: list[str]) -> None:
             samples, stop_at, calls = plan["samples"][index], time.perf_counter() + plan["seconds"], plan["calls"]
             while (len(samples) < calls) if calls else (time.perf_counter() < stop_at):
                 t = time.perf_counter()
-                replica.infer(inputs)  # what a worker does with one request, minus the queue
+                replica.infer(arrays)  # what a worker does with one request, minus the queue
                 samples.append(time.perf_counter() - t)
             plan["done"].release()
 

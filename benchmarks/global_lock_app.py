@@ -24,7 +24,7 @@ from fastapi import FastAPI  # noqa: E402
 from pydantic import BaseModel  # noqa: E402
 
 import placeenv  # noqa: E402
-from placeenv.serve.models import registry  # noqa: E402
+from placeenv.serve.models.local import Local  # noqa: E402
 
 placeenv.uninstall()  # stock Paddle: the lock is the only protection
 
@@ -36,9 +36,7 @@ REPLICAS = {}
 for device in DEVICES:
     with LOCK:
         paddle.set_device(device)
-        replica = registry.create(MODEL)
-        replica.initialize(device, strict=False)
-        REPLICAS[device] = replica
+        REPLICAS[device] = Local(MODEL, device)
 
 
 class Request(BaseModel):
@@ -55,5 +53,8 @@ def predict(body: Request) -> dict:
     replica = REPLICAS[device]
     with LOCK:
         paddle.set_device(device)
-        outputs = replica.infer(body.inputs)
-    return {"model": body.model, "outputs": outputs, "device": device}
+        outputs = replica.infer(replica.examples(body.inputs))
+    columns = {name: array.tolist() for name, array in outputs.items()}
+    rows = len(next(iter(columns.values())))
+    return {"model": body.model, "outputs": [{n: c[i] for n, c in columns.items()} for i in range(rows)],
+            "device": device}

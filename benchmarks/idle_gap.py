@@ -35,7 +35,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel
 
 import placeenv
-from placeenv.serve.models import registry
+from placeenv.serve.models.local import Local
 
 
 class Body(BaseModel):
@@ -91,10 +91,9 @@ def main() -> None:
 
     def run() -> None:  # a thread of its own, pinned to sim:0, as a worker is
         paddle.set_device("sim:0")
-        replica = registry.create(args.model)
-        replica.initialize("sim:0")
+        replica = Local(args.model, "sim:0")
 
-        call = functools.partial(replica.infer, inputs)
+        call = functools.partial(replica.infer, replica.examples(inputs))
         for name, gap in gaps.items():  # warm-up
             for _ in range(20):
                 gap()
