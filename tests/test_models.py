@@ -24,7 +24,7 @@ import placeenv
 from placeenv import PlaceEnv
 from placeenv.serve import metrics, wire
 from placeenv.serve.errors import InvalidInput
-from placeenv.serve.models import BUNDLED, InputError, Model, RepositoryError, scan
+from placeenv.serve.models import BUNDLED, InputError, Model, RepositoryError, local, scan
 from placeenv.serve.models import examples as bundled
 from placeenv.serve.models.base import host_tensor, move_to
 from placeenv.serve.models.train_digits import PIXEL_MAX, held_out_split
@@ -50,18 +50,10 @@ def template(name: str) -> Model:
 
 def replica(name: str, device: str) -> Model:
     """One worker's replica of ``name`` on ``device``."""
-    entry = ENTRIES[name]
-    model = entry.default.model_class()
-    model.initialize(placeenv.to_place(device), entry.default.context(name, entry.config))
-    return model
+    return local.replica(ENTRIES[name], placeenv.to_place(device))
 
 
-def run(model: Model, inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict]:
-    """What the service and a worker do with one request: (postprocessed host arrays, raw outputs)."""
-    with PlaceEnv("cpu"):
-        host = {name: host_tensor(array) for name, array in model.preprocess(dict(inputs)).items()}
-    out = model.execute({name: move_to(tensor, model.place) for name, tensor in host.items()})
-    return model.postprocess(out), out
+run = local.forward  # what the service and a worker do with one request: (postprocessed arrays, raw outputs)
 
 
 def checked(name: str, examples, spec: int = 0) -> np.ndarray:

@@ -34,8 +34,8 @@ from placeenv import PlaceEnv
 from placeenv.serve.config import Settings
 from placeenv.serve.core import read_repository
 from placeenv.serve.dispatch import DeviceQueue
-from placeenv.serve.models import Model, RepositoryError, scan
-from placeenv.serve.models.base import TensorSpec, host_tensor, move_to
+from placeenv.serve.models import Model, RepositoryError, local, scan
+from placeenv.serve.models.base import TensorSpec
 from placeenv.serve.workers import WorkerPool
 
 SIM = ("sim:0", "sim:1", "sim:2", "sim:3")
@@ -118,18 +118,10 @@ def read(*repos: Path, select: list[str] | None = None):
 
 
 def replica(entry, device: str, version: int | None = None) -> Model:
-    chosen = entry.versions[version] if version is not None else entry.default
-    model = chosen.model_class()
-    model.initialize(placeenv.to_place(device), chosen.context(entry.name, entry.config))
-    return model
+    return local.replica(entry, placeenv.to_place(device), version)
 
 
-def forward(model: Model, inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict]:
-    """What the service and a worker do: preprocess on the CPU, move, execute, postprocess."""
-    with PlaceEnv("cpu"):
-        host = {name: host_tensor(array) for name, array in model.preprocess(dict(inputs)).items()}
-    out = model.execute({name: move_to(tensor, model.place) for name, tensor in host.items()})
-    return model.postprocess(out), out
+forward = local.forward  # what the service and a worker do: (postprocessed arrays, raw outputs)
 
 
 def reference(program: Path, *arrays: np.ndarray) -> list[np.ndarray]:

@@ -14,7 +14,26 @@ import numpy as np
 from placeenv import PlaceEnv
 
 from .base import Model, host_tensor, move_to
-from .repository import BUNDLED, scan
+from .repository import BUNDLED, Entry, scan
+
+
+def replica(entry: Entry, place, version: int | None = None) -> Model:
+    """One worker's replica of ``entry`` (its default version unless named) on ``place``."""
+    chosen = entry.versions[version] if version is not None else entry.default
+    model = chosen.model_class()
+    model.initialize(place, chosen.context(entry.name, entry.config))
+    return model
+
+
+def forward(model: Model, inputs: dict[str, np.ndarray], preprocess: Model | None = None):
+    """What a worker does with one request: (postprocessed host arrays, ``execute``'s raw outputs).
+    ``preprocess``: the instance that preprocesses (the service's has no network); default ``model``."""
+    with PlaceEnv("cpu"):
+        out = (preprocess or model).preprocess(dict(inputs))
+        host = {spec.name: host_tensor(out[spec.name]) if isinstance(out[spec.name], np.ndarray)
+                else out[spec.name] for spec in model.context.inputs}
+    raw = model.execute({name: move_to(tensor, model.place) for name, tensor in host.items()})
+    return model.postprocess(raw), raw
 
 
 class Local:
@@ -24,23 +43,13 @@ class Local:
         entries, errors = scan(repositories or [BUNDLED], [name], max_batch_size=0, max_batch_delay_ms=0)
         if errors:
             raise errors[0]
-        version = entries[name].default
-        self.context = version.context(name, entries[name].config)
-        self.replica: Model = version.model_class()
-        self.replica.initialize(place, self.context)
-        self.template: Model = version.model_class()  # preprocess runs on an instance with no network
+        self.replica = replica(entries[name], place)
+        self.context = self.replica.context
+        self.template: Model = type(self.replica)()  # preprocess runs on an instance with no network
         self.template.context = self.context
 
-    @PlaceEnv("cpu")
-    def _preprocess(self, inputs: dict[str, np.ndarray]) -> dict:
-        out = self.template.preprocess(dict(inputs))
-        return {spec.name: host_tensor(out[spec.name]) if isinstance(out[spec.name], np.ndarray)
-                else out[spec.name] for spec in self.context.inputs}
-
     def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        host = self._preprocess(inputs)
-        moved = {name: move_to(tensor, self.replica.place) for name, tensor in host.items()}
-        return self.replica.postprocess(self.replica.execute(moved))
+        return forward(self.replica, inputs, self.template)[0]
 
     def examples(self, examples: list) -> dict[str, np.ndarray]:
         """``/predict``'s list of examples as this (one-input) model's input arrays."""
