@@ -184,7 +184,7 @@ def test_the_request_path_leaks_no_python_objects():
     assert errors == []
     version = entries["digits"].default
     model = version.model_class()
-    model.initialize(placeenv.to_place("sim:1"), version.context("digits", entries["digits"].config))
+    model.initialize(placeenv.to_place("sim:1"), version.context)
     example = np.array([[float(i % 17) for i in range(64)]], dtype="float32")
     arrays = [np.full((1, 64), 3.0, dtype="float32") for _ in range(3)]
     jobs = [host_tensor(array) for array in arrays]

@@ -69,7 +69,7 @@ def digits_template() -> Model:
     """The digits model as the service preprocesses with it: a context, no network."""
     version = ENTRIES["digits"].default
     model = version.model_class()
-    model.context = version.context("digits", ENTRIES["digits"].config)
+    model.context = version.context
     return model
 
 

@@ -44,7 +44,7 @@ def template(name: str) -> Model:
     """A CPU-side instance for preprocessing, as the service keeps one: a context, no network."""
     entry = ENTRIES[name]
     model = entry.default.model_class()
-    model.context = entry.default.context(name, entry.config)
+    model.context = entry.default.context
     return model
 
 
@@ -335,7 +335,7 @@ def test_each_replica_is_fresh_and_finalize_releases_it():
     version = ENTRIES["digits"].default
     a, b = version.model_class(), version.model_class()
     assert a is not b
-    a.initialize(placeenv.to_place("cpu"), version.context("digits", ENTRIES["digits"].config))
+    a.initialize(placeenv.to_place("cpu"), version.context)
     assert a.network is not None and b.network is None and a.parameter_devices()
     a.finalize()
     assert a.network is None and a.parameter_devices() == {}
@@ -352,7 +352,7 @@ def test_a_model_py_without_a_program_runs_in_python_on_its_device():
     entry = entries["faulty"]
     assert entry.default.program is None
     model = entry.default.model_class()
-    model.initialize(placeenv.to_place("sim:2"), entry.default.context("faulty", entry.config))
+    model.initialize(placeenv.to_place("sim:2"), entry.default.context)
     assert set(model.parameter_devices().values()) == {"sim:2"} and model.output_device() == "sim:2"
     outputs, raw = run(model, {"values": np.array([[1, 2, 3, 4], [0, 0, 0, 0.5]], np.float32)})
     assert {where(t) for t in raw.values()} == {"sim:2"}

@@ -354,7 +354,7 @@ def test_a_config_file_in_yaml_or_toml_is_read_and_applied(programs, tmp_path, c
                                     TensorSpec("token_ids", "INT32", (-1, 3)))
     assert entry.default.outputs == (TensorSpec("scores", "FP32", (-1, 2)),
                                      TensorSpec("id_sum", "FP32", (-1, 1)))
-    context = entry.default.context("two", entry.config)
+    context = entry.default.context
     assert dict(context.parameters) == {"threshold": 0.5, "labels": ["cat", "dog"]}
     assert context.inputs == entry.default.inputs and context.program == tmp_path / "two" / "1" / "model"
 

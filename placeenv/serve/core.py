@@ -146,7 +146,7 @@ class Service:
         for entry in self.entries.values():
             for number, version in entry.versions.items():
                 template = version.model_class()
-                template.context = version.context(entry.name, entry.config)
+                template.context = version.context
                 self.templates[entry.name, number] = template
         self.devices = resolve_devices(settings)
         queues = {

@@ -122,7 +122,7 @@ class Worker:
 
     def _load(self, entry: Entry, version) -> Model:
         replica = version.model_class()
-        replica.initialize(self.place, version.context(entry.name, entry.config))
+        replica.initialize(self.place, version.context)
         stray = {k: d for k, d in replica.parameter_devices().items() if d != self.device}
         self.check("load", next(iter(stray.values()), self.device))
         if stray and self.isolation:

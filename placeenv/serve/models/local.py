@@ -21,7 +21,7 @@ def replica(entry: Entry, place, version: int | None = None) -> Model:
     """One worker's replica of ``entry`` (its default version unless named) on ``place``."""
     chosen = entry.versions[version] if version is not None else entry.default
     model = chosen.model_class()
-    model.initialize(place, chosen.context(entry.name, entry.config))
+    model.initialize(place, chosen.context)
     return model
 
 

@@ -98,16 +98,26 @@ class ModelConfig(BaseModel):
 
 @dataclasses.dataclass
 class Version:
-    number: int
-    directory: Path
-    program: Path | None  # path prefix for paddle.jit.load
-    model_class: type[Model]
-    inputs: tuple[TensorSpec, ...] = ()
-    outputs: tuple[TensorSpec, ...] = ()
+    """One version: the class serving it, and the context each of its instances gets."""
 
-    def context(self, name: str, config: ModelConfig) -> ModelContext:
-        return ModelContext(name, self.number, self.directory, self.program, self.inputs, self.outputs,
-                            config.parameters)
+    model_class: type[Model]
+    context: ModelContext
+
+    @property
+    def number(self) -> int:
+        return self.context.version
+
+    @property
+    def program(self) -> Path | None:
+        return self.context.program
+
+    @property
+    def inputs(self) -> tuple[TensorSpec, ...]:
+        return self.context.inputs
+
+    @property
+    def outputs(self) -> tuple[TensorSpec, ...]:
+        return self.context.outputs
 
 
 @dataclasses.dataclass
@@ -253,7 +263,8 @@ def read_version(name: str, directory: Path, config: ModelConfig) -> Version:
         names = [s.name for s in specs]
         if len(set(names)) != len(names):
             raise RepositoryError(name, where, f"{kind} names repeat: {names}")
-    return Version(int(directory.name), directory, program, model_class, inputs, outputs)
+    return Version(model_class, ModelContext(name, int(directory.name), directory, program, inputs, outputs,
+                                             config.parameters))
 
 
 def find_program(name: str, directory: Path) -> Path | None:
