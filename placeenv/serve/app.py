@@ -152,21 +152,23 @@ def create_app(settings: Settings) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def routing_error(request: Request, exc: StarletteHTTPException) -> Response:
         # The framework's own answers (405 for a method a /v2 path does not take), in each API's shape.
-        if not request.url.path.startswith("/v2"):
+        if error_key(request.url.path) == "detail":
             return await http_exception_handler(request, exc)
         return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         # A bug of ours still answers in the API's own error shape (uvicorn logs the traceback).
-        key = "error" if request.url.path.startswith("/v2") else "detail"
-        return JSONResponse({key: f"internal error ({type(exc).__name__}); see the service log"},
+        return JSONResponse({error_key(request.url.path): f"internal error ({type(exc).__name__}); see the service log"},
                             status_code=500)
 
-    def failure(exc: ServiceError) -> JSONResponse:
+    @app.exception_handler(ServiceError)
+    async def refused(request: Request, exc: ServiceError) -> JSONResponse:
+        # Both APIs' answer to a domain error: one table (errors.OUTCOMES), each API's error key.
         found = outcome(exc)
         headers = {"Retry-After": str(settings.retry_after_s)} if found.retry else None
-        return JSONResponse({"detail": str(exc)}, status_code=found.status, headers=headers)
+        return EscapedJSONResponse({error_key(request.url.path): str(exc)}, status_code=found.status,
+                                   headers=headers)
 
     @app.post("/predict", response_model=PredictResponse, responses=errors)
     async def predict(body: PredictRequest, request: Request) -> Response:
@@ -176,15 +178,12 @@ def create_app(settings: Settings) -> FastAPI:
         try:
             inputs = predict_inputs(service, body)
         except ServiceError as exc:
-            service.refused(body.model, exc)
-            return failure(exc)
-        try:
-            result = await service.infer(
-                body.model, body.version, inputs, arrived=arrived,
-                inline=size.isdigit() and int(size) <= settings.inline_preprocess_bytes,
-            )
-        except ServiceError as exc:
-            return failure(exc)
+            service.refused(body.model, exc)  # infer counts its own refusals
+            raise
+        result = await service.infer(
+            body.model, body.version, inputs, arrived=arrived,
+            inline=size.isdigit() and int(size) <= settings.inline_preprocess_bytes,
+        )
         # A response object, not a dict: the payload is built here to PredictResponse's
         # shape (the response_model above documents it), and skipping FastAPI's
         # re-validation of every output saves a measurable share of a small request.
@@ -218,6 +217,11 @@ def create_app(settings: Settings) -> FastAPI:
 
     app.include_router(v2.router(settings))
     return app
+
+
+def error_key(path: str) -> str:
+    """The key of an error answer: the Open Inference Protocol's "error" under /v2, FastAPI's "detail" elsewhere."""
+    return "error" if path.startswith("/v2") else "detail"
 
 
 def predict_inputs(service: Service, body: PredictRequest) -> dict:
@@ -321,7 +325,6 @@ class BodyLimit:
         return await self.app(scope, replay, send)
 
     async def _too_large(self, scope, send) -> None:
-        key = "error" if scope.get("path", "").startswith("/v2") else "detail"  # each API's error shape
-        response = JSONResponse({key: f"request body over the limit of {self.limit} bytes; send less"},
+        response = JSONResponse({error_key(scope.get("path", "")): f"request body over the limit of {self.limit} bytes; send less"},
                                 status_code=413)
         await response({"type": "http"}, None, send)

@@ -1,8 +1,9 @@
 """The Open Inference Protocol (KServe v2) over REST, with Triton's binary tensor extension.
 
 A thin adapter: parse the request into numpy arrays, call ``Service.infer``,
-render the result. Errors are ``{"error": "..."}`` with the status, headers and
-metric label of ``errors.OUTCOMES``.
+render the result. A ``ServiceError`` raised here or below is answered by the
+app's one handler (app.py): ``{"error": "..."}`` with the status and headers of
+``errors.OUTCOMES``.
 
 Request compression (Triton): a gzip or deflate ``Content-Encoding`` is inflated,
 up to the body limit. Answers are not compressed.
@@ -27,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from . import wire
 from .core import Result, Service
-from .errors import InvalidInput, ServiceError, TooLarge, outcome
+from .errors import InvalidInput, ServiceError, TooLarge
 from .models.base import prefix
 
 HEADER_LENGTH = "inference-header-content-length"
@@ -60,13 +61,6 @@ class InferenceRequest(BaseModel):
 
 class ErrorBody(BaseModel):
     error: str
-
-
-def error_response(exc: ServiceError, retry_after: int) -> Response:
-    found = outcome(exc)
-    headers = {"Retry-After": str(retry_after)} if found.retry else None
-    return Response(pydantic_core.to_json({"error": str(exc)}), status_code=found.status, headers=headers,
-                    media_type="application/json")
 
 
 def json_response(body: Any, status: int = 200) -> Response:
@@ -161,7 +155,6 @@ def render(result: Result, request: InferenceRequest) -> Response:
 def router(settings) -> APIRouter:
     api = APIRouter(prefix="/v2", tags=["Open Inference Protocol (v2)"])
     failed = {"model": ErrorBody}
-    retry = settings.retry_after_s
 
     def service_of(request: Request) -> Service:
         return request.app.state.service
@@ -185,10 +178,7 @@ def router(settings) -> APIRouter:
         return service, entry, service.version(entry, version)
 
     async def metadata(request: Request, name: str, version: str | None = None) -> Response:
-        try:
-            _, entry, chosen = lookup(request, name, version)
-        except ServiceError as exc:
-            return error_response(exc, retry)
+        _, entry, chosen = lookup(request, name, version)
         return json_response({
             "name": entry.name, "versions": [str(v) for v in sorted(entry.versions)],
             "platform": "paddle_python" if chosen.model_class.__module__.startswith("placeenv_repository")
@@ -197,18 +187,12 @@ def router(settings) -> APIRouter:
         })
 
     async def model_ready(request: Request, name: str, version: str | None = None) -> Response:
-        try:
-            service, entry, chosen = lookup(request, name, version)
-        except ServiceError as exc:
-            return error_response(exc, retry)
+        service, entry, chosen = lookup(request, name, version)
         ok = service.model_ready(entry.name)
         return json_response({"name": entry.name, "version": str(chosen.number), "ready": ok}, 200 if ok else 503)
 
     async def model_config(request: Request, name: str, version: str | None = None) -> Response:
-        try:
-            _, entry, chosen = lookup(request, name, version)
-        except ServiceError as exc:
-            return error_response(exc, retry)
+        _, entry, chosen = lookup(request, name, version)
         # The config file's fields first: the effective values below replace its unset (None) ones.
         return json_response({**entry.config.model_dump(exclude={"inputs", "outputs"}),
                               "name": entry.name, "max_batch_size": entry.max_batch_size,
@@ -217,10 +201,7 @@ def router(settings) -> APIRouter:
                               "output": [s.describe() for s in chosen.outputs]})
 
     async def statistics(request: Request, name: str, version: str | None = None) -> Response:
-        try:
-            service, entry, chosen = lookup(request, name, version)
-        except ServiceError as exc:
-            return error_response(exc, retry)
+        service, entry, chosen = lookup(request, name, version)
         numbers = [chosen.number] if version is not None else sorted(entry.versions)
         return json_response({"model_stats": [service.stats[entry.name, n].describe(entry.name, n)
                                               for n in numbers]})
@@ -232,14 +213,11 @@ def router(settings) -> APIRouter:
             body = decompressed(body, request.headers.get("content-encoding"), settings.max_body_bytes)
             parsed, arrays = parse(body, request.headers.get(HEADER_LENGTH))
         except ServiceError as exc:
-            service.refused(name, exc)
-            return error_response(exc, retry)
-        try:
-            outputs = [o.name for o in parsed.outputs] if parsed.outputs else None
-            result = await service.infer(name, version, arrays, outputs=outputs,
-                                         inline=len(body) <= settings.inline_preprocess_bytes)
-        except ServiceError as exc:
-            return error_response(exc, retry)
+            service.refused(name, exc)  # infer counts its own refusals
+            raise
+        outputs = [o.name for o in parsed.outputs] if parsed.outputs else None
+        result = await service.infer(name, version, arrays, outputs=outputs,
+                                     inline=len(body) <= settings.inline_preprocess_bytes)
         return render(result, parsed)
 
     # Before /models/{name}, which would take "stats" for a model name: Triton's statistics of every
