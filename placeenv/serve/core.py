@@ -41,7 +41,7 @@ from .errors import (
     outcome,
 )
 from .models import examples
-from .models.base import InputError, Model, TensorSpec, host_tensor, prefix
+from .models.base import InputError, Model, ModelError, TensorSpec, host_inputs, prefix
 from .models.repository import BUNDLED, Entry, RepositoryError, Version, scan
 from .workers import Answer, PlaceChecker, WorkerPool
 
@@ -396,16 +396,12 @@ class Service:
     @PlaceEnv("cpu")
     def _preprocess(self, template: Model, arrays: dict[str, np.ndarray]) -> dict:
         """The model's preprocess, then host tensors in input order, each checked to be on the CPU."""
-        out = template.preprocess(dict(arrays))
-        tensors = {}
-        for spec in template.context.inputs:
-            value = out.get(spec.name) if isinstance(out, Mapping) else None
-            if value is None:
-                raise ModelFailed(f"model {template.context.name!r}: preprocess returned no {spec.name!r}")
-            if isinstance(value, np.ndarray):
-                value = host_tensor(value)
-            self.check_cpu("preprocess", placeenv.device_name(value.place))
-            tensors[spec.name] = value
+        try:
+            tensors = host_inputs(template.context, template.preprocess(dict(arrays)))
+        except ModelError as exc:
+            raise ModelFailed(str(exc)) from None
+        for tensor in tensors.values():
+            self.check_cpu("preprocess", placeenv.device_name(tensor.place))
         return tensors
 
     def _count(self, delta: int) -> None:

@@ -206,8 +206,7 @@ class Worker:
         missing = [spec.name for spec in context.outputs if spec.name not in results]
         if missing:
             raise RuntimeError(f"postprocess returned no {', '.join(missing)} (declared outputs)")
-        batched = len(jobs) > 1 or jobs[0].batched
-        if batched:
+        if jobs[0].batched:  # (jobs share a forward pass only when their model batches)
             short = [n for n, a in results.items() if np.ndim(a) == 0 or len(a) != examples]
             if short:
                 raise RuntimeError(f"outputs {short} do not have the batch's {examples} rows")

@@ -71,6 +71,10 @@ class InputError(ValueError):
     """A request's inputs are invalid; the message names the tensor and what was expected."""
 
 
+class ModelError(RuntimeError):
+    """A model broke its contract (the request's failure, not the client's)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class TensorSpec:
     """One input or output: its name, protocol datatype and shape (-1 for a dynamic dimension)."""
@@ -214,6 +218,18 @@ def host_tensor(array: np.ndarray) -> paddle.Tensor:
     tensor = _pd.C_ops_empty(list(array.shape), array.dtype, _HOST)
     _pd.dense_tensor_set(_pd.tensor_get_tensor(tensor), np.ascontiguousarray(array), _HOST)
     return tensor
+
+
+def host_inputs(context: ModelContext, preprocessed: Any) -> dict[str, paddle.Tensor]:
+    """``preprocess``'s answer as host tensors in the model's input order (numpy arrays copied by
+    ``host_tensor``, tensors as they are); ``ModelError`` naming an input it left out."""
+    tensors = {}
+    for spec in context.inputs:
+        value = preprocessed.get(spec.name) if isinstance(preprocessed, Mapping) else None
+        if value is None:
+            raise ModelError(f"model {context.name!r}: preprocess returned no {spec.name!r}")
+        tensors[spec.name] = host_tensor(value) if isinstance(value, np.ndarray) else value
+    return tensors
 
 
 def move_to(tensor: paddle.Tensor, place) -> paddle.Tensor:

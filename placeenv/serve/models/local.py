@@ -13,7 +13,7 @@ import numpy as np
 
 from placeenv import PlaceEnv
 
-from .base import Model, host_tensor, move_to
+from .base import Model, host_inputs, move_to
 from .repository import BUNDLED, Entry, scan
 
 
@@ -29,9 +29,7 @@ def forward(model: Model, inputs: dict[str, np.ndarray], preprocess: Model | Non
     """What a worker does with one request: (postprocessed host arrays, ``execute``'s raw outputs).
     ``preprocess``: the instance that preprocesses (the service's has no network); default ``model``."""
     with PlaceEnv("cpu"):
-        out = (preprocess or model).preprocess(dict(inputs))
-        host = {spec.name: host_tensor(out[spec.name]) if isinstance(out[spec.name], np.ndarray)
-                else out[spec.name] for spec in model.context.inputs}
+        host = host_inputs(model.context, (preprocess or model).preprocess(dict(inputs)))
     raw = model.execute({name: move_to(tensor, model.place) for name, tensor in host.items()})
     return model.postprocess(raw), raw
 
