@@ -36,7 +36,7 @@ class Settings(BaseSettings):
                                       "for models whose config does not say")
     request_timeout_s: float = Field(10.0, gt=0, description="end-to-end limit per request (504 after)")
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="request body limit (413 above)")
-    max_examples_per_request: int = Field(32, ge=1, description="examples in one request (422 above)")
+    max_examples_per_request: int = Field(32, ge=1, description="examples in one request (400 above)")
     model_repository: str = Field(
         "", description="comma-separated model repository directories (Triton's layout: "
         "<repository>/<model>/<version>/model.json + model.pdiparams; docs/serving.md); "

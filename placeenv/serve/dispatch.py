@@ -129,20 +129,20 @@ class DeviceQueue:
     def _first_of(self, held) -> Job | None:
         if self.uniform:
             return self._jobs.popleft() if self._jobs else None
-        for i, job in enumerate(self._jobs):
-            if job.model in held:
-                del self._jobs[i]
-                return job
-        return None
+        return self._take(lambda job: job.model in held)
 
     def _next_of(self, model: tuple[str, int], room: int) -> Job | None:
         # Same model only, in arrival order; other models keep their place in line.
+        return self._take(lambda job: job.model == model and job.examples <= room, within=64)
+
+    def _take(self, wanted, within: int | None = None) -> Job | None:
+        """The first job ``wanted`` accepts, among the first ``within`` (all when None), out of the queue."""
         for i, job in enumerate(self._jobs):
-            if job.model == model and job.examples <= room:
+            if within is not None and i > within:
+                break
+            if wanted(job):
                 del self._jobs[i]
                 return job
-            if i >= 64:
-                break
         return None
 
     def done(self, count: int) -> None:
