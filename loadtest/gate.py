@@ -16,7 +16,7 @@ class Scrape:
     devices: list[str]
 
     @classmethod
-    def take(cls, host: str) -> "Scrape":
+    def take(cls, host: str) -> Scrape:
         with httpx.Client(base_url=host, timeout=10) as http:
             text = http.get("/metrics").text
             devices = http.get("/v1/models").json()["devices"]
@@ -41,6 +41,74 @@ class Scrape:
         return {
             tuple(sorted(l.items())): v for n, l, v in self.samples if n == "placeenv_device_leaks_total"
         }
+
+
+@dataclass
+class Growth:
+    """What grew during a run: ok requests per device, leaks per series, place checks."""
+
+    served: dict[str, float]
+    leaks: dict[tuple, float]
+    checks: float
+
+    @classmethod
+    def between(cls, start: Scrape, end: Scrape) -> Growth:
+        """One service scraped directly, before and after."""
+        before = start.leak_series()
+        return cls(
+            {d: end.ok(d) - start.ok(d) for d in end.devices},
+            {k: v - before.get(k, 0.0) for k, v in end.leak_series().items()},
+            end.total("placeenv_place_checks_total") - start.total("placeenv_place_checks_total"),
+        )
+
+
+class Prometheus:
+    """Growth over a time window, read from the Prometheus that scrapes every replica.
+
+    Replicas restart during a run (their counters begin again at 0) and new
+    series appear (a leak creates its series): each series' growth is summed
+    step by step from raw values, a drop counting as a restart, and a series
+    born inside the window counting from 0.
+    """
+
+    STEP_S = 1.0
+
+    def __init__(self, url: str) -> None:
+        self.url = url.rstrip("/")
+
+    def _range(self, expr: str, start: float, end: float) -> dict[tuple, list[tuple[float, float]]]:
+        with httpx.Client(base_url=self.url, timeout=30) as http:
+            body = http.get("/api/v1/query_range", params={
+                "query": expr, "start": start, "end": end, "step": self.STEP_S}).json()
+        if body.get("status") != "success":
+            raise RuntimeError(f"prometheus query {expr!r} failed: {body.get('error', body)}")
+        return {
+            tuple(sorted(series["metric"].items())): [(float(t), float(v)) for t, v in series["values"]]
+            for series in body["data"]["result"]
+        }
+
+    @staticmethod
+    def increase(values: list[tuple[float, float]], start: float) -> float:
+        (first_t, previous), total = values[0], 0.0
+        if first_t > start + 1e-3:  # born during the run
+            total += previous
+        for _, value in values[1:]:
+            total += value - previous if value >= previous else value
+            previous = value
+        return total
+
+    def growth(self, start: float, end: float) -> Growth:
+        def grown(expr: str) -> dict[tuple, float]:
+            return {k: self.increase(v, start) for k, v in self._range(expr, start, end).items()}
+
+        served = grown('sum by (instance, device) (inference_requests_total{status="ok"})')
+        devices = self._range("max by (instance, device) (worker_up)", start, end)
+        checks = grown("sum by (instance) (placeenv_place_checks_total)")
+        return Growth(
+            {f"{dict(k)['instance']} {dict(k)['device']}": served.get(k, 0.0) for k in devices},
+            grown("placeenv_device_leaks_total"),
+            sum(checks.values()),
+        )
 
 
 @dataclass
@@ -69,20 +137,19 @@ class Verdict:
         return "\n".join(lines)
 
 
-def evaluate(start: Scrape, end: Scrape, requests: int, failures: int, max_failure_ratio: float) -> Verdict:
-    """Compare two scrapes: leaks must not grow, every device must serve, failures stay under the ratio."""
-    per_device = {d: end.ok(d) - start.ok(d) for d in end.devices}
+def evaluate(growth: Growth, requests: int, failures: int, max_failure_ratio: float) -> Verdict:
+    """Leaks must not grow, every device must serve, failures stay under the ratio."""
     verdict = Verdict(
-        requests, failures, max_failure_ratio, end.leaks() - start.leaks(), per_device,
-        end.total("placeenv_place_checks_total") - start.total("placeenv_place_checks_total"),
+        requests, failures, max_failure_ratio, sum(growth.leaks.values()), growth.served, growth.checks
     )
     if verdict.leaks > 0:
-        grown = {k: v - start.leak_series().get(k, 0) for k, v in end.leak_series().items()}
-        worst = sorted(((v, dict(k)) for k, v in grown.items() if v > 0), key=lambda x: -x[0])[:5]
+        worst = sorted(((v, dict(k)) for k, v in growth.leaks.items() if v > 0), key=lambda x: -x[0])[:5]
         verdict.problems.append(f"{verdict.leaks:.0f} device leaks, e.g. {worst}")
-    idle = [d for d, n in per_device.items() if n <= 0]
+    idle = [d for d, n in growth.served.items() if n <= 0]
     if idle:
         verdict.problems.append(f"devices that served no request: {', '.join(idle)}")
+    if not growth.served:
+        verdict.problems.append("no device was seen")
     if requests == 0:
         verdict.problems.append("no request was made")
     elif failures / requests > max_failure_ratio:

@@ -9,7 +9,8 @@ tritonclient's own codec), plus a small share of deliberately invalid requests t
 count as correct when they get the expected 4xx.
 
 When the run ends, the gate scrapes ``/metrics`` and compares with the scrape
-taken when it started. The process exits non-zero when any
+taken when it started; behind a load balancer, ``--prometheus URL`` reads what
+grew on every replica from the Prometheus that scrapes them. The process exits non-zero when any
 ``placeenv_device_leaks_total`` grew, when a configured device served no
 request, or when the failure ratio is over ``--max-failure-ratio``.
 While it runs, it samples ``/metrics`` into ``<--csv>_service.csv`` for
@@ -27,7 +28,7 @@ import numpy as np
 import tritonclient.http as triton
 from locust import FastHttpUser, between, events, task
 
-from loadtest.gate import Scrape, evaluate
+from loadtest.gate import Growth, Prometheus, Scrape, evaluate
 
 try:  # real handwritten digits when scikit-learn is there (it is in the dev extra)
     from sklearn.datasets import load_digits
@@ -64,6 +65,10 @@ INVALID = [  # (name, body, expected status)
 def _options(parser):
     parser.add_argument("--max-failure-ratio", type=float, default=0.01, help="leak gate: allowed failure ratio")
     parser.add_argument("--metrics-sample-s", type=float, default=2.0, help="how often to sample /metrics")
+    parser.add_argument("--prometheus", default="", help="leak gate: read every replica's growth from this "
+                        "Prometheus (behind a load balancer, and across restarts) instead of --host's /metrics")
+    parser.add_argument("--prometheus-settle-s", type=float, default=11.0,
+                        help="leak gate: wait this long after the run for Prometheus's last scrapes (2 intervals)")
 
 
 class Client(FastHttpUser):
@@ -117,6 +122,9 @@ _state: dict = {}
 def _start(environment, **_):
     if environment.parsed_options is None or not environment.host:
         return
+    if environment.parsed_options.prometheus:
+        _state["start"] = time.time()
+        return
     _state["start"] = Scrape.take(environment.host)
     csv_prefix = environment.parsed_options.csv_prefix
     if csv_prefix:
@@ -148,11 +156,13 @@ def _gate(environment, **_):
         return
     if "sampler" in _state:
         _state["sampler"].kill()
-    stats = environment.stats.total
-    verdict = evaluate(
-        _state["start"], Scrape.take(environment.host), stats.num_requests, stats.num_failures,
-        environment.parsed_options.max_failure_ratio,
-    )
+    options, stats = environment.parsed_options, environment.stats.total
+    if options.prometheus:
+        time.sleep(options.prometheus_settle_s)
+        growth = Prometheus(options.prometheus).growth(_state["start"], time.time())
+    else:
+        growth = Growth.between(_state["start"], Scrape.take(environment.host))
+    verdict = evaluate(growth, stats.num_requests, stats.num_failures, options.max_failure_ratio)
     print(verdict.summary())
     if not verdict.ok:
         environment.process_exit_code = 1

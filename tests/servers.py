@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import httpx
@@ -120,3 +124,162 @@ class ServiceProcess:
             self.stop()
         finally:
             self.kill()
+
+
+def _wait_http(url: str, proc: subprocess.Popen, what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}: {proc.stderr.read() if proc.stderr else ''}")
+        try:
+            if httpx.get(url, timeout=2).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{what} did not start in {timeout}s")
+
+
+class ReplicaSet:
+    """Service processes on fixed ports (a restarted replica comes back on its port, as behind
+    a load balancer), each with the same settings unless ``start`` overrides them."""
+
+    def __init__(self, count: int, **settings) -> None:
+        self.ports = [free_port() for _ in range(count)]
+        self.settings = settings
+        self.procs: list[ServiceProcess | None] = [None] * count
+        self.logs: list[str] = []  # the output of every replica that has exited
+
+    def start(self, i: int, **overrides) -> ServiceProcess:
+        assert self.procs[i] is None or self.procs[i].proc.poll() is not None
+        self.procs[i] = ServiceProcess(port=self.ports[i], **{**self.settings, **overrides})
+        return self.procs[i]
+
+    def start_all(self) -> Self:
+        for proc in [self.start(i) for i in range(len(self.ports))]:
+            proc.wait_ready()
+        return self
+
+    def terminate(self, i: int, timeout: float = 60) -> int:
+        """SIGTERM, and the exit code once the replica has drained."""
+        code = self.procs[i].stop(timeout)
+        self.logs.append(self.procs[i].output())
+        return code
+
+    def kill(self, i: int) -> None:
+        """SIGKILL: no drain."""
+        self.procs[i].kill()
+        self.logs.append(self.procs[i].output())
+
+    def stop_all(self) -> None:
+        for i, proc in enumerate(self.procs):
+            if proc is not None and proc.proc.poll() is None:
+                try:
+                    self.terminate(i)
+                finally:
+                    proc.kill()
+
+
+class Prometheus:
+    """A real Prometheus on 127.0.0.1 scraping every second: static jobs, and a file_sd job
+    ``replicas`` whose targets ``set_targets`` rewrites (Prometheus re-reads the file)."""
+
+    def __init__(self, tmp: Path, jobs: dict[str, int] | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.targets = tmp / "replicas.json"
+        self.set_targets([])
+        scrape = "".join(
+            f"  - job_name: {job}\n    static_configs:\n      - targets: ['127.0.0.1:{port}']\n"
+            for job, port in (jobs or {}).items()
+        )
+        scrape += (f"  - job_name: replicas\n    file_sd_configs:\n      - files: ['{self.targets}']\n"
+                   "        refresh_interval: 1s\n")
+        config = tmp / "prometheus.yml"
+        config.write_text(
+            f"global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n{scrape}"
+        )
+        self.proc = subprocess.Popen(
+            [shutil.which("prometheus") or "prometheus", f"--config.file={config}",
+             f"--storage.tsdb.path={tmp / 'prometheus-data'}", f"--web.listen-address=127.0.0.1:{self.port}",
+             "--log.level=warn"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )
+        _wait_http(self.url + "/-/ready", self.proc, "prometheus")
+
+    def set_targets(self, ports: list[int]) -> None:
+        tmp = self.targets.with_suffix(".tmp")  # renamed into place: Prometheus never reads half a file
+        tmp.write_text(json.dumps([{"targets": [f"127.0.0.1:{p}" for p in ports]}]))
+        tmp.replace(self.targets)
+
+    def query(self, expr: str) -> list[dict]:
+        body = httpx.get(self.url + "/api/v1/query", params={"query": expr}, timeout=30).json()
+        assert body["status"] == "success", (expr, body)
+        return body["data"]["result"]
+
+    def value(self, expr: str) -> float:
+        return sum(float(sample["value"][1]) for sample in self.query(expr))
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(30)
+
+
+#: Debian's nginx (in /usr/sbin, which a user's PATH may lack).
+NGINX = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.path.exists(p)), None)
+#: The nginx configuration shipped for the compose scale profile.
+NGINX_CONFIG = Path(__file__).resolve().parent.parent / "deploy" / "nginx" / "placeenv.conf"
+_UPSTREAM = re.compile(r"^(\s*)server api:8000( [^;]*)?;$", re.MULTILINE)
+_LISTEN = re.compile(r"^(\s*)listen 80;$", re.MULTILINE)
+
+
+class Nginx:
+    """Debian's nginx running the shipped ``deploy/nginx/placeenv.conf``, with only its
+    upstream servers (one line per replica, same parameters) and its listen port replaced."""
+
+    def __init__(self, tmp: Path, replica_ports: list[int], retries: bool = True) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        shipped = NGINX_CONFIG.read_text()
+        assert len(_UPSTREAM.findall(shipped)) == 1 and len(_LISTEN.findall(shipped)) == 1, \
+            "the shipped nginx config no longer has one `server api:8000 ...;` and one `listen 80;` line"
+        site = _UPSTREAM.sub(
+            lambda m: "\n".join(f"{m.group(1)}server 127.0.0.1:{p}{m.group(2) or ''};" for p in replica_ports),
+            shipped)
+        site = _LISTEN.sub(lambda m: f"{m.group(1)}listen 127.0.0.1:{self.port};", site)
+        if not retries:  # the measurement without retries (docs/benchmarks.md)
+            site, found = re.subn(r"^(\s*)proxy_next_upstream [^;\n]*;", r"\1proxy_next_upstream off;", site, flags=re.M)
+            assert found == 1
+        root = tmp / "nginx"
+        root.mkdir(parents=True)
+        (root / "site.conf").write_text(site)
+        (root / "nginx.conf").write_text(
+            f"daemon off;\nworker_processes 1;\npid {root}/nginx.pid;\nerror_log {root}/error.log warn;\n"
+            + ("user root;\n" if os.geteuid() == 0 else "")
+            + "events { worker_connections 1024; }\nhttp {\n"
+            f"    access_log {root}/access.log;\n"
+            + "".join(f"    {kind}_temp_path {root}/{kind};\n"
+                      for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+            + f"    include {root}/site.conf;\n}}\n"
+        )
+        self.root = root
+        self.proc = subprocess.Popen(
+            [NGINX or "nginx", "-c", str(root / "nginx.conf"), "-p", str(root)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"nginx exited: {self.proc.stderr.read()}")
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return
+            time.sleep(0.1)
+        raise RuntimeError("nginx did not start")
+
+    def errors(self) -> str:
+        return (self.root / "error.log").read_text()
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(20)

@@ -78,10 +78,12 @@ def _bind_mounts(service: dict) -> dict[str, str]:
 
 def _compose_config(*files: Path) -> dict:
     """``docker-compose -f ... config``: validates, merges and interpolates; returns the result."""
-    args = [DOCKER_COMPOSE]
-    for f in files:
-        args += ["-f", str(f)]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PLACEENV_")}  # the files' defaults
+    return _compose_config_args(*[arg for f in files for arg in ("-f", str(f))])
+
+
+def _compose_config_args(*options: str, env: dict | None = None) -> dict:
+    args = [DOCKER_COMPOSE, *options]
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("PLACEENV_")}, **(env or {})}  # the defaults
     result = subprocess.run(args + ["config"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     return yaml.safe_load(result.stdout)
@@ -181,6 +183,71 @@ def test_compose_gpu_override_file():
     (device,) = api["deploy"]["resources"]["reservations"]["devices"]
     assert device == {"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}
     assert COMPOSE_GPU.read_text().startswith("#"), "the usage comment at the top"
+
+
+@needs_compose
+def test_compose_scale_profile_validates():
+    config = _compose_config_args("--profile", "scale")
+    services = config["services"]
+    assert {"api", "replica", "nginx"} <= set(services)
+    assert services["replica"]["scale"] == 2
+    with_env = _compose_config_args("--profile", "scale", env={"PLACEENV_REPLICAS": "4"})
+    assert with_env["services"]["replica"]["scale"] == 4
+
+
+def test_compose_scale_profile_replicas_are_the_api_behind_nginx():
+    services = _yaml(COMPOSE)["services"]
+    api, replica, nginx = services["api"], services["replica"], services["nginx"]
+    assert replica["profiles"] == nginx["profiles"] == ["scale"]
+    # The same image and settings as the api, without its published port (replicas share one host).
+    assert {k: v for k, v in api.items() if k != "ports"} == {
+        k: v for k, v in replica.items() if k not in ("profiles", "scale", "networks")}
+    assert "ports" not in replica
+    # Every replica answers to `api`: nginx's upstream and Prometheus's discovery name.
+    assert replica["networks"]["default"]["aliases"] == ["api"]
+    assert _bind_mounts(nginx) == {"deploy/nginx/placeenv.conf": "/etc/nginx/conf.d/default.conf"}
+    assert nginx["ports"] == ["8080:80"]
+    assert nginx["depends_on"] == {"api": {"condition": "service_healthy"},
+                                   "replica": {"condition": "service_healthy"}}
+
+
+def _nginx() -> str:
+    return (DEPLOY / "nginx" / "placeenv.conf").read_text()
+
+
+def _seconds(value: str) -> float:
+    match = re.fullmatch(r"(\d+)(ms|s|m)?", value)
+    return int(match[1]) * {"ms": 0.001, "s": 1, "m": 60, None: 1}[match[2]]
+
+
+def _nginx_directive(name: str) -> str:
+    (value,) = re.findall(rf"^\s*{name}\s+([^;]*);", _nginx(), re.M)
+    return value
+
+
+def test_nginx_settings_fit_the_service():
+    """Each nginx setting against the service setting it depends on (docs/deploy.md)."""
+    import uvicorn
+
+    from placeenv.serve.config import Settings
+
+    defaults = Settings(_cli_parse_args=[])
+    assert re.search(r"^\s*server api:8000 max_fails=1 fail_timeout=\d+s;$", _nginx(), re.M)
+    assert re.search(r"^\s*listen 80;$", _nginx(), re.M)
+    # nginx must drop an idle upstream connection before uvicorn does, or it may reuse a closing one.
+    assert _seconds(_nginx_directive("keepalive_timeout")) < uvicorn.Config(app=None).timeout_keep_alive
+    # Retries: refused/broken connections, for POSTs too; never 503 (overload) or timeouts.
+    retry = _nginx_directive("proxy_next_upstream").split()
+    assert retry == ["error", "non_idempotent"]
+    assert _nginx_directive("proxy_request_buffering") == "on"  # a retried request needs its body
+    # The service answers 504 and 413 itself, with its own messages, before nginx would.
+    assert _seconds(_nginx_directive("proxy_read_timeout")) > defaults.request_timeout_s
+    body = _nginx_directive("client_max_body_size")
+    assert int(body.rstrip("m")) * 1024 * 1024 > defaults.max_body_bytes
+    # Compose waits long enough for the drain before it kills a replica.
+    env = _env(_yaml(COMPOSE)["services"]["api"])
+    drain = float(_default(env["PLACEENV_SHUTDOWN_DELAY_S"])) + float(_default(env["PLACEENV_SHUTDOWN_GRACE_S"]))
+    assert _seconds(_yaml(COMPOSE)["services"]["api"]["stop_grace_period"]) > drain
 
 
 # --------------------------------------------------------------------------- Dockerfile
@@ -294,15 +361,16 @@ def test_healthcheck_passes_only_when_ready(source):
 # --------------------------------------------------------------------------- Prometheus
 
 
-def test_prometheus_scrapes_the_api_every_5s():
+def test_prometheus_scrapes_every_api_replica_every_5s():
     config = _yaml(PROMETHEUS_CONFIG)
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
-    targets = [t for job in jobs.values() for sc in job.get("static_configs", []) for t in sc["targets"]]
-    assert "api:8000" in targets
+    # DNS discovery of the name `api`, which the api and, with --profile scale, every replica answer to
     (api_job,) = [
         job for job in jobs.values()
-        if any("api:8000" in sc["targets"] for sc in job.get("static_configs", []))
+        if any(sd["names"] == ["api"] and sd["port"] == 8000 for sd in job.get("dns_sd_configs", []))
     ]
+    replica = _yaml(COMPOSE)["services"]["replica"]
+    assert "api" in replica["networks"]["default"]["aliases"]
     assert api_job.get("scrape_interval", config["global"]["scrape_interval"]) == "5s"
     assert api_job.get("metrics_path", "/metrics") == "/metrics"
 
@@ -352,6 +420,11 @@ REQUIRED_PANELS = {
     "Workers up per device": [r"sum by \(device\) \(worker_up\)"],
     "Place checks/s by stage": [r"by \(stage\) \(rate\(placeenv_place_checks_total"],
     "Device leaks": [r"^sum\(placeenv_device_leaks_total\) or vector\(0\)$"],
+    # One line per replica (instance), for `docker compose --profile scale` and Kubernetes
+    "Requests/s per replica": [r'by \(instance\) \(rate\(inference_requests_total\{status="ok"\}'],
+    "Request latency p95 per replica": [r"by \(instance, le\) \(rate\(inference_request_duration_seconds_bucket"],
+    "In-flight requests per replica": [r"by \(instance\) \(inference_in_flight_requests\)"],
+    "Ready per replica": [r"by \(instance\) \(service_ready\)"],
 }
 
 PROMQL_WORDS = {

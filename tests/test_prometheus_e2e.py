@@ -16,10 +16,9 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 from dashboards import dashboard_exprs
-from servers import ServiceProcess, free_port
+from servers import Prometheus, ServiceProcess, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMETHEUS = shutil.which("prometheus")
@@ -29,47 +28,6 @@ pytestmark = pytest.mark.skipif(
     PROMETHEUS is None and not os.environ.get("CI"),
     reason="needs Debian's prometheus package (.ci/run installs it)",
 )
-
-
-class Prometheus:
-    def __init__(self, tmp: Path, jobs: dict[str, int]) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        scrape = "".join(
-            f"  - job_name: {job}\n    static_configs:\n      - targets: ['127.0.0.1:{port}']\n"
-            for job, port in jobs.items()
-        )
-        config = tmp / "prometheus.yml"
-        config.write_text(
-            f"global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n{scrape}"
-        )
-        self.proc = subprocess.Popen(
-            [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(self.url + "/-/ready", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        raise RuntimeError("prometheus did not start")
-
-    def query(self, expr: str) -> list[dict]:
-        r = httpx.get(self.url + "/api/v1/query", params={"query": expr}, timeout=30)
-        body = r.json()
-        assert body["status"] == "success", (expr, body)
-        return body["data"]["result"]
-
-    def value(self, expr: str) -> float:
-        result = self.query(expr)
-        return sum(float(sample["value"][1]) for sample in result)
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(30)
 
 
 def locust(url: str, seconds: int, csv: Path) -> subprocess.CompletedProcess:

@@ -18,38 +18,42 @@ from .config import Settings
 
 
 class DrainingServer(uvicorn.Server):
-    """uvicorn with a drain before exit.
+    """uvicorn with the shutdown sequence a load balancer needs.
 
-    On SIGTERM/SIGINT: readiness turns false, new predicts get 503, accepted
-    requests finish (up to ``shutdown_grace_s``), then uvicorn stops and the
-    lifespan joins the workers. A second signal exits at once.
+    On SIGTERM/SIGINT:
+    1. readiness turns false at once, and requests are still served for
+       ``shutdown_delay_s``: the load balancer or the Kubernetes endpoints stop
+       routing here meanwhile, so nothing is refused that was already on its way;
+    2. the listener closes: a proxy's new connections are refused, which it can
+       retry elsewhere as nothing was sent; idle keep-alive connections close;
+    3. accepted requests finish, up to ``shutdown_grace_s``; then the lifespan
+       joins the workers (queued work not started by then gets 503 Draining) and
+       the process exits 0.
+    A second signal exits at once.
     """
 
     def __init__(self, config: uvicorn.Config, app, settings: Settings) -> None:
         super().__init__(config)
         self.app, self.settings = app, settings
-        self._drain_started = False
+        self._stop_started = False
 
     def handle_exit(self, sig, frame) -> None:
-        if self._drain_started:
+        if self._stop_started:
             return super().handle_exit(sig, frame)
-        self._drain_started = True
+        self._stop_started = True
         service = getattr(self.app.state, "service", None)
         if service is None:  # still starting: nothing accepted yet
             self.should_exit = True
             return
-        service.begin_drain()
-        threading.Thread(target=self._exit_when_idle, args=(service,), daemon=True).start()
+        service.begin_stopping()
+        threading.Thread(target=self._close_after_delay, daemon=True).start()
 
-    def _exit_when_idle(self, service) -> None:
-        start = time.monotonic()
-        deadline = start + max(self.settings.shutdown_grace_s, self.settings.shutdown_delay_s)
-        while time.monotonic() < start + self.settings.shutdown_delay_s:
-            time.sleep(0.02)
-        while not service.idle() and time.monotonic() < deadline:
-            time.sleep(0.02)
-        # Not super().handle_exit(): uvicorn would re-raise the signal once it
-        # has shut down, and the process would not exit 0.
+    def _close_after_delay(self) -> None:
+        time.sleep(self.settings.shutdown_delay_s)
+        # uvicorn closes the listener, lets each open connection finish its request
+        # (timeout_graceful_shutdown), and then runs the lifespan's shutdown. Not
+        # super().handle_exit(): uvicorn would re-raise the signal once it has shut
+        # down, and the process would not exit 0.
         self.should_exit = True
 
 

@@ -208,7 +208,7 @@ def create_app(settings: Settings) -> FastAPI:
         service: Service = request.app.state.service
         workers = {w.name: w.alive() and w.ready.is_set() for w in service.pool.workers}
         ready = service.ready()
-        body = {"ready": ready, "draining": service.draining, "workers": workers}
+        body = {"ready": ready, "stopping": service.stopping, "workers": workers}
         return JSONResponse(body, status_code=200 if ready else 503)
 
     @app.get("/metrics", response_class=Response)

@@ -65,8 +65,8 @@ class Settings(BaseSettings):
     )
     shutdown_grace_s: float = Field(30.0, ge=0, description="SIGTERM: time to finish accepted requests")
     shutdown_delay_s: float = Field(
-        0.0, ge=0, description="SIGTERM: keep answering readyz 503 this long before closing the listener, "
-        "so a load balancer stops routing here"
+        0.0, ge=0, description="SIGTERM: readyz answers 503 at once, and requests are still served this "
+        "long before the listener closes, so a load balancer or Kubernetes stops routing here first"
     )
     retry_after_s: int = Field(1, ge=1, description="Retry-After on 503/429")
     opentelemetry: bool = Field(

@@ -160,7 +160,8 @@ class Service:
         self.received = self.answered = 0  # infer calls that started / returned
         self.accepted = 0  # requests past admission, not yet answered
         self._accepted_lock = threading.Lock()
-        self.draining = False
+        self.stopping = False  # SIGTERM arrived: not ready, still serving until the drain
+        self.draining = False  # new requests are refused
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -201,9 +202,15 @@ class Service:
             queue.models = set().union(*held)
             queue.uniform = all(h == held[0] for h in held)
 
-    def begin_drain(self) -> None:
-        self.draining = self.dispatcher.draining = True
+    def begin_stopping(self) -> None:
+        """Readiness off; requests are still served (a load balancer needs time to stop routing here)."""
+        self.stopping = True
         metrics.READY.set(0)
+
+    def begin_drain(self) -> None:
+        """Refuse new requests (503 Draining); accepted ones still finish."""
+        self.begin_stopping()
+        self.draining = self.dispatcher.draining = True
 
     def idle(self) -> bool:
         return self.accepted == 0 and self.dispatcher.idle()
@@ -218,7 +225,7 @@ class Service:
         log.info("stopped: %d inference requests received, %d answered", self.received, self.answered)
 
     def ready(self) -> bool:
-        return not self.draining and self.pool.ready()
+        return not self.stopping and self.pool.ready()
 
     def model_ready(self, name: str) -> bool:
         return self.ready() and name in self.entries
