@@ -36,18 +36,22 @@ def free_port() -> int:
 class ServiceProcess:
     """Starts the service with ``PLACEENV_*`` settings; ``stop()`` sends SIGTERM and waits."""
 
-    def __init__(self, port: int | None = None, **settings) -> None:
+    def __init__(self, port: int | None = None, wrap: list[str] | None = None, extra_env: dict | None = None,
+                 **settings) -> None:
+        """``wrap``: a command that runs the service (``wrap + [python, -m, placeenv.serve]``);
+        ``extra_env``: variables besides the settings."""
         self.port = port or free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith("PLACEENV_")}
         env.update({"PLACEENV_DEVICES": "sim:0,sim:1,sim:2,sim:3", "PLACEENV_WORKERS_PER_DEVICE": "2",
                     "PLACEENV_MODELS": "digits", "PLACEENV_LOG_LEVEL": "info",
                     "PLACEENV_MODEL_REPOSITORY": REPOSITORIES})
         env.update({f"PLACEENV_{k.upper()}": str(v) for k, v in settings.items()})
+        env.update(extra_env or {})
         env["PLACEENV_PORT"] = str(self.port)
         env["PLACEENV_HOST"] = "127.0.0.1"
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "placeenv.serve"], env=env, text=True,
+            [*(wrap or []), sys.executable, "-m", "placeenv.serve"], env=env, text=True,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         )
         # Read the log as it comes: unread, the pipe fills (64 KiB, a dozen tracebacks)

@@ -15,17 +15,23 @@ from __future__ import annotations
 import copy
 import gzip
 import json
+import os
 import re
 import shutil
 import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
+import httpx
 import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
 from prometheus_client.metrics import MetricWrapperBase
+from servers import ServiceProcess
 
+import placeenv.sim as placeenv_sim
 from placeenv.serve import metrics as service_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,6 +42,8 @@ KUBERNETES_VERSION = "1.32"
 KUBECTL = shutil.which("kubectl")
 PROMTOOL = shutil.which("promtool")
 OVERLAYS = ["cpu", "gpu"]
+#: Where the service writes at run time: the emptyDirs (test_the_service_runs_on_a_read_only_root).
+SCRATCH = ["/tmp"]
 CRDS = {
     ("monitoring.coreos.com/v1", "PodMonitor"): "podmonitor.v1.json.gz",
     ("serving.kserve.io/v1beta1", "InferenceService"): "inferenceservice.v1beta1.json.gz",
@@ -335,8 +343,7 @@ def test_runs_as_non_root_on_a_read_only_root_with_writable_scratch():
         mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
         empty = {v["name"] for v in pod["volumes"] if "emptyDir" in v}
         assert empty <= set(mounts), "an emptyDir that nothing mounts"
-        # Paddle creates ~/.cache/paddle when imported; Python and Paddle write temp files.
-        assert {mounts[n] for n in empty} >= {"/tmp", "/home/placeenv/.cache"}
+        assert {mounts[n] for n in empty} == set(SCRATCH)
     assert "useradd --create-home --uid 10001 placeenv" in (ROOT / "Dockerfile").read_text()
 
 
@@ -373,3 +380,37 @@ def test_the_dashboard_configmap_is_the_compose_dashboard():
         shipped = (ROOT / "deploy" / "grafana" / "dashboards" / "placeenv.json").read_text()
         assert configmap["data"]["placeenv.json"] == shipped, \
             "copy deploy/grafana/dashboards/placeenv.json to deploy/k8s/base/grafana-dashboard.json"
+
+
+UNSHARE = shutil.which("unshare")
+
+
+@pytest.mark.skipif(UNSHARE is None or os.geteuid() != 0,
+                    reason="needs root and unshare(1) for a private read-only mount of /")
+@pytest.mark.parametrize("scratch", [SCRATCH, []], ids=["with the emptyDirs", "without (the control)"])
+def test_the_service_runs_on_a_read_only_root(scratch):
+    """The service in a mount namespace where / is read-only and only the manifests' emptyDir
+    paths are writable (tmpfs), as with readOnlyRootFilesystem; without them it cannot start."""
+    sim_cache = str(placeenv_sim._cache_root())  # built outside /tmp, readable in the namespace
+    subprocess.run([sys.executable, "-m", "placeenv.sim", "build"], check=True, capture_output=True,
+                   env={**os.environ, "PLACEENV_SIM_CACHE": sim_cache}, timeout=300)
+    home = tempfile.mkdtemp(dir="/var/tmp", prefix="placeenv-ro-home-")  # read-only, like the image's
+    setup = " && ".join(["mount --bind / /", "mount -o remount,ro,bind /"]
+                        + [f"mount -t tmpfs tmpfs {path}" for path in scratch])
+    proc = ServiceProcess(
+        wrap=[UNSHARE, "--mount", "--propagation", "private", "sh", "-c", setup + ' && exec "$@"', "sh"],
+        extra_env={"HOME": home, "PYTHONDONTWRITEBYTECODE": "1", "PLACEENV_SIM_CACHE": sim_cache},
+        DEVICES="sim:0", WORKERS_PER_DEVICE=1, MODELS="digits",
+    )
+    try:
+        if not scratch:
+            assert proc.proc.wait(120) != 0
+            assert "No usable temporary directory" in proc.output()
+            return
+        proc.wait_ready(120)
+        answer = httpx.post(proc.url + "/predict", json={"model": "digits", "inputs": [[8.0] * 64]}, timeout=30)
+        assert answer.status_code == 200, answer.text
+        assert proc.stop() == 0
+    finally:
+        proc.kill()
+        shutil.rmtree(home, ignore_errors=True)
