@@ -390,13 +390,15 @@ UNSHARE = shutil.which("unshare")
 @pytest.mark.parametrize("scratch", [SCRATCH, []], ids=["with the emptyDirs", "without (the control)"])
 def test_the_service_runs_on_a_read_only_root(scratch):
     """The service in a mount namespace where / is read-only and only the manifests' emptyDir
-    paths are writable (tmpfs), as with readOnlyRootFilesystem; without them it cannot start."""
+    paths are writable, as with readOnlyRootFilesystem; without them it cannot start."""
     sim_cache = str(placeenv_sim._cache_root())  # built outside /tmp, readable in the namespace
     subprocess.run([sys.executable, "-m", "placeenv.sim", "build"], check=True, capture_output=True,
                    env={**os.environ, "PLACEENV_SIM_CACHE": sim_cache}, timeout=300)
     home = tempfile.mkdtemp(dir="/var/tmp", prefix="placeenv-ro-home-")  # read-only, like the image's
-    setup = " && ".join(["mount --bind / /", "mount -o remount,ro,bind /"]
-                        + [f"mount -t tmpfs tmpfs {path}" for path in scratch])
+    # Each scratch path becomes a mount of its own before / turns read-only, so it stays
+    # writable (an emptyDir); a tmpfs over it would hide a checkout or a venv under /tmp.
+    setup = " && ".join(["mount --bind / /", *(f"mount --bind {path} {path}" for path in scratch),
+                         "mount -o remount,ro,bind /"])
     proc = ServiceProcess(
         wrap=[UNSHARE, "--mount", "--propagation", "private", "sh", "-c", setup + ' && exec "$@"', "sh"],
         extra_env={"HOME": home, "PYTHONDONTWRITEBYTECODE": "1", "PLACEENV_SIM_CACHE": sim_cache},
