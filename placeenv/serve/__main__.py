@@ -24,8 +24,9 @@ class DrainingServer(uvicorn.Server):
     1. readiness turns false at once, and requests are still served for
        ``shutdown_delay_s``: the load balancer or the Kubernetes endpoints stop
        routing here meanwhile, so nothing is refused that was already on its way;
-    2. the listener closes: a proxy's new connections are refused, which it can
-       retry elsewhere as nothing was sent; idle keep-alive connections close;
+    2. the listener closes (and the gRPC one, when served): a proxy's new
+       connections are refused, which it can retry elsewhere as nothing was sent;
+       idle keep-alive connections close;
     3. accepted requests finish, up to ``shutdown_grace_s``; then the lifespan
        joins the workers (queued work not started by then gets 503 Draining) and
        the process exits 0.
@@ -50,6 +51,9 @@ class DrainingServer(uvicorn.Server):
 
     def _close_after_delay(self) -> None:
         time.sleep(self.settings.shutdown_delay_s)
+        close_grpc = getattr(self.app.state, "close_grpc", None)
+        if close_grpc is not None:  # the gRPC listener closes with the HTTP one
+            close_grpc()
         # uvicorn closes the listener, lets each open connection finish its request
         # (timeout_graceful_shutdown), and then runs the lifespan's shutdown. Not
         # super().handle_exit(): uvicorn would re-raise the signal once it has shut

@@ -106,11 +106,15 @@ def create_app(settings: Settings) -> FastAPI:
             log.error("cannot start: %s", exc)
             app.state.startup_error = exc
             raise
+        grpc_server = await start_grpc(service, settings) if settings.grpc_port else None
+        app.state.close_grpc = None if grpc_server is None else _closer(grpc_server, settings.shutdown_grace_s)
         log.info("serving %s on %s (isolation %s)", ", ".join(service.entries), ", ".join(service.devices),
                  settings.isolation)
         try:
             yield
         finally:
+            if grpc_server is not None:  # already closing when the shutdown delay ended (__main__)
+                await grpc_server.stop(settings.shutdown_grace_s)
             await asyncio.to_thread(service.stop)
 
     otel = settings.opentelemetry
@@ -217,6 +221,29 @@ def create_app(settings: Settings) -> FastAPI:
 
     app.include_router(v2.router(settings))
     return app
+
+
+def _closer(server, grace: float):
+    """A function any thread may call to close ``server``'s listener (running RPCs get ``grace``)."""
+    loop = asyncio.get_running_loop()
+    return lambda: asyncio.run_coroutine_threadsafe(server.stop(grace), loop)
+
+
+async def start_grpc(service: Service, settings: Settings):
+    """The gRPC endpoint (grpc_v2), started on the running loop."""
+    try:
+        from . import grpc_v2
+    except ImportError as exc:
+        service.stop()
+        raise StartupError(f"PLACEENV_GRPC_PORT is set but {exc.name} is not installed: "
+                           "pip install 'placeenv[grpc]', or unset it") from None
+    try:
+        server = await grpc_v2.start(service, settings)
+    except RuntimeError as exc:  # grpc.aio: the port is taken or the address does not bind
+        service.stop()
+        raise StartupError(f"cannot serve gRPC on {settings.host}:{settings.grpc_port}: {exc}") from None
+    log.info("Open Inference Protocol over gRPC on %s:%d", settings.host, settings.grpc_port)
+    return server
 
 
 def error_key(path: str) -> str:

@@ -49,6 +49,11 @@ class Settings(BaseSettings):
     )
     host: str = Field("127.0.0.1", description="bind address; the container sets 0.0.0.0")
     port: int = Field(8000, ge=0, le=65535)
+    grpc_port: int | None = Field(
+        None, ge=1, le=65535, description="also serve the Open Inference Protocol over gRPC (Triton's "
+        "GRPCInferenceService; Triton uses 8001) on this port, on the same host; unset: HTTP only. "
+        "Needs the grpc extra: pip install 'placeenv[grpc]'",
+    )
     isolation: Literal["on", "off"] = Field(
         "on",
         description="'off' is a demonstration of stock Paddle: placeenv uninstalled, workers "
@@ -74,6 +79,11 @@ class Settings(BaseSettings):
         "globally configured OTel providers); off, the service's own Prometheus metrics remain"
     )
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+
+    @field_validator("grpc_port", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value):
+        return None if isinstance(value, str) and not value.strip() else value
 
     @field_validator("devices")
     @classmethod

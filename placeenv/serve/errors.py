@@ -1,8 +1,8 @@
 """The service's errors, and the one table that says what each means on the wire and in the metrics.
 
-The domain (``core.Service``) raises these; the HTTP adapters turn them into a
-status, a ``Retry-After`` header when a retry may succeed, and the outcome
-label of ``inference_requests_total``, all from ``OUTCOMES``.
+The domain (``core.Service``) raises these; the adapters turn them into an HTTP
+status (with ``Retry-After`` when a retry may succeed) or a gRPC status code,
+and the outcome label of ``inference_requests_total``, all from ``OUTCOMES``.
 """
 
 from __future__ import annotations
@@ -55,17 +55,18 @@ class Outcome:
     status: int  # HTTP
     label: str  # the status label of inference_requests_total
     retry: bool  # answered with Retry-After: the same request may succeed later
+    grpc: str  # the gRPC status code's name (grpc.StatusCode), for the gRPC endpoint
 
 
 OUTCOMES: dict[type[ServiceError], Outcome] = {
-    UnknownModel: Outcome(404, "not_found", False),
-    InvalidInput: Outcome(400, "invalid", False),
-    TooLarge: Outcome(413, "too_large", False),
-    Overloaded: Outcome(503, "overloaded", True),
-    Draining: Outcome(503, "draining", True),
-    NotReady: Outcome(503, "not_ready", True),
-    Timeout: Outcome(504, "timeout", False),
-    ModelFailed: Outcome(500, "error", False),
+    UnknownModel: Outcome(404, "not_found", False, "NOT_FOUND"),
+    InvalidInput: Outcome(400, "invalid", False, "INVALID_ARGUMENT"),
+    TooLarge: Outcome(413, "too_large", False, "RESOURCE_EXHAUSTED"),
+    Overloaded: Outcome(503, "overloaded", True, "UNAVAILABLE"),
+    Draining: Outcome(503, "draining", True, "UNAVAILABLE"),
+    NotReady: Outcome(503, "not_ready", True, "UNAVAILABLE"),
+    Timeout: Outcome(504, "timeout", False, "DEADLINE_EXCEEDED"),
+    ModelFailed: Outcome(500, "error", False, "INTERNAL"),
 }
 OK_LABEL = "ok"
 

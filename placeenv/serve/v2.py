@@ -152,6 +152,28 @@ def render(result: Result, request: InferenceRequest) -> Response:
                     headers={"Inference-Header-Content-Length": str(len(header))})
 
 
+def server_metadata() -> dict[str, Any]:
+    return {"name": "placeenv", "version": VERSION, "extensions": ["binary_tensor_data", "model_repository", "statistics"]}
+
+
+def model_metadata(entry, chosen) -> dict[str, Any]:
+    """A model version's metadata, for HTTP and gRPC alike."""
+    return {
+        "name": entry.name, "versions": [str(v) for v in sorted(entry.versions)],
+        "platform": "paddle_python" if chosen.model_class.__module__.startswith("placeenv_repository")
+        else "paddle_jit",
+        "inputs": [s.describe() for s in chosen.inputs], "outputs": [s.describe() for s in chosen.outputs],
+    }
+
+
+def repository_rows(service: Service) -> list[dict[str, str]]:
+    """The repository index: every served version, and every model that could not be loaded."""
+    rows = [{"name": e.name, "version": str(v), "state": "READY" if service.model_ready(e.name) else "UNAVAILABLE"}
+            for e in service.entries.values() for v in sorted(e.versions)]
+    rows += [{"name": name, "state": "UNAVAILABLE", "reason": why[:300]} for name, why in service.skipped.items()]
+    return sorted(rows, key=lambda r: r["name"])
+
+
 def router(settings) -> APIRouter:
     api = APIRouter(prefix="/v2", tags=["Open Inference Protocol (v2)"])
     failed = {"model": ErrorBody}
@@ -159,9 +181,7 @@ def router(settings) -> APIRouter:
     def service_of(request: Request) -> Service:
         return request.app.state.service
 
-    @api.get("", summary="Server metadata")
-    async def server_metadata() -> dict[str, Any]:
-        return {"name": "placeenv", "version": VERSION, "extensions": ["binary_tensor_data", "model_repository", "statistics"]}
+    api.add_api_route("", server_metadata, methods=["GET"], summary="Server metadata")
 
     @api.get("/health/live", summary="Server liveness")
     async def live() -> dict[str, bool]:
@@ -179,12 +199,7 @@ def router(settings) -> APIRouter:
 
     async def metadata(request: Request, name: str, version: str | None = None) -> Response:
         _, entry, chosen = lookup(request, name, version)
-        return json_response({
-            "name": entry.name, "versions": [str(v) for v in sorted(entry.versions)],
-            "platform": "paddle_python" if chosen.model_class.__module__.startswith("placeenv_repository")
-            else "paddle_jit",
-            "inputs": [s.describe() for s in chosen.inputs], "outputs": [s.describe() for s in chosen.outputs],
-        })
+        return json_response(model_metadata(entry, chosen))
 
     async def model_ready(request: Request, name: str, version: str | None = None) -> Response:
         service, entry, chosen = lookup(request, name, version)
@@ -244,11 +259,7 @@ def router(settings) -> APIRouter:
 
     @api.post("/repository/index", summary="Repository index (read-only)")
     async def repository_index(request: Request) -> list[dict[str, str]]:
-        service = service_of(request)
-        rows = [{"name": e.name, "version": str(v), "state": "READY" if service.model_ready(e.name) else "UNAVAILABLE"}
-                for e in service.entries.values() for v in sorted(e.versions)]
-        rows += [{"name": name, "state": "UNAVAILABLE", "reason": why[:300]} for name, why in service.skipped.items()]
-        return sorted(rows, key=lambda r: r["name"])
+        return repository_rows(service_of(request))
 
     return api
 

@@ -1,0 +1,131 @@
+"""The Open Inference Protocol over gRPC, as Triton serves it beside HTTP.
+
+``GRPCInferenceService`` (package ``inference``: KServe v2's service, of which Triton's
+proto is a superset) on its own port (``PLACEENV_GRPC_PORT``), served by grpc.aio on the
+event loop that serves HTTP and calling the same ``core.Service``: one dispatcher, one
+set of queues, batching across both protocols, the same metrics and errors
+(``errors.OUTCOMES`` maps each to a gRPC status code).
+
+Served: ServerLive, ServerReady, ServerMetadata, ModelReady, ModelMetadata, ModelInfer
+(``raw_input_contents`` or typed ``contents``; outputs in ``raw_output_contents``) and
+RepositoryIndex. The rest (streaming, shared memory, model load/unload, traces) answer
+UNIMPLEMENTED. The message classes and the servicer base are tritonclient's generated
+code (``tritonclient[grpc]``, the ``grpc`` extra).
+"""
+
+from __future__ import annotations
+
+import math
+
+import grpc
+import numpy as np
+from google.protobuf import json_format
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as rpc
+
+from . import v2, wire
+from .core import Service
+from .errors import InvalidInput, ServiceError, outcome
+from .models.base import prefix
+
+#: The typed field of ``InferTensorContents`` that carries each datatype (FP16 has none: raw only).
+CONTENTS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
+            "INT64": "int64_contents", "UINT8": "uint_contents", "FP32": "fp32_contents", "FP64": "fp64_contents"}
+
+
+def inputs_of(request: pb.ModelInferRequest) -> dict[str, np.ndarray]:
+    """The request's input arrays, from ``raw_input_contents`` (one per input, in order) or ``contents``."""
+    raw = request.raw_input_contents
+    if raw and len(raw) != len(request.inputs):
+        raise InvalidInput(f"raw_input_contents has {len(raw)} entries for {len(request.inputs)} inputs; "
+                           "send one per input, in the inputs' order")
+    arrays = {}
+    for i, item in enumerate(request.inputs):
+        if item.name in arrays:
+            raise InvalidInput(f"input {prefix(item.name)} appears twice; send each input once")
+        shape = tuple(item.shape)
+        if raw:
+            arrays[item.name] = wire.from_binary(raw[i], item.datatype, item.name, shape)
+            continue
+        field = CONTENTS.get(item.datatype)
+        values = getattr(item.contents, field) if field else ()
+        if not values and math.prod(shape) != 0:
+            where = f"contents.{field}" if field else "raw_input_contents (FP16 has no typed contents)"
+            raise InvalidInput(f"input {prefix(item.name)} has no data; send {where}")
+        arrays[item.name] = wire.from_json(list(values), item.datatype, item.name, shape)
+    return arrays
+
+
+class InferenceServicer(rpc.GRPCInferenceServiceServicer):
+    def __init__(self, service: Service, settings) -> None:
+        self.service, self.settings = service, settings
+
+    async def _fail(self, context: grpc.aio.ServicerContext, error: ServiceError):
+        await context.abort(grpc.StatusCode[outcome(error).grpc], str(error))
+
+    async def ServerLive(self, request, context):
+        return pb.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request, context):
+        return pb.ServerReadyResponse(ready=self.service.ready())
+
+    async def ServerMetadata(self, request, context):
+        return json_format.ParseDict(v2.server_metadata(), pb.ServerMetadataResponse())
+
+    def _lookup(self, name: str, version: str):
+        entry = self.service.entry(name)
+        return entry, self.service.version(entry, version or None)
+
+    async def ModelReady(self, request, context):
+        try:
+            entry, _ = self._lookup(request.name, request.version)
+        except ServiceError as exc:
+            await self._fail(context, exc)
+        return pb.ModelReadyResponse(ready=self.service.model_ready(entry.name))
+
+    async def ModelMetadata(self, request, context):
+        try:
+            entry, chosen = self._lookup(request.name, request.version)
+        except ServiceError as exc:
+            await self._fail(context, exc)
+        return json_format.ParseDict(v2.model_metadata(entry, chosen), pb.ModelMetadataResponse())
+
+    async def RepositoryIndex(self, request, context):
+        rows = v2.repository_rows(self.service)
+        if request.ready:
+            rows = [r for r in rows if r["state"] == "READY"]
+        return json_format.ParseDict({"models": rows}, pb.RepositoryIndexResponse())
+
+    async def ModelInfer(self, request, context):
+        service = self.service
+        try:
+            try:
+                arrays = inputs_of(request)
+            except ServiceError as exc:
+                service.refused(request.model_name, exc)  # infer counts its own refusals
+                raise
+            outputs = [o.name for o in request.outputs] or None
+            size = sum(len(b) for b in request.raw_input_contents)
+            result = await service.infer(request.model_name, request.model_version or None, arrays,
+                                         outputs=outputs, inline=size <= self.settings.inline_preprocess_bytes)
+        except ServiceError as exc:
+            await self._fail(context, exc)
+        response = pb.ModelInferResponse(model_name=result.model, model_version=str(result.version), id=request.id)
+        for name, array in result.outputs.items():
+            response.outputs.add(name=name, datatype=result.specs[name].datatype, shape=array.shape)
+            response.raw_output_contents.append(wire.to_binary(array))
+        return response
+
+
+async def start(service: Service, settings) -> grpc.aio.Server:
+    """A started grpc.aio server on ``settings.grpc_port``, on the running event loop."""
+    limit = settings.max_body_bytes + 64 * 1024  # the HTTP body limit, plus the message's own fields
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", limit),
+                                      ("grpc.max_send_message_length", -1),
+                                      # A taken port is an error, as for HTTP, not a port shared
+                                      # with another process (gRPC's default SO_REUSEPORT).
+                                      ("grpc.so_reuseport", 0)])
+    rpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(service, settings), server)
+    server.add_insecure_port(f"{settings.host}:{settings.grpc_port}")
+    await server.start()
+    return server
