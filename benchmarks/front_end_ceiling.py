@@ -1,0 +1,139 @@
+"""The front end's ceiling: the service with the null model against a raw ASGI app, as ratios.
+
+    python benchmarks/front_end_ceiling.py [--rounds 5] [--seconds 4] [--connections 16] [--devices cpu]
+
+Needs ``wrk`` and ``h2load`` (Debian packages wrk, nghttp2-client). Two servers on the same
+uvicorn: ``benchmarks/raw_asgi_app.py`` (read the body, parse the JSON, answer JSON: no
+framework, queue, thread or metric) and the service serving ``benchmarks/repository/null``
+(64 numbers in, the first 10 out, nothing on the device but one slice) on ``--devices`` with
+2 workers each, with gRPC on. Every way is measured in every round, order rotated, one
+server alive at a time is not needed (both idle while the other is measured):
+
+  raw          the raw ASGI app, the null model's /predict body
+  /predict     the service's simple JSON API, the same body
+  v2 JSON      /v2/models/null/infer, JSON data (tritonclient's encoding)
+  v2 binary    the same with binary tensors
+  v2 gRPC      ModelInfer with raw_input_contents, by h2load (c=1 column: its mean, not p50)
+
+Prints the throughput at ``--connections`` and the c=1 latency of each, and each way's
+throughput as a ratio to raw (median and min..max of the per-round ratios). Writes
+``results/front_end_ceiling.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import re
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import tritonclient.http as triton
+from tritonclient.grpc import service_pb2 as pb
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from bench_protocols import wrk  # noqa: E402
+from bench_service import Server, free_port, service  # noqa: E402
+
+ROW = np.linspace(0, 1, 64, dtype=np.float32)[None, :]
+
+
+def bodies() -> dict[str, tuple[bytes, dict[str, str]]]:
+    found = {"predict": (json.dumps({"model": "null", "inputs": ROW.tolist()}).encode(),
+                         {"Content-Type": "application/json"})}
+    for name, binary in (("v2 JSON", False), ("v2 binary", True)):
+        x = triton.InferInput("x", list(ROW.shape), "FP32")
+        x.set_data_from_numpy(ROW, binary_data=binary)
+        body, header = triton.InferenceServerClient.generate_request_body(
+            [x], outputs=[triton.InferRequestedOutput("y", binary_data=binary)])
+        headers = {"Content-Type": "application/octet-stream" if binary else "application/json"}
+        if header is not None:
+            headers["Inference-Header-Content-Length"] = str(header)
+        found[name] = (body, headers)
+    return found
+
+
+def grpc_frame() -> bytes:
+    """One ModelInfer request as a gRPC message on the wire: flag, length, protobuf."""
+    message = pb.ModelInferRequest(
+        model_name="null", inputs=[pb.ModelInferRequest.InferInputTensor(name="x", datatype="FP32", shape=[1, 64])],
+        raw_input_contents=[ROW.tobytes()]).SerializeToString()
+    return b"\0" + struct.pack(">I", len(message)) + message
+
+
+def h2load(url: str, frame: bytes, connections: int, seconds: float) -> dict:
+    with tempfile.NamedTemporaryFile(suffix=".bin") as f:
+        f.write(frame)
+        f.flush()
+        out = subprocess.run(["h2load", f"-c{connections}", "-m1", "-D", str(int(seconds)),
+                              "-H", "content-type: application/grpc", "-H", "te: trailers", "-d", f.name,
+                              url + "/inference.GRPCInferenceService/ModelInfer"],
+                             capture_output=True, text=True, check=True).stdout
+    done = re.search(r"requests: (\d+) total, \d+ started, (\d+) done, (\d+) succeeded", out)
+    if done is None or done[2] != done[3]:
+        raise RuntimeError(f"h2load: not every call succeeded:\n{out[-1500:]}")
+    mean = re.search(r"time for request:\s+\S+\s+\S+\s+([\d.]+)(us|ms)", out)
+    return {"rps": float(re.search(r"finished in [\d.]+s, ([\d.]+) req/s", out)[1]),
+            "p50_ms": float(mean[1]) / (1000 if mean[2] == "us" else 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--seconds", type=float, default=4)
+    parser.add_argument("--connections", type=int, default=16)
+    parser.add_argument("--devices", default="cpu", help="the service's devices, e.g. cpu or sim:0,sim:1")
+    args = parser.parse_args()
+    raw_port, grpc_port = free_port(), free_port()
+    raw = Server([sys.executable, "-m", "uvicorn", "benchmarks.raw_asgi_app:app", "--port", str(raw_port),
+                  "--lifespan", "off", "--log-level", "warning", "--no-access-log"], {}, raw_port)
+    ours = service(args.devices.split(","), "null", WORKERS_PER_DEVICE=2, GRPC_PORT=grpc_port,
+                   MODEL_REPOSITORY=str(ROOT / "benchmarks" / "repository"))
+    try:
+        body = bodies()
+        ways = {  # name: a function of (connections, seconds)
+            "raw": lambda c, s: wrk(raw.url + "/predict", *body["predict"], c, s),
+            "/predict": lambda c, s: wrk(ours.url + "/predict", *body["predict"], c, s),
+            "v2 JSON": lambda c, s: wrk(ours.url + "/v2/models/null/infer", *body["v2 JSON"], c, s),
+            "v2 binary": lambda c, s: wrk(ours.url + "/v2/models/null/infer", *body["v2 binary"], c, s),
+            "v2 gRPC": lambda c, s: h2load(f"http://127.0.0.1:{grpc_port}", grpc_frame(), c, s),
+        }
+        names = list(ways)
+        for run in ways.values():  # warm-up
+            run(args.connections, 2)
+        found = {n: {"p50_ms": [], "rps": []} for n in names}
+        for r in range(args.rounds):
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                found[name]["p50_ms"].append(ways[name](1, args.seconds)["p50_ms"])
+                found[name]["rps"].append(ways[name](args.connections, args.seconds)["rps"])
+            print(f"round {r + 1}/{args.rounds}: " + ", ".join(
+                f"{n} {found[n]['rps'][-1]:.0f}/s" for n in names), flush=True)
+    finally:
+        ours.stop()
+        raw.stop()
+
+    print(f"\n{datetime.date.today()}, {platform.machine()}, service on {args.devices} x 2 workers, "
+          f"{args.rounds} rounds of {args.seconds:.0f} s, {args.connections} connections\n")
+    print("| way | req/s | ratio to raw | c=1 latency, ms |")
+    print("|---|---:|---:|---:|")
+    for name in names:
+        ratios = [a / b for a, b in zip(found[name]["rps"], found["raw"]["rps"], strict=True)]
+        ratio = "1" if name == "raw" else \
+            f"{statistics.median(ratios):.3f} ({min(ratios):.3f}..{max(ratios):.3f})"
+        print(f"| {name} | {statistics.median(found[name]['rps']):.0f} | {ratio} | "
+              f"{statistics.median(found[name]['p50_ms']):.2f} |")
+    out = ROOT / "results" / "front_end_ceiling.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps({"date": str(datetime.date.today()), "args": vars(args), "found": found}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
