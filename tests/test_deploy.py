@@ -535,7 +535,13 @@ def test_dashboard_leak_panel_is_a_stat_green_at_zero_red_from_one():
 
 
 def test_dashboard_panels_layout_and_datasource():
-    uid = _datasource_uid()
+    # Every query names the dashboard's datasource variable, whose default is the provisioned
+    # datasource: a Grafana that calls its Prometheus otherwise (Kubernetes) picks it from a list.
+    uid = "${datasource}"
+    for path in dashboard_files():
+        (variable,) = [v for v in load_dashboard(path)["templating"]["list"] if v["name"] == "datasource"]
+        assert variable["type"] == "datasource" and variable["query"] == "prometheus"
+        assert variable["current"]["value"] == _datasource_uid()
     for path in dashboard_files():
         for panel in iter_panels(load_dashboard(path)):
             grid = panel["gridPos"]

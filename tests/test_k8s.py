@@ -169,8 +169,7 @@ def test_every_validator_catches_a_mistake():
 
     podmonitor = by_kind(base_objects(), "PodMonitor")
     broken = copy.deepcopy(podmonitor)
-    broken["spec"]["podMetricsEndpoints"][0]["targetPort"] = "http"  # removed from the CRD long ago
-    broken["spec"]["podMetricsEndpoints"][0]["portName"] = "http"
+    broken["spec"]["podMetricsEndpoints"][0]["portName"] = "http"  # it is `port`
     with pytest.raises(jsonschema.ValidationError):
         validate(broken)
 
@@ -313,10 +312,19 @@ def test_the_hpa_metric_is_exported_and_served_by_the_adapter_rule():
     assert rule["name"]["as"] == name and re.fullmatch(rule["name"]["matches"], name)
     assert rule["seriesQuery"].startswith(name + "{")
     assert rule["resources"]["overrides"] == {"namespace": {"resource": "namespace"}, "pod": {"resource": "pod"}}
-    if KUBECTL:  # each overlay keeps the metric, with its own target
-        targets = {o: by_kind(render(o), "HorizontalPodAutoscaler")["spec"]["metrics"] for o in OVERLAYS}
-        assert all(m[0]["pods"]["metric"]["name"] == name for m in targets.values())
-        assert targets["gpu"][0]["pods"]["target"]["averageValue"] == "16"
+    if KUBECTL:  # each overlay keeps the metric; its target is 3/4 of its pods' saturation
+        from placeenv.serve.config import Settings
+
+        batch = Settings(_cli_parse_args=[]).max_batch_size
+        for overlay in OVERLAYS:
+            objects = render(overlay)
+            (metric,) = by_kind(objects, "HorizontalPodAutoscaler")["spec"]["metrics"]
+            (container,) = by_kind(objects, "Deployment")["spec"]["template"]["spec"]["containers"]
+            env = env_of(container)
+            devices = int(container["resources"]["limits"].get("nvidia.com/gpu") or env["PLACEENV_SIM_DEVICES"])
+            saturation = devices * int(env["PLACEENV_WORKERS_PER_DEVICE"]) * batch
+            assert metric["pods"]["metric"]["name"] == name
+            assert int(metric["pods"]["target"]["averageValue"]) == saturation * 3 // 4, overlay
 
 
 @pytest.mark.skipif(PROMTOOL is None, reason="needs promtool (Debian package prometheus; .ci/run installs it)")
@@ -357,6 +365,20 @@ def test_requests_limits_and_devices():
         assert "nvidia.com/gpu" not in cpu["resources"]["limits"] and cpu["image"].endswith(":cpu")
         assert gpu["resources"]["limits"]["nvidia.com/gpu"] == "1" and gpu["image"].endswith(":gpu")
         assert env_of(gpu)["PLACEENV_DEVICES"] == "auto" and env_of(cpu)["PLACEENV_SIM_DEVICES"] == "2"
+
+
+def test_kserve_predictor_is_scaled_and_scraped_like_the_deployment():
+    objects = kserve_objects()
+    isvc = by_kind(objects, "InferenceService")
+    assert isvc["metadata"]["annotations"]["serving.kserve.io/autoscalerClass"] == "external"
+    (hpa,) = [o for o in objects if o["kind"] == "HorizontalPodAutoscaler"]
+    assert hpa["spec"]["scaleTargetRef"]["name"] == isvc["metadata"]["name"] + "-predictor"
+    base = by_kind(base_objects(), "HorizontalPodAutoscaler")["spec"]
+    assert hpa["spec"]["metrics"] == base["metrics"] and hpa["spec"]["behavior"] == base["behavior"]
+    monitor = by_kind(objects, "PodMonitor")["spec"]
+    assert monitor["selector"]["matchLabels"] == {"serving.kserve.io/inferenceservice": isvc["metadata"]["name"]}
+    (container,) = by_kind(objects, "ServingRuntime")["spec"]["containers"]
+    assert monitor["podMetricsEndpoints"][0]["portNumber"] == container["ports"][0]["containerPort"]
 
 
 def test_kserve_runtime_matches_the_inference_service():

@@ -30,7 +30,7 @@ class DrainingServer(uvicorn.Server):
     3. accepted requests finish, up to ``shutdown_grace_s``; then the lifespan
        joins the workers (queued work not started by then gets 503 Draining) and
        the process exits 0.
-    A second signal exits at once.
+    A second signal during the delay skips the rest of it.
     """
 
     def __init__(self, config: uvicorn.Config, app, settings: Settings) -> None:
