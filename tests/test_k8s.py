@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import ast
 import copy
 import gzip
 import json
@@ -61,9 +62,11 @@ def base_objects() -> list[dict]:
             for obj in _load(path)]
 
 
-def render(overlay: str) -> list[dict]:
-    result = subprocess.run([KUBECTL, "kustomize", str(K8S / "overlays" / overlay)],
-                            capture_output=True, text=True, timeout=120)
+def render(overlay: str | Path) -> list[dict]:
+    """An overlay by name, or any kustomization folder."""
+    folder = overlay if isinstance(overlay, Path) else K8S / "overlays" / overlay
+    result = subprocess.run([KUBECTL, "kustomize", str(folder)], capture_output=True, text=True,
+                            timeout=120, check=False)
     assert result.returncode == 0, result.stderr
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 
@@ -208,19 +211,34 @@ def test_plain_prometheus_scrape_config_passes_promtool(tmp_path):
     del job["kubernetes_sd_configs"]
     path = tmp_path / "prometheus.yml"
     path.write_text(yaml.safe_dump(config))
-    result = subprocess.run([PROMTOOL, "check", "config", str(path)], capture_output=True, text=True, timeout=60)
+    result = subprocess.run([PROMTOOL, "check", "config", str(path)], capture_output=True, text=True,
+                            timeout=60, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 # --------------------------------------------------------------------------- cross-checks
 
 
+def _routes(module: Path) -> set[str]:
+    """The paths of ``@<app or router>.get/post("...")`` in a module's source, under its
+    ``APIRouter(prefix=...)``: read, not imported, since the app imports Paddle."""
+    tree = ast.parse(module.read_text())
+    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)]
+    prefix = "".join(kw.value.value for call in calls if getattr(call.func, "id", None) == "APIRouter"
+                     for kw in call.keywords if kw.arg == "prefix")
+    functions = [node for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    decorators = [d for function in functions for d in function.decorator_list
+                  if isinstance(d, ast.Call) and isinstance(d.func, ast.Attribute)]
+    return {prefix + d.args[0].value for d in decorators
+            if d.func.attr in ("get", "post") and d.args and isinstance(d.args[0], ast.Constant)}
+
+
 @pytest.fixture(scope="module")
 def routes() -> set[str]:
-    from placeenv.serve.app import create_app
-    from placeenv.serve.config import Settings
-
-    return set(create_app(Settings(_cli_parse_args=[])).openapi()["paths"])
+    serve = ROOT / "placeenv" / "serve"
+    found = _routes(serve / "app.py") | _routes(serve / "v2.py")
+    assert {"/predict", "/healthz", "/readyz", "/v2/health/live", "/v2/health/ready"} <= found, found
+    return found
 
 
 def deployments() -> list[dict]:
@@ -338,7 +356,8 @@ def test_the_adapter_query_is_valid_promql(tmp_path):
     rules = tmp_path / "rules.yml"
     rules.write_text(yaml.safe_dump({"groups": [{"name": "adapter", "rules": [
         {"record": "adapter:query", "expr": query}]}]}))
-    result = subprocess.run([PROMTOOL, "check", "rules", str(rules)], capture_output=True, text=True, timeout=60)
+    result = subprocess.run([PROMTOOL, "check", "rules", str(rules)], capture_output=True, text=True,
+                            timeout=60, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -347,7 +366,7 @@ def test_runs_as_non_root_on_a_read_only_root_with_writable_scratch():
         security = {**pod.get("securityContext", {}), **container.get("securityContext", {})}
         assert security["runAsNonRoot"] is True and security["runAsUser"] == 10001
         assert security["readOnlyRootFilesystem"] is True and security["allowPrivilegeEscalation"] is False
-        assert security["capabilities"]["drop"] == ["ALL"]
+        assert security["capabilities"]["drop"] == ["ALL"] and security["seccompProfile"]["type"] == "RuntimeDefault"
         mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
         empty = {v["name"] for v in pod["volumes"] if "emptyDir" in v}
         assert empty <= set(mounts), "an emptyDir that nothing mounts"
@@ -355,11 +374,16 @@ def test_runs_as_non_root_on_a_read_only_root_with_writable_scratch():
     assert "useradd --create-home --uid 10001 placeenv" in (ROOT / "Dockerfile").read_text()
 
 
+#: resource.Quantity's syntax: the schemas type quantities as any string, so a typo passes them.
+QUANTITY = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+|[KMGTPE]i|[numkMGTPE])?")
+
+
 def test_requests_limits_and_devices():
-    for deployment in deployments():
-        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    for _, container in containers():
         resources = container["resources"]
         assert resources["requests"]["cpu"] and resources["requests"]["memory"] and resources["limits"]["memory"]
+        for value in [*resources["requests"].values(), *resources["limits"].values()]:
+            assert QUANTITY.fullmatch(str(value)), value
     if KUBECTL:
         cpu, gpu = (by_kind(render(o), "Deployment")["spec"]["template"]["spec"]["containers"][0] for o in OVERLAYS)
         assert "nvidia.com/gpu" not in cpu["resources"]["limits"] and cpu["image"].endswith(":cpu")
@@ -392,6 +416,34 @@ def test_kserve_runtime_matches_the_inference_service():
     (container,) = runtime["spec"]["containers"]
     assert container["name"] == "kserve-container"
     assert env_of(container)["PLACEENV_MODEL_REPOSITORY"] == "/mnt/models"
+    # Why a runtime (inferenceservice.yaml): the CRD has the protocol and the storage URI on
+    # `predictor.model`, and no protocol for a custom predictor's containers.
+    with gzip.open(SCHEMAS / CRDS["serving.kserve.io/v1beta1", "InferenceService"]) as f:
+        spec = json.load(f)["openAPIV3Schema"]["properties"]["spec"]
+    predictor = spec["properties"]["predictor"]["properties"]
+    assert {"protocolVersion", "storageUri", "runtime"} <= set(predictor["model"]["properties"])
+    assert "containers" in predictor and "protocolVersion" not in predictor
+
+
+@needs_kubectl
+def test_the_model_repository_component(tmp_path):
+    """An overlay with components/model-repository: the claim mounted read-only where
+    PLACEENV_MODEL_REPOSITORY points, the same claim and folder as KServe's storageUri."""
+    k8s = os.path.relpath(K8S, tmp_path)  # kustomize refuses absolute paths to other roots
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
+        "resources": [f"{k8s}/overlays/cpu"], "components": [f"{k8s}/components/model-repository"]}))
+    objects = render(tmp_path)
+    for obj in objects:
+        validate(obj)
+    pod = by_kind(objects, "Deployment")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    (volume,) = [v for v in pod["volumes"] if "persistentVolumeClaim" in v]
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == volume["name"]]
+    assert env_of(container)["PLACEENV_MODEL_REPOSITORY"] == mount["mountPath"]
+    assert mount["readOnly"] is True and volume["persistentVolumeClaim"]["readOnly"] is True
+    assert "/tmp" in {m["mountPath"] for m in container["volumeMounts"]}  # the patch keeps the scratch mount
+    uri = by_kind(kserve_objects(), "InferenceService")["spec"]["predictor"]["model"]["storageUri"]
+    assert uri == f"pvc://{volume['persistentVolumeClaim']['claimName']}/{mount['subPath']}"
 
 
 @needs_kubectl

@@ -2,8 +2,9 @@
 
     python deploy/k8s/schemas/vendor.py CRD.yaml VERSION OUT.json[.gz]
 
-The schema is written unchanged (compact JSON, keys sorted; gzip for ``.gz``), so a
-refresh from a newer CRD is this command again, and the sources are in README.md.
+The schema is written unchanged (compact JSON, keys sorted; gzip for ``.gz``, byte for
+byte reproducible), so a refresh from a newer CRD is this command again, and the sources
+are in README.md.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ def main(crd_path: str, version: str, out: str) -> None:
         "openAPIV3Schema": entry["schema"]["openAPIV3Schema"],
     }
     data = json.dumps(schema, separators=(",", ":"), sort_keys=True).encode()
-    with (gzip.GzipFile(out, "wb", mtime=0) if out.endswith(".gz") else open(out, "wb")) as f:
+    if out.endswith(".gz"):  # no name or time in the header: the same CRD gives the same bytes
+        data = gzip.compress(data, mtime=0)
+    with open(out, "wb") as f:
         f.write(data)
 
 
