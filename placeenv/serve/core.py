@@ -13,7 +13,6 @@ import asyncio
 import dataclasses
 import gc
 import logging
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -158,8 +157,6 @@ class Service:
         self.check_cpu = PlaceChecker("preprocess", "cpu")
         self.stats = {key: Stats() for key in self.templates}  # written on the event loop thread only
         self.received = self.answered = 0  # infer calls that started / returned
-        self.accepted = 0  # requests past admission, not yet answered
-        self._accepted_lock = threading.Lock()
         self.stopping = False  # SIGTERM arrived: not ready, still serving until the drain
         self.draining = False  # new requests are refused
 
@@ -211,9 +208,6 @@ class Service:
         """Refuse new requests (503 Draining); accepted ones still finish."""
         self.begin_stopping()
         self.draining = self.dispatcher.draining = True
-
-    def idle(self) -> bool:
-        return self.accepted == 0 and self.dispatcher.idle()
 
     def stop(self) -> None:
         self.begin_drain()
@@ -275,12 +269,10 @@ class Service:
             wanted = self._check_outputs(chosen, outputs)
             if not self.dispatcher.has_room(key):  # refuse before spending CPU on preprocessing
                 raise Overloaded("every device queue serving this model is full; retry later")
-            self._count(+1)
             metrics.IN_FLIGHT.inc()
             try:
                 result = await self._run(entry, chosen, arrays, examples, wanted, inline, arrived)
             finally:
-                self._count(-1)
                 metrics.IN_FLIGHT.dec()
         except ServiceError as exc:
             self.refused(model, exc, getattr(exc, "device", "none"))
@@ -410,8 +402,4 @@ class Service:
         for tensor in tensors.values():
             self.check_cpu("preprocess", placeenv.device_name(tensor.place))
         return tensors
-
-    def _count(self, delta: int) -> None:
-        with self._accepted_lock:
-            self.accepted += delta
 

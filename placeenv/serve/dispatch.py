@@ -185,5 +185,3 @@ class Dispatcher:
         """Whether some queue could take a job for ``model`` now (checked before preprocessing, to refuse early)."""
         return any(len(q) < q.capacity and not q.closed and model in q.models for q in self.queues.values())
 
-    def idle(self) -> bool:
-        return all(len(q) == 0 and q.busy == 0 for q in self.queues.values())
