@@ -46,6 +46,14 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "results"
 
 
+def save_results(name: str, args, **found) -> Path:
+    """``results/<name>.json``: today's date, the run's arguments and what it found."""
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps({"date": str(datetime.date.today()), "args": vars(args), **found}, indent=1))
+    return path
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

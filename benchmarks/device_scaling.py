@@ -29,7 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench_service import service, warm, wrk  # noqa: E402
+from bench_service import save_results, service, warm, wrk  # noqa: E402
 
 BODY = json.dumps({"model": "null", "inputs": [[0.5] * 64]})
 
@@ -99,10 +99,7 @@ def main() -> None:
                       f"{min(rps) / ideal[n]:.0%}..{max(rps) / ideal[n]:.0%})",
                       f"{statistics.median(x['pss_mb'] for x in found[kind][n]):.0f}"]
         print(f"| {n} | {ideal[n]:.0f} | " + " | ".join(cells) + " |")
-    out = ROOT / "results" / "device_scaling.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({"date": str(datetime.date.today()), "args": vars(args), "ideal": ideal,
-                               "found": found}, indent=1))
+    save_results("device_scaling", args, ideal=ideal, found=found)
     plot(counts, ideal, found, ROOT / "docs" / "device_scaling.png", args.sleep_ms)
 
 

@@ -41,7 +41,7 @@ from tritonclient.grpc import service_pb2 as pb
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_protocols import wrk  # noqa: E402
-from bench_service import Server, free_port, service  # noqa: E402
+from bench_service import Server, free_port, save_results, service  # noqa: E402
 
 ROW = np.linspace(0, 1, 64, dtype=np.float32)[None, :]
 
@@ -130,9 +130,7 @@ def main() -> None:
             f"{statistics.median(ratios):.3f} ({min(ratios):.3f}..{max(ratios):.3f})"
         print(f"| {name} | {statistics.median(found[name]['rps']):.0f} | {ratio} | "
               f"{statistics.median(found[name]['p50_ms']):.2f} |")
-    out = ROOT / "results" / "front_end_ceiling.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({"date": str(datetime.date.today()), "args": vars(args), "found": found}, indent=1))
+    save_results("front_end_ceiling", args, found=found)
 
 
 if __name__ == "__main__":

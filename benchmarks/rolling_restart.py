@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime
-import json
 import platform
 import re
 import statistics
@@ -33,7 +32,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
-from servers import Nginx, Prometheus, ReplicaSet
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from bench_service import save_results  # noqa: E402
+from servers import Nginx, Prometheus, ReplicaSet  # noqa: E402
 
 LOCUST = str(Path(sys.executable).with_name("locust"))
 SCENARIOS = {  # name: (shutdown delay, nginx retries)
@@ -112,9 +113,7 @@ def main() -> None:
             print(f"| {events} | {name} | {statistics.median(x['requests'] for x in runs):.0f} | "
                   f"{statistics.median(failures):.0f} ({min(failures)}..{max(failures)}) | "
                   f"{sum(x['leaks'] for x in runs)} |")
-    out = ROOT / "results" / "rolling_restart.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({"date": str(datetime.date.today()), "args": vars(args), "results": results}, indent=1))
+    save_results("rolling_restart", args, results=results)
 
 
 if __name__ == "__main__":
