@@ -73,6 +73,10 @@ def main(argv: list[str] | None = None) -> int:
     from .app import create_app  # imports Paddle: after the sim set-up
 
     app = create_app(settings)
+    # Process-wide, so set by the program, not by create_app: measured in docs/benchmarks.md
+    # (the front end's ceiling), 5 ms turns cost a small model a fifth of its throughput.
+    sys.setswitchinterval(settings.gil_switch_interval_ms / 1000)
+    logging.getLogger(__name__).info("GIL switch interval %g ms", sys.getswitchinterval() * 1000)
     config = uvicorn.Config(
         app, host=settings.host, port=settings.port,
         log_level=settings.log_level, timeout_graceful_shutdown=settings.shutdown_grace_s, access_log=False,

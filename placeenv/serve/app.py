@@ -118,7 +118,7 @@ def create_app(settings: Settings) -> FastAPI:
             await asyncio.to_thread(service.stop)
 
     otel = settings.opentelemetry
-    app = FastAPI(
+    app = ServiceApp(
         # Off, FastAPI skips its per-request look-up of OpenTelemetry providers (~4% of saturated throughput).
         telemetry={"tracing": otel, "metrics": otel, "logs": otel},
         title="placeenv inference service",
@@ -129,6 +129,7 @@ def create_app(settings: Settings) -> FastAPI:
         "Triton's binary tensor extension).",
         lifespan=lifespan,
     )
+    app.hot = HotRoutes(super(ServiceApp, app).__call__, settings)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     app.add_middleware(QuietStartupFailure)
     app.router.route_class = FastJSONRoute  # bodies parsed by pydantic-core (see fastjson.py)
@@ -168,34 +169,14 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.exception_handler(ServiceError)
     async def refused(request: Request, exc: ServiceError) -> JSONResponse:
-        # Both APIs' answer to a domain error: one table (errors.OUTCOMES), each API's error key.
-        found = outcome(exc)
-        headers = {"Retry-After": str(settings.retry_after_s)} if found.retry else None
-        return EscapedJSONResponse({error_key(request.url.path): str(exc)}, status_code=found.status,
-                                   headers=headers)
+        return refusal(exc, request.url.path, settings)
 
+    # The documented route, and the one a body pydantic refuses takes (HotRoutes serves the rest).
     @app.post("/predict", response_model=PredictResponse, responses=errors)
-    async def predict(body: PredictRequest, request: Request) -> Response:
-        service: Service = request.app.state.service
-        arrived = time.perf_counter()
+    async def predict_route(body: PredictRequest, request: Request) -> Response:
         size = request.headers.get("content-length", "")
-        try:
-            inputs = predict_inputs(service, body)
-        except ServiceError as exc:
-            service.refused(body.model, exc)  # infer counts its own refusals
-            raise
-        result = await service.infer(
-            body.model, body.version, inputs, arrived=arrived,
-            inline=size.isdigit() and int(size) <= settings.inline_preprocess_bytes,
-        )
-        # A response object, not a dict: the payload is built here to PredictResponse's
-        # shape (the response_model above documents it), and skipping FastAPI's
-        # re-validation of every output saves a measurable share of a small request.
-        return FastJSONResponse({
-            "model": result.model, "version": result.version, "outputs": per_example(result),
-            "device": result.device, "worker": result.worker, "batch_size": result.batch_size,
-            "timings": result.timings,
-        })
+        return await predict(request.app.state.service, body, int(size) if size.isdigit() else 1 << 62,
+                             time.perf_counter())
 
     @app.get("/v1/models")
     async def list_models(request: Request) -> dict[str, Any]:
@@ -244,6 +225,33 @@ async def start_grpc(service: Service, settings: Settings):
         raise StartupError(f"cannot serve gRPC on {settings.host}:{settings.grpc_port}: {exc}") from None
     log.info("Open Inference Protocol over gRPC on %s:%d", settings.host, settings.grpc_port)
     return server
+
+
+def refusal(exc: ServiceError, path: str, settings: Settings) -> Response:
+    """Both APIs' answer to a domain error: one table (errors.OUTCOMES), each API's error key."""
+    found = outcome(exc)
+    headers = {"Retry-After": str(settings.retry_after_s)} if found.retry else None
+    return EscapedJSONResponse({error_key(path): str(exc)}, status_code=found.status, headers=headers)
+
+
+async def predict(service: Service, body: PredictRequest, size: int, arrived: float) -> Response:
+    """``POST /predict`` (a body of ``size`` bytes): the examples as input arrays, ``Service.infer``,
+    one output dict per example."""
+    try:
+        inputs = predict_inputs(service, body)
+    except ServiceError as exc:
+        service.refused(body.model, exc)  # infer counts its own refusals
+        raise
+    result = await service.infer(body.model, body.version, inputs, arrived=arrived,
+                                 inline=size <= service.settings.inline_preprocess_bytes)
+    # A response object, not a dict: the payload is built here to PredictResponse's
+    # shape (the route's response_model documents it), and skipping FastAPI's
+    # re-validation of every output saves a measurable share of a small request.
+    return FastJSONResponse({
+        "model": result.model, "version": result.version, "outputs": per_example(result),
+        "device": result.device, "worker": result.worker, "batch_size": result.batch_size,
+        "timings": result.timings,
+    })
 
 
 def error_key(path: str) -> str:
@@ -295,6 +303,109 @@ def per_example(result: Result) -> list[dict[str, Any]]:
     return [{name: column[i] for name, column in columns.items()} for i in range(rows)]
 
 
+class ServiceApp(FastAPI):
+    """The FastAPI app, with its inference routes served first by ``HotRoutes``."""
+
+    hot: HotRoutes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["method"] == "POST" and HotRoutes.serves(scope["path"]):
+            scope["app"] = self  # as Starlette sets it
+            return await self.hot(scope, receive, send)
+        return await super().__call__(scope, receive, send)
+
+
+class HotRoutes:
+    """ASGI: the inference routes, ``POST /predict`` and ``POST /v2/models/{m}[/versions/{v}]/infer``,
+    ahead of FastAPI's per-request machinery.
+
+    Six middleware layers, routing through every route, a ``Request``, dependency solving and
+    body validation by FastAPI were a third of a small request's time on the event loop (the
+    profile in docs/benchmarks.md). Here the route's own work is called directly: ``predict``
+    and ``v2.infer``, which the FastAPI routes call too, with the same body limit and error
+    answers. Those routes stay the documentation (OpenAPI) and the way for everything else: a
+    ``/predict`` body that pydantic refuses, or one not sent as JSON, goes on to FastAPI (``app``),
+    so every 422 is FastAPI's own.
+    """
+
+    def __init__(self, app, settings: Settings) -> None:
+        self.app, self.settings = app, settings
+        self.limit = BodyLimit(None, settings.max_body_bytes)
+
+    @staticmethod
+    def serves(path: str) -> bool:
+        return path == "/predict" or (path.startswith("/v2/models/") and path.endswith("/infer"))
+
+    async def __call__(self, scope, receive, send):
+        path = scope["path"]
+        route = self._predict if path == "/predict" else self._infer
+        service = getattr(scope["app"].state, "service", None)
+        if service is None:  # not started
+            return await self.app(scope, receive, send)
+        body = await self.limit.read(scope, receive, send)
+        if body is None:  # the client left, or 413 answered
+            return None
+        try:
+            response = await route(service, scope, body)
+        except ServiceError as exc:
+            response = refusal(exc, path, self.settings)
+        except Exception as exc:
+            # As FastAPI's handler answers a bug of ours; raised on, uvicorn logs the traceback.
+            await JSONResponse({error_key(path): f"internal error ({type(exc).__name__}); see the service log"},
+                               status_code=500)(scope, receive, send)
+            raise
+        if response is None:  # FastAPI's to answer
+            return await self.app(scope, replaying(body, receive), send)
+        return await response(scope, receive, send)
+
+    @staticmethod
+    async def _predict(service: Service, scope, body: bytes) -> Response | None:
+        arrived = time.perf_counter()
+        kind = header(scope, b"content-type")
+        if kind is None or kind.partition(b";")[0].strip().lower() != b"application/json":
+            return None  # FastAPI reads only JSON content types as JSON: its 422 for the rest
+        try:
+            request = PredictRequest.model_validate_json(body)
+        except ValueError:  # pydantic's ValidationError: FastAPI words the 422
+            return None
+        return await predict(service, request, len(body), arrived)
+
+    async def _infer(self, service: Service, scope, body: bytes) -> Response | None:
+        parts = scope["path"][len("/v2/models/"):-len("/infer")].split("/")
+        if len(parts) == 1 and parts[0]:
+            name, version = parts[0], None
+        elif len(parts) == 3 and parts[0] and parts[1] == "versions" and parts[2]:
+            name, version = parts[0], parts[2]
+        else:
+            return None
+        encoding, length = header(scope, b"content-encoding"), header(scope, v2.HEADER_LENGTH.encode())
+        return await v2.infer(service, self.settings, name, version, body,
+                              None if encoding is None else encoding.decode("latin-1"),
+                              None if length is None else length.decode("latin-1"))
+
+
+def header(scope, name: bytes) -> bytes | None:
+    """The first value of header ``name`` (lower case), or None."""
+    for key, value in scope["headers"]:
+        if key == name:
+            return value
+    return None
+
+
+def replaying(body: bytes, receive):
+    """A ``receive`` that gives ``body`` first, then what ``receive`` gives."""
+    replayed = False
+
+    async def replay():
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
 class QuietStartupFailure:
     """ASGI middleware: a start-up refused with a ``StartupError`` (already logged in one line) is
     reported to the server without Starlette's formatted traceback; any other failure keeps it."""
@@ -324,8 +435,14 @@ class BodyLimit:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
             return await self.app(scope, receive, send)
-        headers = dict(scope.get("headers") or [])
-        declared = headers.get(b"content-length")
+        body = await self.read(scope, receive, send)
+        if body is not None:
+            return await self.app(scope, replaying(body, receive), send)
+        return None
+
+    async def read(self, scope, receive, send) -> bytes | None:
+        """The whole body; None when the client left or the body was over the limit (413 sent)."""
+        declared = header(scope, b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
             return await self._too_large(scope, send)
         chunks, size = [], 0
@@ -339,17 +456,7 @@ class BodyLimit:
                 return await self._too_large(scope, send)
             chunks.append(chunk)
             if not message.get("more_body"):
-                break
-        body, replayed = b"".join(chunks), False
-
-        async def replay():
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        return await self.app(scope, replay, send)
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     async def _too_large(self, scope, send) -> None:
         response = JSONResponse({error_key(scope.get("path", "")): f"request body over the limit of {self.limit} bytes; send less"},

@@ -35,6 +35,11 @@ class Settings(BaseSettings):
     max_batch_delay_ms: float = Field(2.0, ge=0, le=1000, description="wait for more requests to batch, "
                                       "for models whose config does not say")
     request_timeout_s: float = Field(10.0, gt=0, description="end-to-end limit per request (504 after)")
+    gil_switch_interval_ms: float = Field(
+        0.5, gt=0, le=100, description="how long a thread holds the GIL while another waits for it "
+        "(sys.setswitchinterval; Python's default is 5): the event loop and the workers take turns "
+        "every few microseconds, and a worker that waits 5 ms for each turn leaves its device idle",
+    )
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="request body limit (413 above)")
     max_examples_per_request: int = Field(32, ge=1, description="examples in one request (400 above)")
     model_repository: str = Field(

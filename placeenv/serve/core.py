@@ -35,7 +35,6 @@ from .errors import (
     Overloaded,
     ServiceError,
     StartupError,
-    Timeout,
     UnknownModel,
     outcome,
 )
@@ -269,11 +268,11 @@ class Service:
             wanted = self._check_outputs(chosen, outputs)
             if not self.dispatcher.has_room(key):  # refuse before spending CPU on preprocessing
                 raise Overloaded("every device queue serving this model is full; retry later")
-            metrics.IN_FLIGHT.inc()
+            metrics.ON_LOOP.in_flight += 1
             try:
                 result = await self._run(entry, chosen, arrays, examples, wanted, inline, arrived)
             finally:
-                metrics.IN_FLIGHT.dec()
+                metrics.ON_LOOP.in_flight -= 1
         except ServiceError as exc:
             self.refused(model, exc, getattr(exc, "device", "none"))
             stats = self.stats.get(key)
@@ -283,8 +282,8 @@ class Service:
             raise
         finally:
             self.answered += 1
-        metrics.child(metrics.REQUESTS, label, result.device, OK_LABEL).inc()
-        metrics.child(metrics.REQUEST_DURATION, label, result.device).observe(result.timings["total_ms"] / 1000)
+        metrics.ON_LOOP.count(label, result.device, OK_LABEL)
+        metrics.ON_LOOP.observe(metrics.ON_LOOP.durations, (label, result.device), result.timings["total_ms"] / 1000)
         stats = self.stats[result.model, result.version]
         timings = result.timings
         stats.success += 1
@@ -299,7 +298,7 @@ class Service:
         """Count a request answered with ``error``; also for adapters refusing one before ``infer``
         (a body that does not parse). The model label is a served model's name or "unknown"."""
         label = model if isinstance(model, str) and model in self.entries else "unknown"
-        metrics.REQUESTS.labels(label, device, outcome(error).label).inc()
+        metrics.ON_LOOP.count(label, device, outcome(error).label)
 
     def _check_inputs(self, entry: Entry, version: Version, inputs: Mapping[str, np.ndarray]):
         specs = {spec.name: spec for spec in version.inputs}
@@ -347,7 +346,11 @@ class Service:
         loop = asyncio.get_running_loop()
         template = self.templates[entry.name, version.number]
         try:
-            if inline:  # small: cheaper here than two thread hand-offs
+            if type(template).preprocess is Model.preprocess:
+                # No preprocess of the model's own: nothing runs that could make a tensor, so no
+                # PlaceEnv('cpu') (its two Tracer switches are 5% of a small request's time).
+                tensors = host_inputs(template.context, arrays)
+            elif inline:  # small: cheaper here than two thread hand-offs
                 tensors = self._preprocess(template, arrays)
             else:
                 tensors = await loop.run_in_executor(self.preprocess_pool, self._preprocess, template, arrays)
@@ -360,7 +363,7 @@ class Service:
             raise ModelFailed(f"model {entry.name!r}: preprocess failed: {type(exc).__name__}: "
                               f"{str(exc)[:300]}") from None
         preprocessed = time.perf_counter()
-        metrics.child(metrics.PREPROCESS_DURATION, entry.name).observe(preprocessed - arrived)
+        metrics.ON_LOOP.observe(metrics.ON_LOOP.preprocess, (entry.name,), preprocessed - arrived)
         job = Job(
             model=(entry.name, version.number), inputs=tensors, examples=examples,
             batched=entry.max_batch_size > 0, loop=loop, future=loop.create_future(), arrived=arrived,
@@ -368,8 +371,7 @@ class Service:
         )
         self.dispatcher.submit(job)  # Overloaded or Draining
         # A timer, not asyncio.wait(timeout=): one handle instead of a waiter future and callbacks.
-        timeout = Timeout(f"no answer within {self.settings.request_timeout_s:g} s")
-        timer = loop.call_later(max(0.0, job.deadline - time.perf_counter()), job.fail, timeout)
+        timer = loop.call_later(max(0.0, job.deadline - time.perf_counter()), job.expire)
         try:
             answer: Answer = await job.future
         except ServiceError as exc:
@@ -394,12 +396,14 @@ class Service:
 
     @PlaceEnv("cpu")
     def _preprocess(self, template: Model, arrays: dict[str, np.ndarray]) -> dict:
-        """The model's preprocess, then host tensors in input order, each checked to be on the CPU."""
+        """The model's preprocess, in input order: host arrays as they are (the worker makes one host
+        tensor per batch of them, not one per request), tensors checked to be on the CPU."""
         try:
-            tensors = host_inputs(template.context, template.preprocess(dict(arrays)))
+            prepared = host_inputs(template.context, template.preprocess(dict(arrays)))
         except ModelError as exc:
             raise ModelFailed(str(exc)) from None
-        for tensor in tensors.values():
-            self.check_cpu("preprocess", placeenv.device_name(tensor.place))
-        return tensors
+        for value in prepared.values():
+            if not isinstance(value, np.ndarray):
+                self.check_cpu("preprocess", placeenv.device_name(value.place))
+        return prepared
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import metrics
-from .errors import Draining, Overloaded
+from .errors import Draining, Overloaded, Timeout
 
 
 @dataclass(eq=False)
@@ -23,7 +23,7 @@ class Job:
     """One accepted request. ``resolve``/``fail`` answer it; the first answer wins."""
 
     model: tuple[str, int]  # (name, version): what a batch may share
-    inputs: dict[str, Any]  # preprocessed CPU tensors [n, ...], in the model's input order
+    inputs: dict[str, Any]  # preprocessed host arrays or CPU tensors [n, ...], in the model's input order
     examples: int  # n; 1 for a model that does not batch
     batched: bool  # the model batches along the first dimension (its outputs are split by rows)
     loop: asyncio.AbstractEventLoop
@@ -36,11 +36,17 @@ class Job:
     _answered: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def _answer(self, setter, value) -> bool:
+    def claim(self) -> bool:
+        """True once: whoever gets it answers the job."""
         with self._lock:
             if self._answered:
                 return False
             self._answered = True
+            return True
+
+    def _answer(self, setter, value) -> bool:
+        if not self.claim():
+            return False
         self.loop.call_soon_threadsafe(_settle, self.future, setter, value)
         return True
 
@@ -49,6 +55,10 @@ class Job:
 
     def fail(self, error: BaseException) -> bool:
         return self._answer("set_exception", error)
+
+    def expire(self) -> bool:
+        """Answer ``Timeout`` (the request's deadline passed)."""
+        return self.fail(Timeout(f"no answer within {self.deadline - self.arrived:g} s"))
 
     @property
     def answered(self) -> bool:
@@ -60,6 +70,22 @@ def _settle(future: asyncio.Future, setter: str, value) -> None:
         getattr(future, setter)(value)
 
 
+def resolve_all(answers: list[tuple[Job, Any]]) -> None:
+    """``job.resolve(value)`` for each pair, with one wake-up of each event loop for the lot:
+    a batch of 16 answers costs the loop one hand-off, not 16."""
+    by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+    for job, value in answers:
+        if job.claim():
+            by_loop.setdefault(job.loop, []).append((job.future, "set_result", value))
+    for loop, settled in by_loop.items():
+        loop.call_soon_threadsafe(_settle_all, settled)
+
+
+def _settle_all(settled: list) -> None:
+    for future, setter, value in settled:
+        _settle(future, setter, value)
+
+
 class DeviceQueue:
     """Bounded FIFO of jobs for one device, shared by that device's workers."""
 
@@ -68,10 +94,18 @@ class DeviceQueue:
         self.models: set[tuple[str, int]] = set()  # what some worker of this device holds
         self.uniform = True  # every worker holds every model: one wake-up per job is enough
         self._jobs: collections.deque[Job] = collections.deque()
+        # One lock, two kinds of waiter: workers with nothing to do (woken by each job) and workers
+        # holding a part-full batch for its delay (woken only once enough is queued to fill it).
+        # Waking a batching worker for every job that arrives costs a futex wake-up and a GIL
+        # hand-off per request, 7% of a small request's event-loop time, for nothing.
         self._cond = threading.Condition()
+        self._more = threading.Condition(self._cond._lock)  # type: ignore[attr-defined]
+        self._idle = 0  # workers waiting on _cond
+        self._gathering: list[tuple[tuple[str, int], int]] = []  # per worker gathering a batch: its
+        # model, and the queue length that may fill the batch
         self.busy = 0  # jobs taken by workers, not yet answered
         self.closed = False
-        self._depth = metrics.QUEUE_DEPTH.labels(device)
+        metrics.QUEUE_DEPTH.labels(device).set_function(self.__len__)  # read at each scrape
 
     def load(self) -> float:
         return (len(self._jobs) + self.busy) / self.workers
@@ -85,11 +119,17 @@ class DeviceQueue:
                 return False
             job.device, job.enqueued = self.device, time.perf_counter()
             self._jobs.append(job)
-            self._depth.set(len(self._jobs))
-            if self.uniform:
-                self._cond.notify()
-            else:
-                self._cond.notify_all()  # the one woken might not hold this model
+            fill_at = [n for model, n in self._gathering if model == job.model]
+            if fill_at:
+                # A worker gathering a batch of this model takes the job when its delay ends: no one
+                # to wake, unless the queue may now fill that batch.
+                if len(self._jobs) >= min(fill_at):
+                    self._more.notify_all()
+            elif self._idle:
+                if self.uniform:
+                    self._cond.notify()
+                else:
+                    self._cond.notify_all()  # the one woken might not hold this model
             return True
 
     def take_batch(self, limits: dict[tuple[str, int], tuple[int, float]], wait: float) -> list[Job] | None:
@@ -103,7 +143,11 @@ class DeviceQueue:
             if first is None:
                 if self.closed and not self._jobs:
                     return None
-                self._cond.wait(wait)
+                self._idle += 1
+                try:
+                    self._cond.wait(wait)
+                finally:
+                    self._idle -= 1
                 first = self._first_of(limits)
                 if first is None:
                     return None if self.closed and not self._jobs else []
@@ -121,9 +165,14 @@ class DeviceQueue:
                 left = until - time.perf_counter()
                 if left <= 0 or self.closed:
                     break
-                self._cond.wait(left)
+                # Jobs are 1+ examples each: this many queued may fill the batch.
+                gathering = (first.model, len(self._jobs) + max_examples - examples)
+                self._gathering.append(gathering)
+                try:
+                    self._more.wait(left)
+                finally:
+                    self._gathering.remove(gathering)
             self.busy += len(batch)
-            self._depth.set(len(self._jobs))
             return batch
 
     def _first_of(self, held) -> Job | None:
@@ -153,11 +202,11 @@ class DeviceQueue:
         with self._cond:
             self.closed = True
             self._cond.notify_all()
+            self._more.notify_all()
 
     def drain_unstarted(self) -> list[Job]:
         with self._cond:
             jobs, self._jobs = list(self._jobs), collections.deque()
-            self._depth.set(0)
             return jobs
 
 

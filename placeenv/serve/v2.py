@@ -152,6 +152,21 @@ def render(result: Result, request: InferenceRequest) -> Response:
                     headers={"Inference-Header-Content-Length": str(len(header))})
 
 
+async def infer(service: Service, settings, name: str, version: str | None, body: bytes,
+                encoding: str | None, header_length: str | None) -> Response:
+    """``POST /v2/models/{name}[/versions/{version}]/infer``: parse, ``Service.infer``, render."""
+    try:
+        body = decompressed(body, encoding, settings.max_body_bytes)
+        parsed, arrays = parse(body, header_length)
+    except ServiceError as exc:
+        service.refused(name, exc)  # infer counts its own refusals
+        raise
+    outputs = [o.name for o in parsed.outputs] if parsed.outputs else None
+    result = await service.infer(name, version, arrays, outputs=outputs,
+                                 inline=len(body) <= settings.inline_preprocess_bytes)
+    return render(result, parsed)
+
+
 def server_metadata() -> dict[str, Any]:
     return {"name": "placeenv", "version": VERSION, "extensions": ["binary_tensor_data", "model_repository", "statistics"]}
 
@@ -221,19 +236,10 @@ def router(settings) -> APIRouter:
         return json_response({"model_stats": [service.stats[entry.name, n].describe(entry.name, n)
                                               for n in numbers]})
 
-    async def infer(request: Request, name: str, version: str | None = None) -> Response:
-        service = service_of(request)
-        body = await request.body()
-        try:
-            body = decompressed(body, request.headers.get("content-encoding"), settings.max_body_bytes)
-            parsed, arrays = parse(body, request.headers.get(HEADER_LENGTH))
-        except ServiceError as exc:
-            service.refused(name, exc)  # infer counts its own refusals
-            raise
-        outputs = [o.name for o in parsed.outputs] if parsed.outputs else None
-        result = await service.infer(name, version, arrays, outputs=outputs,
-                                     inline=len(body) <= settings.inline_preprocess_bytes)
-        return render(result, parsed)
+    # The documented route; app.HotRoutes calls infer() itself.
+    async def infer_route(request: Request, name: str, version: str | None = None) -> Response:
+        return await infer(service_of(request), settings, name, version, await request.body(),
+                           request.headers.get("content-encoding"), request.headers.get(HEADER_LENGTH))
 
     # Before /models/{name}, which would take "stats" for a model name: Triton's statistics of every
     # model (what tritonclient's get_inference_statistics() asks for when no model is named).
@@ -252,7 +258,7 @@ def router(settings) -> APIRouter:
                           responses={404: failed})
         api.add_api_route(path + "/stats", statistics, methods=["GET"], summary="Statistics" + suffix,
                           responses={404: failed})
-        api.add_api_route(path + "/infer", infer, methods=["POST"], summary="Inference" + suffix,
+        api.add_api_route(path + "/infer", infer_route, methods=["POST"], summary="Inference" + suffix,
                           openapi_extra={"requestBody": {"content": {"application/json": {
                               "schema": InferenceRequest.model_json_schema()}}}},
                           responses={400: failed, 404: failed, 500: failed, 503: failed, 504: failed})

@@ -30,7 +30,7 @@ from placeenv import PlaceEnv, device_name
 from placeenv import _internals as _pd
 
 __all__ = [
-    "DATATYPES", "InputError", "Model", "ModelContext", "TensorSpec", "host_tensor", "move_to", "prefix",
+    "DATATYPES", "InputError", "Model", "ModelContext", "TensorSpec", "batch_tensor", "host_tensor", "move_to", "prefix",
 ]
 
 _HOST = paddle.CPUPlace()
@@ -220,16 +220,32 @@ def host_tensor(array: np.ndarray) -> paddle.Tensor:
     return tensor
 
 
-def host_inputs(context: ModelContext, preprocessed: Any) -> dict[str, paddle.Tensor]:
-    """``preprocess``'s answer as host tensors in the model's input order (numpy arrays copied by
-    ``host_tensor``, tensors as they are); ``ModelError`` naming an input it left out."""
-    tensors = {}
+def host_inputs(context: ModelContext, preprocessed: Any) -> dict[str, np.ndarray | paddle.Tensor]:
+    """``preprocess``'s answer in the model's input order, numpy arrays and tensors as they are;
+    ``ModelError`` naming an input it left out. ``batch_tensor`` makes the host tensor."""
+    found = {}
     for spec in context.inputs:
         value = preprocessed.get(spec.name) if isinstance(preprocessed, Mapping) else None
         if value is None:
             raise ModelError(f"model {context.name!r}: preprocess returned no {spec.name!r}")
-        tensors[spec.name] = host_tensor(value) if isinstance(value, np.ndarray) else value
-    return tensors
+        found[spec.name] = value
+    return found
+
+
+def batch_tensor(parts: list[np.ndarray | paddle.Tensor]) -> paddle.Tensor:
+    """One host tensor of ``parts`` joined along the first dimension (one part: the part itself).
+
+    Host arrays are joined by numpy and copied into Paddle once per batch: the copy into a
+    tensor costs the same ~10 us for one example or 32, and on the event loop it was 13% of a
+    small request's time. Tensors (a preprocess that makes them) are joined by Paddle, on their
+    place.
+    """
+    if all(isinstance(part, np.ndarray) for part in parts):
+        return host_tensor(parts[0] if len(parts) == 1 else np.concatenate(parts))
+    tensors = [host_tensor(part) if isinstance(part, np.ndarray) else part for part in parts]
+    # One copy on the host (the inputs' place): 0.8 ms for 8 mobilenet examples where
+    # .numpy() + np.concatenate + a new tensor took 4.3, holding the GIL throughout.
+    return tensors[0] if len(tensors) == 1 else paddle.concat(tensors)
 
 
 def move_to(tensor: paddle.Tensor, place) -> paddle.Tensor:

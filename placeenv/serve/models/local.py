@@ -13,7 +13,7 @@ import numpy as np
 
 from placeenv import PlaceEnv
 
-from .base import Model, host_inputs, move_to
+from .base import Model, batch_tensor, host_inputs, move_to
 from .repository import BUNDLED, Entry, scan
 
 
@@ -30,7 +30,7 @@ def forward(model: Model, inputs: dict[str, np.ndarray], preprocess: Model | Non
     ``preprocess``: the instance that preprocesses (the service's has no network); default ``model``."""
     with PlaceEnv("cpu"):
         host = host_inputs(model.context, (preprocess or model).preprocess(dict(inputs)))
-    raw = model.execute({name: move_to(tensor, model.place) for name, tensor in host.items()})
+    raw = model.execute({name: move_to(batch_tensor([value]), model.place) for name, value in host.items()})
     return model.postprocess(raw), raw
 
 

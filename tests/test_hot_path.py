@@ -1,0 +1,205 @@
+"""The lean request path (issue 15) gives the answers of the ways it replaces.
+
+- ``HotRoutes`` serves ``/predict`` and ``/v2/.../infer`` ahead of FastAPI: every answer, good
+  or bad, equals the FastAPI route's for the same request, and the hot path really is taken;
+- a worker gathering a batch is woken when the queue may fill it, not by every job;
+- ``LoopMetrics`` exports what prometheus_client's Counter, Histogram and Gauge would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from placeenv.serve import metrics
+from placeenv.serve.app import create_app
+from placeenv.serve.config import Settings
+from placeenv.serve.dispatch import DeviceQueue, Job
+
+DIGIT = [0, 0, 5, 13, 9, 1, 0, 0] * 8
+V2 = {"inputs": [{"name": "pixels", "shape": [1, 64], "datatype": "FP32", "data": DIGIT}]}
+JSON = {"content-type": "application/json"}
+# (path, body, headers): good requests, and each kind of refusal either route gives
+REQUESTS = [
+    ("/predict", {"model": "digits", "inputs": [DIGIT]}, JSON),
+    ("/predict", {"model": "digits", "version": 1, "inputs": [DIGIT, DIGIT]},
+     {"content-type": "Application/JSON; charset=utf-8"}),
+    ("/predict", {"model": "digits", "inputs": [DIGIT]}, {}),  # 422: no content type, not read as JSON
+    ("/predict", {"model": "nope", "inputs": [DIGIT]}, JSON),  # 404
+    ("/predict", {"model": "digits", "version": 7, "inputs": [DIGIT]}, JSON),  # 404, version
+    ("/predict", {"model": "digits", "inputs": [[1, 2]]}, JSON),  # 400, shape
+    ("/predict", {"model": "digits", "inputs": [DIGIT] * 33}, JSON),  # 400, too many
+    ("/predict", {"model": "digits", "inputs": [DIGIT], "extra": 1}, JSON),  # 422, FastAPI's words
+    ("/predict", {"inputs": [DIGIT]}, JSON),  # 422
+    ("/predict", b"{not json", JSON),  # 422, json_invalid
+    ("/predict", {"model": "digits", "inputs": [DIGIT]}, {"content-type": "text/plain"}),  # 422
+    ("/predict", {"model": "digits", "inputs": [DIGIT]}, {"content-type": "application/vnd.x+json"}),
+    ("/predict", b"[" * 3000, JSON),  # 413: over the limit
+    ("/v2/models/digits/infer", V2, JSON),
+    ("/v2/models/digits/versions/1/infer", {**V2, "id": "x-1", "outputs": [{"name": "label"}]}, JSON),
+    ("/v2/models/digits/versions/9/infer", V2, JSON),  # 404
+    ("/v2/models/nope/infer", V2, JSON),  # 404
+    ("/v2/models/digits/infer", {"inputs": [{**V2["inputs"][0], "datatype": "INT8"}]}, JSON),  # 400
+    ("/v2/models/digits/infer", b"[]", JSON),  # 400
+    ("/v2/models/digits/infer", b"\xff", JSON),  # 400
+]
+
+
+def _comparable(response: httpx.Response) -> tuple:
+    """Status, content type, Retry-After and body, without what differs between two good answers."""
+    body = response.json()
+    if isinstance(body, dict):
+        for varying in ("worker", "device", "batch_size", "timings"):
+            body.pop(varying, None)
+    return response.status_code, response.headers.get("content-type"), response.headers.get("retry-after"), body
+
+
+@pytest.fixture(scope="module")
+def app():
+    """The app with its service started (lifespan), on the CPU; ``fallbacks`` counts what FastAPI served."""
+    application = create_app(Settings(devices="cpu", models="digits", workers_per_device=1, max_body_bytes=2048))
+    fastapi_way = application.hot.app
+    application.fallbacks = 0
+
+    async def counted(scope, receive, send):
+        application.fallbacks += 1
+        await fastapi_way(scope, receive, send)
+
+    application.hot.app = counted
+    application.fastapi_way = fastapi_way
+    loop = asyncio.new_event_loop()
+    lifespan = application.router.lifespan_context(application)
+    loop.run_until_complete(lifespan.__aenter__())
+    application.loop = loop
+    yield application
+    loop.run_until_complete(lifespan.__aexit__(None, None, None))
+    loop.close()
+
+
+def _post(app, asgi, path, body, headers) -> httpx.Response:
+    async def go():
+        transport = httpx.ASGITransport(app=asgi)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            content = body if isinstance(body, bytes) else json.dumps(body).encode()
+            return await client.post(path, content=content, headers=headers)
+
+    return app.loop.run_until_complete(go())
+
+
+@pytest.mark.parametrize("path, body, headers", REQUESTS)
+def test_the_hot_route_answers_as_the_fastapi_route(app, path, body, headers):
+    def fastapi_way(scope, receive, send):
+        scope["app"] = app
+        return app.fastapi_way(scope, receive, send)
+
+    hot = _post(app, app, path, body, headers)
+    slow = _post(app, fastapi_way, path, body, headers)
+    assert _comparable(hot) == _comparable(slow), (hot.text, slow.text)
+
+
+def test_good_requests_take_the_hot_path_and_fastapi_words_a_422(app):
+    before = app.fallbacks
+    assert _post(app, app, *REQUESTS[0]).status_code == 200
+    assert _post(app, app, *REQUESTS[13]).status_code == 200
+    assert _post(app, app, "/predict", {"model": "nope", "inputs": [DIGIT]}, JSON).status_code == 404
+    assert app.fallbacks == before  # the control: the next request does reach FastAPI
+    answer = _post(app, app, "/predict", {"inputs": [DIGIT]}, JSON)
+    assert answer.status_code == 422 and answer.json()["detail"][0]["loc"] == ["body", "model"]
+    assert app.fallbacks == before + 1
+
+
+def test_openapi_still_documents_the_hot_routes(app):
+    async def go():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            return (await client.get("/openapi.json")).json()
+
+    paths = app.loop.run_until_complete(go())["paths"]
+    assert "post" in paths["/predict"] and "post" in paths["/v2/models/{name}/infer"]
+    assert "post" in paths["/v2/models/{name}/versions/{version}/infer"]
+
+
+# -- batching: who wakes whom ---------------------------------------------------------------------
+
+
+def _job(loop) -> Job:
+    return Job(model=("m", 1), inputs={}, examples=1, batched=True, loop=loop, future=loop.create_future(),
+               arrived=time.perf_counter(), deadline=time.perf_counter() + 60)
+
+
+def _gather(queue: DeviceQueue, delay: float) -> tuple[list, float, threading.Thread]:
+    found: list = []
+    started = time.perf_counter()
+
+    def worker():
+        found.extend(queue.take_batch({("m", 1): (4, delay)}, wait=5))
+        found.append(time.perf_counter() - started)
+
+    thread = threading.Thread(target=worker)
+    return found, started, thread
+
+
+@pytest.mark.parametrize("jobs, full", [(4, True), (3, False)])
+def test_a_gathering_worker_wakes_when_the_queue_can_fill_its_batch(jobs, full):
+    loop = asyncio.new_event_loop()
+    try:
+        queue = DeviceQueue("cpu", 64, 1)
+        queue.models = {("m", 1)}
+        for _ in range(2):  # two queued: the worker takes both, and gathers for its delay
+            queue.offer(_job(loop))
+        found, _, thread = _gather(queue, delay=2.0)
+        thread.start()
+        deadline = time.monotonic() + 5
+        while not queue._gathering and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert queue._gathering == [(("m", 1), 2)]  # 2 more jobs may fill it
+        for _ in range(jobs - 2):
+            queue.offer(_job(loop))
+        thread.join(5)
+        *batch, took = found
+        assert len(batch) == jobs
+        # Full: woken at once. Not full (the control): nothing woke it early, it gathered for its delay.
+        assert (took < 1.0) if full else (took >= 1.9), took
+    finally:
+        loop.close()
+
+
+# -- metrics kept on the loop ---------------------------------------------------------------------
+
+
+def _exposition(registry: CollectorRegistry) -> list[str]:
+    return sorted(line for line in generate_latest(registry).decode().splitlines() if not line.startswith("#"))
+
+
+def test_loop_metrics_export_what_prometheus_clients_own_metrics_would():
+    ours, theirs = metrics.LoopMetrics(), CollectorRegistry()
+    mine = CollectorRegistry()
+    mine.register(ours)
+    requests = Counter("inference_requests", "", ["model", "device", "status"], registry=theirs)
+    duration = Histogram("inference_request_duration_seconds", "", ["model", "device"],
+                         buckets=metrics.LATENCY_BUCKETS, registry=theirs)
+    preprocess = Histogram("inference_preprocess_duration_seconds", "", ["model"],
+                           buckets=metrics.LATENCY_BUCKETS, registry=theirs)
+    in_flight = Gauge("inference_in_flight_requests", "", registry=theirs)
+    seconds = [0.0, 0.0004, 0.001, 0.00100001, 0.0025, 0.07, 1.0, 29.9, 30.0, 31, 1e6]
+    for i, value in enumerate(seconds):
+        device = f"sim:{i % 2}"
+        ours.count("digits", device, "ok")
+        requests.labels("digits", device, "ok").inc()
+        ours.observe(ours.durations, ("digits", device), value)
+        duration.labels("digits", device).observe(value)
+        ours.observe(ours.preprocess, ("digits",), value / 10)
+        preprocess.labels("digits").observe(value / 10)
+    ours.count("unknown", "none", "not_found")
+    requests.labels("unknown", "none", "not_found").inc()
+    ours.in_flight = 3
+    in_flight.set(3)
+    assert _exposition(mine) == _exposition(theirs)
+    ours.observe(ours.durations, ("digits", "sim:0"), 0.002)  # the control: one more observation shows
+    assert _exposition(mine) != _exposition(theirs)
