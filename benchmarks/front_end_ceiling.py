@@ -2,21 +2,25 @@
 
     python benchmarks/front_end_ceiling.py [--rounds 5] [--seconds 4] [--connections 16] [--devices cpu]
 
-Needs ``wrk`` and ``h2load`` (Debian packages wrk, nghttp2-client). Two servers on the same
+Needs ``wrk`` and ``h2load`` (Debian packages wrk, nghttp2-client). Three servers on the same
 uvicorn: ``benchmarks/raw_asgi_app.py`` (read the body, parse the JSON, answer JSON: no
-framework, queue, thread or metric) and the service serving ``benchmarks/repository/null``
+framework, queue, thread or metric), the same with a thread hand-off, and the service serving ``benchmarks/repository/null``
 (64 numbers in, the first 10 out, nothing on the device but one slice) on ``--devices`` with
 2 workers each, with gRPC on. Every way is measured in every round, order rotated, one
 server alive at a time is not needed (both idle while the other is measured):
 
   raw          the raw ASGI app, the null model's /predict body
+  + hand-off   benchmarks/handoff_floor_app.py: the raw app handing each request to a worker
+               thread and back (batched wake-ups): the floor of any front end with device
+               worker threads
   /predict     the service's simple JSON API, the same body
   v2 JSON      /v2/models/null/infer, JSON data (tritonclient's encoding)
   v2 binary    the same with binary tensors
   v2 gRPC      ModelInfer with raw_input_contents, by h2load (c=1 column: its mean, not p50)
 
-Prints the throughput at ``--connections`` and the c=1 latency of each, and each way's
-throughput as a ratio to raw (median and min..max of the per-round ratios). Writes
+Prints the throughput at ``--connections``, the c=1 latency, and the server's CPU time per
+request at ``--connections`` (its event-loop thread, which holds the GIL for every request, and
+its other threads) of each, and each way's throughput as a ratio to raw (median and min..max of the per-round ratios). Writes
 ``results/front_end_ceiling.json``.
 """
 
@@ -25,6 +29,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import platform
 import re
 import statistics
@@ -85,6 +90,22 @@ def h2load(url: str, frame: bytes, connections: int, seconds: float) -> dict:
             "p50_ms": float(mean[1]) / (1000 if mean[2] == "us" else 1)}
 
 
+def cpu_s(pid: int) -> tuple[float, float]:
+    """CPU seconds used so far by the process's main thread and by its other threads."""
+    main = others = 0.0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended
+            continue
+        used = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        if task.name == str(pid):
+            main += used
+        else:
+            others += used
+    return main, others
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -95,12 +116,16 @@ def main() -> None:
     raw_port, grpc_port = free_port(), free_port()
     raw = Server([sys.executable, "-m", "uvicorn", "benchmarks.raw_asgi_app:app", "--port", str(raw_port),
                   "--lifespan", "off", "--log-level", "warning", "--no-access-log"], {}, raw_port)
+    floor_port = free_port()
+    floor = Server([sys.executable, "-m", "uvicorn", "benchmarks.handoff_floor_app:app", "--port",
+                    str(floor_port), "--lifespan", "off", "--log-level", "warning", "--no-access-log"], {}, floor_port)
     ours = service(args.devices.split(","), "null", WORKERS_PER_DEVICE=2, GRPC_PORT=grpc_port,
                    MODEL_REPOSITORY=str(ROOT / "benchmarks" / "repository"))
     try:
         body = bodies()
         ways = {  # name: a function of (connections, seconds)
             "raw": lambda c, s: wrk(raw.url + "/predict", *body["predict"], c, s),
+            "+ hand-off": lambda c, s: wrk(floor.url + "/predict", *body["predict"], c, s),
             "/predict": lambda c, s: wrk(ours.url + "/predict", *body["predict"], c, s),
             "v2 JSON": lambda c, s: wrk(ours.url + "/v2/models/null/infer", *body["v2 JSON"], c, s),
             "v2 binary": lambda c, s: wrk(ours.url + "/v2/models/null/infer", *body["v2 binary"], c, s),
@@ -109,27 +134,34 @@ def main() -> None:
         names = list(ways)
         for run in ways.values():  # warm-up
             run(args.connections, 2)
-        found = {n: {"p50_ms": [], "rps": []} for n in names}
+        pids = {"raw": raw.proc.pid, "+ hand-off": floor.proc.pid}
+        found = {n: {"p50_ms": [], "rps": [], "main_us": [], "others_us": []} for n in names}
         for r in range(args.rounds):
             for name in names[r % len(names):] + names[:r % len(names)]:
                 found[name]["p50_ms"].append(ways[name](1, args.seconds)["p50_ms"])
+                before = cpu_s(pids.get(name, ours.proc.pid))
                 found[name]["rps"].append(ways[name](args.connections, args.seconds)["rps"])
+                after, requests = cpu_s(pids.get(name, ours.proc.pid)), found[name]["rps"][-1] * args.seconds
+                found[name]["main_us"].append((after[0] - before[0]) / requests * 1e6)
+                found[name]["others_us"].append((after[1] - before[1]) / requests * 1e6)
             print(f"round {r + 1}/{args.rounds}: " + ", ".join(
                 f"{n} {found[n]['rps'][-1]:.0f}/s" for n in names), flush=True)
     finally:
         ours.stop()
+        floor.stop()
         raw.stop()
 
     print(f"\n{datetime.date.today()}, {platform.machine()}, service on {args.devices} x 2 workers, "
           f"{args.rounds} rounds of {args.seconds:.0f} s, {args.connections} connections\n")
-    print("| way | req/s | ratio to raw | c=1 latency, ms |")
-    print("|---|---:|---:|---:|")
+    print("| way | req/s | ratio to raw | c=1 latency, ms | CPU per request, us: event loop + other threads |")
+    print("|---|---:|---:|---:|---:|")
     for name in names:
         ratios = [a / b for a, b in zip(found[name]["rps"], found["raw"]["rps"], strict=True)]
         ratio = "1" if name == "raw" else \
             f"{statistics.median(ratios):.3f} ({min(ratios):.3f}..{max(ratios):.3f})"
         print(f"| {name} | {statistics.median(found[name]['rps']):.0f} | {ratio} | "
-              f"{statistics.median(found[name]['p50_ms']):.2f} |")
+              f"{statistics.median(found[name]['p50_ms']):.2f} | "
+              f"{statistics.median(found[name]['main_us']):.0f} + {statistics.median(found[name]['others_us']):.0f} |")
     save_results("front_end_ceiling", args, found=found)
 
 
