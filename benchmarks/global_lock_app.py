@@ -54,7 +54,11 @@ def predict(body: Request) -> dict:
     with LOCK:
         paddle.set_device(device)
         outputs = replica.infer(replica.examples(body.inputs))
+    return {"model": body.model, "outputs": rows(outputs), "device": device}
+
+
+def rows(outputs: dict) -> list[dict]:
+    """Output arrays as ``/predict``'s answer has them: one {name: value} per example."""
     columns = {name: array.tolist() for name, array in outputs.items()}
-    rows = len(next(iter(columns.values())))
-    return {"model": body.model, "outputs": [{n: c[i] for n, c in columns.items()} for i in range(rows)],
-            "device": device}
+    count = len(next(iter(columns.values())))
+    return [{n: c[i] for n, c in columns.items()} for i in range(count)]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from benchmarks.global_lock_app import DEVICES, REPLICAS, Request
+from benchmarks.global_lock_app import DEVICES, REPLICAS, Request, rows
 
 app = FastAPI()
 
@@ -20,4 +20,4 @@ app = FastAPI()
 async def predict(body: Request) -> dict:
     device = DEVICES[0]
     replica = REPLICAS[device]
-    return {"model": body.model, "outputs": replica.infer(body.inputs), "device": device}
+    return {"model": body.model, "outputs": rows(replica.infer(replica.examples(body.inputs))), "device": device}

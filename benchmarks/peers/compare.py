@@ -4,7 +4,7 @@
                                        [--ray-python /tmp/rayvenv/bin/python | --skip-ray]
                                        [--systems ours,litserve,ray]
 
-Needs ``wrk`` (Debian package) and LitServe 0.2.19 in this Python (``pip install litserve==0.2.19``);
+Needs ``wrk`` (Debian package) and LitServe 0.2.19 in this Python (``pip install -e '.[peers]'``);
 Ray Serve runs from its own virtual environment (see benchmarks/peers/ray_app.py for the
 three commands that make it). Every system serves the bundled digits model on sim:0..N-1
 with one worker per device, batches of at most 8 and a 2 ms batching wait, and the same
@@ -33,6 +33,9 @@ or memory from another. Per system per round:
   idle CPU     the CPU time the tree uses in 3 s without requests, right after start-up
                (before the warm-up), in % of one core: cores an idle system takes from
                everything else on the machine, the load generator included
+  load CPU     the CPU time the tree uses during the saturated wrk run, in cores: one
+               process's Python runs under one GIL, so on a Python-heavy model it cannot go
+               far past one core, while N processes can use N
 
 Stopping: ours by SIGTERM; LitServe by SIGINT to its process group (it leads one: SIGTERM
 to the main process leaves the workers behind); Ray Serve by SIGINT to the app, which shuts
@@ -84,6 +87,7 @@ METRICS = [  # key, label, format
     ("pss_mb", "PSS, MB", "{:.0f}"),
     ("startup_s", "start-up, s", "{:.1f}"),
     ("idle_cpu_pct", "idle CPU, % of a core", "{:.0f}"),
+    ("load_cores", "CPU under saturated load, cores", "{:.2f}"),
 ]
 
 
@@ -122,14 +126,20 @@ def tree(*roots: int) -> dict[int, tuple[int, str, int]]:
     return found
 
 
-def idle_cpu(roots: list[int], seconds: float) -> float:
-    """CPU the trees of ``roots`` use while no request comes, in % of one core over ``seconds``."""
-    before = tree(*roots)
-    time.sleep(seconds)
-    after = tree(*roots)
+def cpu_cores(roots: list[int], work) -> tuple[float, object]:
+    """The CPU the trees of ``roots`` use while ``work()`` runs, in cores (1.0: one core all the
+    time), and what ``work`` returned."""
+    before, began = tree(*roots), time.perf_counter()
+    done = work()
+    seconds, after = time.perf_counter() - began, tree(*roots)
     ticks = sum(cpu - before[pid][2] if pid in before and before[pid][0] == start else cpu
                 for pid, (start, _, cpu) in after.items())
-    return 100 * ticks / os.sysconf("SC_CLK_TCK") / seconds
+    return ticks / os.sysconf("SC_CLK_TCK") / seconds, done
+
+
+def idle_cpu(roots: list[int], seconds: float) -> float:
+    """CPU the trees of ``roots`` use while no request comes, in % of one core over ``seconds``."""
+    return 100 * cpu_cores(roots, lambda: time.sleep(seconds))[0]
 
 
 def label(pid: int, name: str) -> str:
@@ -332,7 +342,7 @@ def measure(start, body: str, connections: int, seconds: float) -> dict:
         for url in urls:
             warm(url, body, 20)
         wrk(urls, body, connections, 1)
-        sat = wrk(urls, body, connections, seconds)
+        result["load_cores"], sat = cpu_cores(running.roots, lambda: wrk(urls, body, connections, seconds))
         one = wrk(urls[:1], body, 1, seconds)
         result.update(rps=sat["rps"], sat_p99_ms=sat["p99_ms"], p50_ms=one["p50_ms"], p99_ms=one["p99_ms"],
                       non_2xx=sat["non_2xx"] + one["non_2xx"])
@@ -410,7 +420,8 @@ def main() -> None:
             print(f"round {r + 1}/{args.rounds} {NAMES[name]}: {got['rps']:.0f} req/s, c=1 p50 "
                   f"{got['p50_ms']:.2f} ms p99 {got['p99_ms']:.2f} ms, PSS {got['pss_mb']:.0f} MB in "
                   f"{got['processes']} processes, start-up {got['startup_s']:.1f} s, "
-                  f"idle CPU {got['idle_cpu_pct']:.0f}%, stop {got['stop_s']:.1f} s, "
+                  f"idle CPU {got['idle_cpu_pct']:.0f}%, load CPU {got['load_cores']:.2f} cores, "
+                  f"stop {got['stop_s']:.1f} s, "
                   f"non-2xx {got['non_2xx']}",
                   flush=True)
 

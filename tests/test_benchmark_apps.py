@@ -1,0 +1,49 @@
+"""The benchmarks' reference apps answer the digits body as the service does.
+
+A benchmark against a reference that answers 500 measures nothing: each app runs under a real
+uvicorn on 127.0.0.1 and must give the service's outputs for the same body.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from servers import ServiceProcess, _wait_http, free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from bench_service import example_body  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def expected() -> dict:
+    with ServiceProcess(DEVICES="sim:0", WORKERS_PER_DEVICE=1) as service:
+        answer = httpx.post(service.url + "/predict", content=example_body("digits"),
+                            headers={"content-type": "application/json"}, timeout=30)
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+@pytest.mark.parametrize("app", ["http_floor_app", "global_lock_app"])
+def test_reference_app_answers_as_the_service(app, expected):
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PLACEENV_")}
+    env.update(PLACEENV_DEVICES="sim:0", PLACEENV_MODELS="digits")
+    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", f"benchmarks.{app}:app", "--port", str(port),
+                             "--log-level", "warning"], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_http(f"http://127.0.0.1:{port}/docs", proc, app)
+        answer = httpx.post(f"http://127.0.0.1:{port}/predict", content=example_body("digits"),
+                            headers={"content-type": "application/json"}, timeout=30)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    assert answer.status_code == 200, answer.text[:500]
+    assert json.loads(answer.text)["outputs"] == expected["outputs"]
