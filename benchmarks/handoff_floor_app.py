@@ -16,6 +16,8 @@ import json
 import threading
 from collections import deque
 
+from benchmarks.raw_asgi_app import read_body, respond
+
 _jobs: deque = deque()
 _ready = threading.Condition()
 
@@ -42,11 +44,7 @@ threading.Thread(target=_worker, daemon=True).start()
 
 async def app(scope, receive, send):
     assert scope["type"] == "http"
-    body, more = b"", True
-    while more:
-        message = await receive()
-        body += message.get("body", b"")
-        more = message.get("more_body", False)
+    body = await read_body(receive)
     if scope["method"] == "GET":  # a readiness probe
         answer = "{}"
     else:
@@ -58,5 +56,4 @@ async def app(scope, receive, send):
             _ready.notify()
         outputs = await future
         answer = json.dumps({"model": request["model"], "outputs": [{"y": row} for row in outputs]})
-    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
-    await send({"type": "http.response.body", "body": answer.encode()})
+    await respond(send, answer)

@@ -30,8 +30,8 @@ def expected() -> dict:
     return answer.json()
 
 
-@pytest.mark.parametrize("app", ["http_floor_app", "global_lock_app"])
-def test_reference_app_answers_as_the_service(app, expected):
+def _post_to_app(app: str, body: str) -> httpx.Response:
+    """``body`` to ``/predict`` of ``benchmarks/<app>.py`` under a real uvicorn."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PLACEENV_")}
     env.update(PLACEENV_DEVICES="sim:0", PLACEENV_MODELS="digits")
@@ -39,11 +39,24 @@ def test_reference_app_answers_as_the_service(app, expected):
                              "--log-level", "warning"], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        _wait_http(f"http://127.0.0.1:{port}/docs", proc, app)
-        answer = httpx.post(f"http://127.0.0.1:{port}/predict", content=example_body("digits"),
-                            headers={"content-type": "application/json"}, timeout=30)
+        _wait_http(f"http://127.0.0.1:{port}/", proc, app)
+        return httpx.post(f"http://127.0.0.1:{port}/predict", content=body,
+                          headers={"content-type": "application/json"}, timeout=30)
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+@pytest.mark.parametrize("app", ["http_floor_app", "global_lock_app"])
+def test_reference_app_answers_as_the_service(app, expected):
+    answer = _post_to_app(app, example_body("digits"))
     assert answer.status_code == 200, answer.text[:500]
     assert json.loads(answer.text)["outputs"] == expected["outputs"]
+
+
+@pytest.mark.parametrize("app", ["raw_asgi_app", "handoff_floor_app"])
+def test_front_end_floor_app_answers_as_the_null_model(app):
+    rows = [[float(i + j) for i in range(64)] for j in range(2)]
+    answer = _post_to_app(app, json.dumps({"model": "null", "inputs": rows}))
+    assert answer.status_code == 200, answer.text[:500]
+    assert answer.json() == {"model": "null", "outputs": [{"y": row[:10]} for row in rows]}
