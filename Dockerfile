@@ -1,56 +1,102 @@
-# placeenv inference service (and the locust load generator: same image).
+# placeenv inference service (the default target, api) and its load generator (target locust).
 #
 #   docker build -t placeenv:local .                        # CPU Paddle; serves sim:0..3
 #   docker run --rm -p 8000:8000 placeenv:local
 #   docker build --build-arg PADDLE=gpu -t placeenv:gpu .    # CUDA Paddle (see docker-compose.gpu.yml)
+#   docker build --target locust -t placeenv-locust:local .  # the load generator (no Paddle)
+#
+# Two build arguments a corporate network needs:
+#   BASE             another base image with Python >= 3.10 and venv (an internal mirror of
+#                    python:3.11-slim, or a Debian image made with debootstrap: deploy/ci-compose.sh)
+#   EXTRA_CA_CERTS   PEM text of CA certificates that pip must trust besides the usual ones
+#                    (a TLS-inspecting proxy): --build-arg EXTRA_CA_CERTS="$(cat corp-ca.pem)".
+#                    Only the build stages see it.
 #
 # The sim device plugin is compiled at build time into PLACEENV_SIM_CACHE, so a
 # container starts without compiling; g++ stays installed because the plugin is
 # rebuilt (once, into the same cache) if the Paddle headers ever change.
-FROM python:3.11-slim
+# EXTRA_CA_CERTS reaches the build stages only; the images copy the finished virtualenvs,
+# with pip's setting for it removed.
+ARG BASE=python:3.11-slim
 
+# ------------------------------------------------------------------ where pip runs (build stages only)
+FROM ${BASE} AS pip-base
+ARG EXTRA_CA_CERTS=
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PATH=/opt/venv/bin:$PATH
+# pip trusts its usual CAs (certifi's) plus EXTRA_CA_CERTS, when given (PIP_CERT).
+RUN python3 -m venv /opt/venv \
+    && if [ -n "$EXTRA_CA_CERTS" ]; then \
+         { cat "$(python -c 'import pip._vendor.certifi as c; print(c.where())')"; \
+           printf '%s\n' "$EXTRA_CA_CERTS"; } > /opt/build-ca.pem \
+         && pip config --site set global.cert /opt/build-ca.pem; \
+       fi
+
+# The service's virtualenv.
+FROM pip-base AS build
 # cpu: the paddlepaddle wheel from PyPI (what pyproject.toml depends on).
 # gpu: paddlepaddle-gpu from Paddle's own index, in place of the CPU wheel.
 ARG PADDLE=cpu
 ARG PADDLE_GPU_INDEX=https://www.paddlepaddle.org.cn/packages/stable/cu126/
-
-ENV PYTHONDONTWRITEBYTECODE=1 \
-    PYTHONUNBUFFERED=1 \
-    PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    PLACEENV_SIM_CACHE=/opt/placeenv/sim-cache \
-    PLACEENV_HOST=0.0.0.0 \
-    PLACEENV_PORT=8000
-
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends g++ \
-    && rm -rf /var/lib/apt/lists/*
-
-WORKDIR /app
-
 # Paddle first, in its own layer: by far the largest download, and it changes
 # far less often than the project's source.
 RUN pip install 'paddlepaddle>=3.3,<3.4'
-
-COPY . /app
-# '.[dev]' is the service extra plus locust and the test tools, so the compose `locust`
-# service runs from this image too.
-RUN pip install '.[dev]' \
+COPY . /src
+RUN pip install '/src[grpc]' \
     && if [ "$PADDLE" = "gpu" ]; then \
          pip uninstall -y paddlepaddle \
          && pip install 'paddlepaddle-gpu>=3.3,<3.4' -i "$PADDLE_GPU_INDEX"; \
        fi \
-    && rm -rf build *.egg-info
+    && rm -f /opt/venv/pip.conf
 
-# Unprivileged user; it owns the sim cache so a rebuild (new headers) can still
-# write it, and /app/results, where a locust run in this image writes its CSVs.
+# The load generator's virtualenv: what loadtest/ imports, no Paddle.
+FROM pip-base AS build-locust
+COPY loadtest/requirements.txt /tmp/requirements.txt
+RUN pip install -r /tmp/requirements.txt \
+    && rm -f /opt/venv/pip.conf
+
+# ------------------------------------------------------------------ the images
+# `docker build --target locust`: Locust with loadtest/ and locust.conf in /app, as the
+# compose `locust` service runs it.
+FROM ${BASE} AS locust
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PYTHONPATH=/app \
+    PATH=/opt/venv/bin:$PATH
+COPY --from=build-locust /opt/venv /opt/venv
+WORKDIR /app
+COPY loadtest /app/loadtest
+COPY locust.conf /app/locust.conf
+RUN useradd --create-home --uid 10001 placeenv \
+    && mkdir -p /app/results && chown placeenv:placeenv /app/results
+USER placeenv
+ENTRYPOINT ["locust"]
+
+# The api: the default target, so it comes last.
+FROM ${BASE} AS api
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PATH=/opt/venv/bin:$PATH \
+    PLACEENV_SIM_CACHE=/opt/placeenv/sim-cache \
+    PLACEENV_HOST=0.0.0.0 \
+    PLACEENV_PORT=8000
+# g++ compiles the sim device; a base that has it already (debootstrap --include=g++)
+# needs no package index.
+RUN command -v g++ >/dev/null \
+    || (apt-get update \
+        && apt-get install -y --no-install-recommends g++ \
+        && rm -rf /var/lib/apt/lists/*)
+COPY --from=build /opt/venv /opt/venv
+WORKDIR /app
+# Unprivileged user; it owns the sim cache so a rebuild (new headers) can still write it.
 # The bundled mobilenet is built here (the package directory is root's at run time).
 # Your own models: mount a repository and set PLACEENV_MODEL_REPOSITORY (docs/serving.md).
 RUN useradd --create-home --uid 10001 placeenv \
-    && mkdir -p "$PLACEENV_SIM_CACHE" /app/results \
+    && mkdir -p "$PLACEENV_SIM_CACHE" \
     && python -m placeenv.sim build \
     && python -m placeenv.serve.models.examples \
-    && chown -R placeenv:placeenv "$PLACEENV_SIM_CACHE" /app/results
+    && chown -R placeenv:placeenv "$PLACEENV_SIM_CACHE"
 USER placeenv
 
 EXPOSE 8000
