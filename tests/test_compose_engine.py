@@ -145,6 +145,8 @@ def stack(engine, base_image, tmp_path_factory):
     merged = yaml.safe_load(_run(["docker-compose", *SOURCES, "--profile", "load", "config"], env).stdout)
     for service in merged["services"].values():
         service.pop("ports", None)
+    # The api's health from the image's own HEALTHCHECK, not compose's copy of it.
+    merged["services"]["api"].pop("healthcheck")
     merged_file = config.parent / "compose.yml"
     merged_file.write_text(yaml.safe_dump(merged))
     compose = ["docker-compose", "-p", "placeenvci", "--project-directory", str(ROOT), "-f", str(merged_file)]
@@ -190,6 +192,9 @@ def test_the_stack(stack):
         assert time.monotonic() < deadline, "the api did not become healthy in 240 s"
         time.sleep(1)
     healthy_s = time.monotonic() - stack["up_at"]
+    image_check = _run(["docker", "image", "inspect", "-f", "{{json .Config.Healthcheck.Test}}", "placeenv:local"],
+                       env).stdout.strip()
+    assert "/readyz" in image_check and _inspect(stack, "api", "{{json .Config.Healthcheck.Test}}") == image_check
     assert _inspect(stack, "api", "{{.Config.User}}") == "placeenv"
 
     # 2. /predict on every sim device, the same answer from each.
