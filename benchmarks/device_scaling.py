@@ -116,15 +116,16 @@ def main() -> None:
                       f"{min(rps) / ideal:.0%}..{max(rps) / ideal:.0%})",
                       f"{statistics.median(x['pss_mb'] for x in by_count[n]):.0f}"]
         print(f"| {n} | " + " | ".join(cells) + " |")
-    # The sim device's own per-request host work (copies and fallback kernels, ~1.4 ms at batch
-    # one on this VM, against ~0.7 ms on cpu) sits on top of the sleep, so one sim device serves
-    # less than 1000 / sleep. Scaling proper: N devices against N times one device, same way.
+    # The sim device's own per-request host work (copies and fallback kernels) sits on top of the
+    # sleep, so one sim device serves less than 1000 / sleep. Scaling proper: N devices against N
+    # times one device (the first count's rate per device), the same way.
     print("\n| devices | " + " | ".join(f"{name}: req/s / (N x req/s at 1 device)" for name in found) + " |")
     print("|---:|" + "---:|" * len(found))
+    rps = {name: {n: statistics.median(x["rps"] for x in by_count[n]) for n in counts}
+           for name, by_count in found.items()}
+    per_device = {name: rps[name][counts[0]] / counts[0] for name in found}
     for n in counts:
-        cells = [f"{statistics.median(x['rps'] for x in by_count[n]) / (n * statistics.median(x['rps'] for x in by_count[counts[0]]) / counts[0]):.2f}"
-                 for by_count in found.values()]
-        print(f"| {n} | " + " | ".join(cells) + " |")
+        print(f"| {n} | " + " | ".join(f"{rps[name][n] / (n * per_device[name]):.2f}" for name in found) + " |")
     save_results("device_scaling", args, found=found, ceiling=ceiling)
     plot(counts, found, top_rps, ROOT / "docs" / "device_scaling.png")
 

@@ -139,9 +139,10 @@ def main() -> None:
         for r in range(args.rounds):
             for name in names[r % len(names):] + names[:r % len(names)]:
                 found[name]["p50_ms"].append(ways[name](1, args.seconds)["p50_ms"])
-                before = cpu_s(pids.get(name, ours.proc.pid))
+                pid = pids.get(name, ours.proc.pid)
+                before = cpu_s(pid)
                 found[name]["rps"].append(ways[name](args.connections, args.seconds)["rps"])
-                after, requests = cpu_s(pids.get(name, ours.proc.pid)), found[name]["rps"][-1] * args.seconds
+                after, requests = cpu_s(pid), found[name]["rps"][-1] * args.seconds
                 found[name]["main_us"].append((after[0] - before[0]) / requests * 1e6)
                 found[name]["others_us"].append((after[1] - before[1]) / requests * 1e6)
             print(f"round {r + 1}/{args.rounds}: " + ", ".join(

@@ -184,6 +184,13 @@ class ReplicaSet:
                     proc.kill()
 
 
+def prometheus_query(url: str, expr: str) -> list[dict]:
+    """The instant vector ``expr`` from the Prometheus at ``url``."""
+    body = httpx.get(url + "/api/v1/query", params={"query": expr}, timeout=30).json()
+    assert body["status"] == "success", (expr, body)
+    return body["data"]["result"]
+
+
 class Prometheus:
     """A real Prometheus on 127.0.0.1 scraping every second: static jobs, and a file_sd job
     ``replicas`` whose targets ``set_targets`` rewrites (Prometheus re-reads the file)."""
@@ -217,9 +224,7 @@ class Prometheus:
         tmp.replace(self.targets)
 
     def query(self, expr: str) -> list[dict]:
-        body = httpx.get(self.url + "/api/v1/query", params={"query": expr}, timeout=30).json()
-        assert body["status"] == "success", (expr, body)
-        return body["data"]["result"]
+        return prometheus_query(self.url, expr)
 
     def value(self, expr: str) -> float:
         return sum(float(sample["value"][1]) for sample in self.query(expr))

@@ -7,18 +7,16 @@ uvicorn on 127.0.0.1 and must give the service's outputs for the same body.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import httpx
 import pytest
-from servers import ServiceProcess, _wait_http, free_port
+from servers import ServiceProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench_service import example_body  # noqa: E402
+from bench_service import Server, example_body, free_port  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -31,20 +29,15 @@ def expected() -> dict:
 
 
 def _post_to_app(app: str, body: str) -> httpx.Response:
-    """``body`` to ``/predict`` of ``benchmarks/<app>.py`` under a real uvicorn."""
+    """``body`` to ``/predict`` of ``benchmarks/<app>.py`` under a real uvicorn, as the benchmarks run it."""
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PLACEENV_")}
-    env.update(PLACEENV_DEVICES="sim:0", PLACEENV_MODELS="digits")
-    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", f"benchmarks.{app}:app", "--port", str(port),
-                             "--log-level", "warning"], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    server = Server([sys.executable, "-m", "uvicorn", f"benchmarks.{app}:app", "--port", str(port),
+                     "--log-level", "warning"], {"PLACEENV_DEVICES": "sim:0", "PLACEENV_MODELS": "digits"}, port)
     try:
-        _wait_http(f"http://127.0.0.1:{port}/", proc, app)
-        return httpx.post(f"http://127.0.0.1:{port}/predict", content=body,
-                          headers={"content-type": "application/json"}, timeout=30)
+        return httpx.post(server.url + "/predict", content=body, headers={"content-type": "application/json"},
+                          timeout=30)
     finally:
-        proc.terminate()
-        proc.wait(30)
+        server.stop()
 
 
 @pytest.mark.parametrize("app", ["http_floor_app", "global_lock_app"])

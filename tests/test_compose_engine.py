@@ -28,7 +28,7 @@ import httpx
 import pytest
 import yaml
 from dashboards import dashboard_exprs
-from servers import free_port
+from servers import free_port, prometheus_query
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA_ROOT = Path("/var/lib/placeenv-ci-docker")  # images survive between runs on one machine
@@ -86,8 +86,9 @@ def engine(tmp_path_factory):
     try:
         deadline = time.monotonic() + 60
         while _run(["docker", "info"], env, check=False).returncode != 0:
-            assert daemon.poll() is None, f"dockerd exited {daemon.returncode}: {(run_dir / 'dockerd.log').read_text()[-3000:]}"
-            assert time.monotonic() < deadline, f"dockerd did not answer in 60 s: {(run_dir / 'dockerd.log').read_text()[-3000:]}"
+            tail = (run_dir / "dockerd.log").read_text()[-3000:]
+            assert daemon.poll() is None, f"dockerd exited {daemon.returncode}: {tail}"
+            assert time.monotonic() < deadline, f"dockerd did not answer in 60 s: {tail}"
             time.sleep(0.5)
         yield env
     finally:
@@ -185,7 +186,7 @@ def test_the_stack(stack):
     `docker-compose stop` drains."""
     env, api, compose = stack["env"], stack["api"], stack["compose"]
 
-    # 1. The api becomes healthy through the image's own HEALTHCHECK (compose repeats it).
+    # 1. The api becomes healthy through the image's own HEALTHCHECK (compose's copy is removed).
     deadline = time.monotonic() + 240
     while (health := _inspect(stack, "api", "{{.State.Health.Status}}")) != "healthy":
         assert health in ("starting", "healthy"), health
@@ -215,12 +216,8 @@ def test_the_stack(stack):
     assert "leak gate: PASS" in run.stdout + run.stderr, run.stdout[-4000:]
 
     # 4. Prometheus, in its container, scrapes the api; every dashboard query returns data.
-    prometheus = stack["prometheus"]
-
     def query(expr: str) -> list:
-        body = httpx.get(prometheus + "/api/v1/query", params={"query": expr}, timeout=30).json()
-        assert body["status"] == "success", (expr, body)
-        return body["data"]["result"]
+        return prometheus_query(stack["prometheus"], expr)
 
     deadline = time.monotonic() + 60
     while not query('up{job="placeenv"} == 1'):
@@ -232,9 +229,8 @@ def test_the_stack(stack):
 
     # 5. `docker-compose stop` drains: requests in flight when it comes all get their answer,
     # and the api exits 0 after saying so.
-    memory = _run(["docker", "stats", "--no-stream", "--format", "{{.MemUsage}}", _container(stack, "api")],
-                  env).stdout.strip()
     container = _container(stack, "api")
+    memory = _run(["docker", "stats", "--no-stream", "--format", "{{.MemUsage}}", container], env).stdout.strip()
     with ThreadPoolExecutor(33) as pool:  # every request in flight at once, and the stop
         futures = [pool.submit(_predict, api, "mobilenet") for _ in range(32)]
         time.sleep(0.3)
