@@ -79,6 +79,8 @@ NAMES = {
     "xpu_device_count": "base.core.get_xpu_device_count",
     "custom_device_count": "base.core.get_custom_device_count",
     "custom_device_types": "base.core.get_all_custom_device_type",
+    # A custom device's random generator (placeenv.patch.install makes them all).
+    "custom_device_generator": "base.core.default_custom_device_generator",
     # The seeds (placeenv.seeds): the in-place cast Layer.to uses, for Layer.astype.
     "Layer": "nn.Layer",
     "layer_to_impl": "nn.Layer._to_impl",

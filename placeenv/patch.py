@@ -90,7 +90,24 @@ def install() -> None:
             setattr(module, attr, PlaceEnv)
         # Whatever the main thread set before install is the global device.
         state.set_global(_pd.framework._global_expected_place_)
+        _make_custom_device_generators()
         state.enabled = True
+
+
+def _make_custom_device_generators() -> None:
+    """Create every custom device's random generator now, in one thread.
+
+    Paddle creates it on the device's first use, in a static map with no lock
+    (``phi::DefaultCustomDeviceGenerator``; CUDA's and XPU's use ``call_once``).
+    Two threads first using two custom devices at once can corrupt that map and
+    fail with ``Required generator shall not be nullptr``, and per-thread devices
+    make that the usual start of a multi-device program. ``paddle.seed()``
+    creates the same generators; uninstall() leaves them, as it would leave
+    generators made by use.
+    """
+    for kind in _pd.custom_device_types() or ():
+        for index in range(_pd.custom_device_count(kind)):
+            _pd.custom_device_generator(_pd.CustomPlace(kind, index))
 
 
 def uninstall() -> None:
