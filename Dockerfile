@@ -91,7 +91,7 @@ COPY --from=build /opt/venv /opt/venv
 WORKDIR /app
 # Unprivileged user; it owns the sim cache so a rebuild (new headers) can still write it.
 # The bundled mobilenet is built here (the package directory is root's at run time).
-# Your own models: mount a repository and set PLACEENV_MODEL_REPOSITORY (docs/serving.md).
+# Your own models: mount a repository and set PLACEENV_MODEL_REPOSITORY (docs/models.md).
 RUN useradd --create-home --uid 10001 placeenv \
     && mkdir -p "$PLACEENV_SIM_CACHE" \
     && python -m placeenv.sim build \

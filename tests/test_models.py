@@ -299,7 +299,7 @@ def test_mobilenet_replicas_on_sim0_and_sim3_are_the_seeded_network():
     images = np.random.default_rng(0).uniform(-1, 1, (4, 3, 32, 32)).astype(np.float32)
     out_a, raw_a = run(a, {"image": images})
     out_b, raw_b = run(b, {"image": images})
-    assert a.output_device() == b.output_device() == "cpu"  # the sim exception (docs/serving.md)
+    assert a.output_device() == b.output_device() == "cpu"  # the sim exception (docs/service.md)
     assert {where(t) for t in [*raw_a.values(), *raw_b.values()]} == {"cpu"}
     assert set(out_a) == {"output_0"} and out_a["output_0"].shape == (4, 10)
     np.testing.assert_allclose(out_a["output_0"], out_b["output_0"], atol=1e-5)

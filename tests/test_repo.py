@@ -63,42 +63,81 @@ def test_readme_library_example_runs_as_written():
     assert result.stdout.splitlines() == ["Place(sim:0) Place(sim:1)", "Place(cpu) Place(sim:1) sim:0"]
 
 
-def test_docs_link_nothing_outside_the_repository():
-    for path in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]:
-        for target in re.findall(r"\]\(([^)]+)\)", path.read_text()):
-            if not target.startswith(("http://", "https://", "#")):
-                assert (path.parent / target.split("#")[0]).resolve().is_relative_to(ROOT), (path, target)
-                assert (path.parent / target.split("#")[0]).exists(), (path, target)
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "deploy" / "README.md",
+        ROOT / "deploy" / "k8s" / "README.md"]
+
+
+def _anchors(path: Path) -> set[str]:
+    """GitHub's anchors for a Markdown file's headings: lower case, punctuation dropped, spaces to '-'."""
+    text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+    return {re.sub(r"[^\w\- ]", "", title.strip().lower()).replace(" ", "-")
+            for title in re.findall(r"^#{1,6} (.+)$", text, re.M)}
+
+
+def test_every_relative_link_in_readme_and_docs_resolves():
+    """Each relative link names a file in the repository, and each #anchor a heading of its target."""
+    checked = 0
+    for path in DOCS:
+        text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if target.startswith(("http://", "https://", "mailto:")):
+                continue
+            file, _, anchor = target.partition("#")
+            resolved = (path.parent / file).resolve() if file else path
+            assert resolved.is_relative_to(ROOT), (path, target)
+            assert resolved.exists(), f"{path.relative_to(ROOT)}: {target} does not exist"
+            if anchor:
+                assert anchor in _anchors(resolved), f"{path.relative_to(ROOT)}: no heading for #{anchor} in {file}"
+            checked += 1
         assert "../shared" not in path.read_text(), path
+    assert checked > 20  # the check sees the links (a broken regex would pass vacuously)
 
 
-def test_readme_serve_your_own_model_runs_as_written(tmp_path):
-    """The README's "Serve your own model": save with jit.save, serve that directory, call it with
-    tritonclient and with curl, each block as written (only the port differs)."""
-    from servers import ServiceProcess
+def test_heading_anchors_are_githubs(tmp_path):
+    """The anchors the link check compares with: GitHub's, and never from a code block."""
+    doc = tmp_path / "a.md"
+    doc.write_text("# Title\n\n## The `/predict` API (v2)\n\n```\n# not a heading\n```\n")
+    assert _anchors(doc) == {"title", "the-predict-api-v2"}
+
+
+def test_readme_is_short_and_every_doc_says_who_it_is_for():
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 150
+    for path in sorted((ROOT / "docs").glob("*.md")):
+        paragraphs = path.read_text().split("\n\n")
+        assert paragraphs[1].startswith("For "), f"{path.name} starts without saying who it is for"
+
+
+def _activated_env(tmp_path: Path) -> dict:
+    """What `. .venv/bin/activate` gives a shell: the venv's bin first on PATH; no sim or service settings."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("PLACEENV_") and k not in ("CUSTOM_DEVICE_ROOT", "FLAGS_use_stride_kernel")}
+    bin_dir = Path(sys.executable).parent
+    env.update(PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}", VIRTUAL_ENV=str(bin_dir.parent))
+    return env
+
+
+def test_readme_service_example_runs_as_written(tmp_path):
+    """The README's service example: the bash block as written (only the port differs), in an
+    activated virtualenv, then the tritonclient block against the same repository."""
+    from servers import ServiceProcess, free_port
 
     text = (ROOT / "README.md").read_text()
-    section = text.split("### Serve your own model\n", 1)[1].split("\n### ", 1)[0]
+    section = text.split("## The service\n", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```(python|bash)\n(.+?)\n```", section, re.S)
-    assert [kind for kind, _ in blocks] == ["python", "bash", "python", "bash"]
-    (_, save), (_, serve), (_, call), (_, curls) = blocks
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PLACEENV_")}
-    saved = subprocess.run([sys.executable, "-c", save], cwd=tmp_path, capture_output=True, text=True, env=env,
-                           timeout=180)
-    assert saved.returncode == 0, saved.stderr[-3000:]
-    repository = re.fullmatch(r"\.venv/bin/python -m placeenv\.serve --model-repository (\S+)\s+#.*", serve)
-    assert repository, serve
-    with ServiceProcess(model_repository=tmp_path / repository[1], models="", devices="sim:0,sim:1") as service:
-        port = str(service.port)
-        called = subprocess.run([sys.executable, "-c", call.replace("127.0.0.1:8000", f"127.0.0.1:{port}")],
+    assert [kind for kind, _ in blocks] == ["bash", "python"]
+    (_, script), (_, call) = blocks
+    port = str(free_port())
+    script = script.replace("localhost:8000", f"localhost:{port}").replace(
+        "placeenv-serve --model-repository my-models", f"placeenv-serve --port {port} --model-repository my-models")
+    ran = subprocess.run(["bash", "-c", script + "\nwait"], cwd=tmp_path, capture_output=True, text=True,
+                         env=_activated_env(tmp_path), timeout=300)
+    assert ran.returncode == 0, (ran.stdout[-2000:], ran.stderr[-3000:])
+    assert '"inputs":[{"name":"features","datatype":"FP32","shape":[-1,4]}]' in ran.stdout, ran.stdout
+    assert '"model_name":"iris"' in ran.stdout and '"shape":[1,3]' in ran.stdout, ran.stdout
+    assert "stopped:" in ran.stderr, ran.stderr[-2000:]  # `kill %1` drained it and it said so
+    with ServiceProcess(model_repository=tmp_path / "my-models", models="", devices="sim:0,sim:1") as service:
+        called = subprocess.run([sys.executable, "-c", call.replace("127.0.0.1:8000", f"127.0.0.1:{service.port}")],
                                 capture_output=True, text=True, timeout=120)
-        assert called.returncode == 0, called.stderr[-3000:]
-        rows = re.findall(r"\[([^\[\]]+)\]", called.stdout)  # numpy's print of a 2x3 array
-        assert len(rows) == 2 and all(len(row.split()) == 3 for row in rows), called.stdout
-        commands = [c for c in curls.replace("\\\n", " ").splitlines() if c.strip()]
-        metadata = subprocess.run(commands[0].split("#")[0].replace("8000", port), shell=True,
-                                  capture_output=True, text=True, timeout=60)
-        assert '"inputs":[{"name":"features","datatype":"FP32","shape":[-1,4]}]' in metadata.stdout
-        answer = subprocess.run(commands[1].replace("8000", port), shell=True, capture_output=True, text=True,
-                                timeout=60)
-        assert '"model_name":"iris"' in answer.stdout and '"shape":[1,3]' in answer.stdout, answer.stdout
+    assert called.returncode == 0, called.stderr[-3000:]
+    rows = re.findall(r"\[([^\[\]]+)\]", called.stdout)  # numpy's print of a 2x3 array
+    assert len(rows) == 2 and all(len(row.split()) == 3 for row in rows), called.stdout

@@ -193,7 +193,7 @@ class Worker:
             self.check("batch", placeenv.device_name(moved.place))
         out = replica.execute(inputs)
         # The thread's device after the forward: the one check that sees a leak for a saved program
-        # on sim, whose outputs are CPU tensors whatever device it ran on (docs/serving.md).
+        # on sim, whose outputs are CPU tensors whatever device it ran on (docs/service.md).
         self.check("execute", paddle.get_device())
         expected = replica.output_device()
         for tensor in out.values():

@@ -239,7 +239,7 @@ def read_config(name: str, directory: Path) -> tuple[ModelConfig, Path | None]:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e['loc']) or '(top)'}: {e['msg']}" for e in exc.errors()
         )
-        raise RepositoryError(name, path, f"invalid config: {problems} (schema: docs/serving.md)") from None
+        raise RepositoryError(name, path, f"invalid config: {problems} (schema: docs/models.md)") from None
 
 
 def read_version(name: str, directory: Path, config: ModelConfig) -> Version:
