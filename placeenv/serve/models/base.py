@@ -196,7 +196,7 @@ class Model:
 
         The worker's device, except for a saved program on a sim device: there
         Paddle runs the program's ops with CPU-fallback kernels and returns CPU
-        tensors, though the parameters stay on ``sim:N`` (see docs/serving.md).
+        tensors, though the parameters stay on ``sim:N`` (see docs/service.md).
         """
         device = device_name(self.place)
         if self.context is not None and self.context.program is not None and device.startswith("sim:"):
