@@ -4,8 +4,10 @@
 
 Needs ``wrk`` (Debian package). Everything runs on this machine's cores with
 sim devices; the load generator shares the cores with the server, as it would
-for any in-process comparison. Prints a Markdown table and writes
-``results/bench_service.json`` and ``results/bench_service.png``.
+for any in-process comparison. Prints a Markdown table and writes the raw
+results to ``results/bench_service.json``, and ``docs/bench_service_<model>.png``
+with the numbers it draws beside it in ``docs/bench_service_<model>.json``
+(``--replot`` that JSON to draw it again).
 
   a. bare model ceiling: preprocess -> to(device) -> execute -> postprocess called
      directly, 1 thread and N threads (one per device), vs the service at
@@ -44,6 +46,8 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "results"
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from charts import DOCS, label_bars, publish, pyplot, replot  # noqa: E402
 
 
 def save_results(name: str, args, **found) -> Path:
@@ -320,7 +324,12 @@ def main() -> None:
     parser.add_argument("--round-seconds", type=float, default=3)
     parser.add_argument("--turn-seconds", type=float, default=30,
                         help="concurrency 1 request by request: bare, floor and service take turns this long")
+    parser.add_argument("--replot", type=Path, metavar="JSON",
+                        help="draw the PNG beside this saved chart JSON again, measuring nothing")
     args = parser.parse_args()
+    if args.replot:
+        print(replot(args.replot, plot))
+        return
     devices = [f"sim:{i}" for i in range(args.devices)]
     if args.command == "bare":
         bare(args.model, devices)
@@ -383,7 +392,7 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "bench_service.json").write_text(json.dumps(r, indent=2))
     print(table(r))
-    plot(r, RESULTS / "bench_service.png")
+    print(publish(chart(r), DOCS / f"bench_service_{args.model}.png", plot))
 
 
 def table(r: dict) -> str:
@@ -423,25 +432,80 @@ def table(r: dict) -> str:
     return head + "\n".join(f"| {a} | {b} | {c} | {d} | {e} | {'yes' if f else 'NO'} |" for a, b, c, d, e, f in rows) + extra
 
 
-def plot(r: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def chart(r: dict) -> dict:
+    """The numbers the chart draws, from a run's raw results (``docs/bench_service_<model>.json``)."""
     n = len(r["devices"])
-    names = [f"bare\n{n} threads", "service", "global\nlock", f"{n} processes", "batching\noff"]
-    values = [r["bare"]["threads"]["rps"], r["service_sat"]["rps"], r["global_lock_sat"]["rps"],
-              r["process_per_device_sat"]["rps"], r["batching_off_sat"]["rps"]]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    left.bar(names, values, color=["grey", "tab:green", "tab:red", "tab:orange", "tab:blue"])
-    left.set(title=f"Saturated throughput ({r['model']}, {n} sim devices)", ylabel="requests/s")
-    right.bar(["one process", f"{n} processes"], [r["service_rss_mb"], r["process_per_device_rss_mb"]],
-              color=["tab:green", "tab:orange"])
-    right.set(title="Resident memory", ylabel="MB")
-    fig.suptitle(f"placeenv service benchmarks, {r['date']}")
+    saturated = {f"bare forward, {n} threads": r["bare"]["threads"], "service": r["service_sat"],
+                 "global-lock app": r["global_lock_sat"], f"{n} processes": r["process_per_device_sat"],
+                 "batching off": r["batching_off_sat"]}
+    return {
+        "model": r["model"], "devices": n, "date": r["date"], "machine": r["machine"],
+        "connections": r["connections"],
+        "throughput_rps": {way: x["rps"] for way, x in saturated.items()},
+        "p99_ms": {way: x["p99_ms"] for way, x in saturated.items() if "p99_ms" in x},
+        "memory_mb": {"one process": r["service_rss_mb"], f"{n} processes": r["process_per_device_rss_mb"]},
+        "c1_p50_ms": {f"in rounds ({len(r['c1_rounds'])})": paired(r["c1_rounds"]),
+                      f"request by request ({len(r['c1_turns'])} turns)": paired(r["c1_turns"])},
+    }
+
+
+def plot(chart: dict, path: Path) -> None:
+    plt = pyplot()
+    fig, (thr, lat, mem) = plt.subplots(1, 3, figsize=(16, 4.8), width_ratios=[1.5, 1, 0.7])
+    _throughput(thr, chart)
+    _c1_latency(lat, chart)
+    _memory(mem, chart)
+    fig.suptitle(f"placeenv service benchmarks: {chart['model']}, {chart['devices']} sim devices, "
+                 f"{chart['date']}, {chart['machine']}")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+COLOURS = {"bare": "grey", "service": "tab:green", "global": "tab:red", "process": "tab:orange",
+           "batching": "tab:blue", "floor": "tab:purple"}
+
+
+def _colour(way: str) -> str:
+    return next((c for word, c in COLOURS.items() if word in way), "grey")
+
+
+def _throughput(ax, chart: dict) -> None:
+    """Saturated requests/s per way; the p99 under the same load where the run recorded it."""
+    ways, rps = list(chart["throughput_rps"]), list(chart["throughput_rps"].values())
+    bars = ax.bar([w.replace(", ", ",\n").replace(" app", "\napp") for w in ways], rps,
+                  color=[_colour(w) for w in ways])
+    p99 = chart.get("p99_ms", {})
+    label_bars(ax, bars, [f"{v:.0f}" + (f"\np99 {p99[w]:.3g} ms" if w in p99 else "")
+                          for w, v in zip(ways, rps, strict=True)])
+    ax.set(title=f"Saturated throughput (wrk, {chart['connections']} connections)", ylabel="requests/s")
+
+
+def _c1_latency(ax, chart: dict) -> None:
+    """What HTTP alone (the floor) and the whole service add to the bare forward's p50 at concurrency 1."""
+    ways = list(chart["c1_p50_ms"])
+    width = 0.38
+    for i, (key, name) in enumerate((("floor_over", "HTTP floor"), ("service_over", "service"))):
+        values = [chart["c1_p50_ms"][w][key] for w in ways]
+        bars = ax.bar([j + (i - 0.5) * width for j in range(len(ways))], values, width, label=name,
+                      color=_colour(name.split()[-1]))
+        label_bars(ax, bars, [f"+{v:.2f}" for v in values])
+    ax.axhline(1.0, color="k", linestyle="--", linewidth=1, label="target: service ≤ +1 ms")
+    ax.set_xticks(range(len(ways)), [f"{w}\nbare {chart['c1_p50_ms'][w]['bare']:.2f} ms, "
+                                      f"service {chart['c1_p50_ms'][w]['service']:.2f} ms" for w in ways],
+                  fontsize=8)
+    ax.set(title="p50 at concurrency 1, added to the bare forward", ylabel="ms over the bare forward")
+    # Headroom above the bars and the target line: the legend sits there, clear of both.
+    top = max(max(x["service_over"], x["floor_over"]) for x in chart["c1_p50_ms"].values())
+    ax.set_ylim(0, 1.45 * max(top, 1.0))
+    ax.legend(fontsize=8, loc="upper center", ncol=3)
+
+
+def _memory(ax, chart: dict) -> None:
+    ways, mb = list(chart["memory_mb"]), list(chart["memory_mb"].values())
+    bars = ax.bar(ways, mb, color=["tab:green", "tab:orange"])
+    label_bars(ax, bars, [f"{v:.0f} MB" for v in mb])
+    ax.set(title="Resident memory", ylabel="MB")
 
 
 if __name__ == "__main__":

@@ -14,8 +14,9 @@ second and N devices ``N`` times that (the ideal line). In each round, for each 
                  end alone can feed at batch 1, whatever the devices
 
 wrk with 2 connections per device, ``/predict``. Prints throughput, its share of the ideal
-and the processes' summed PSS (shared pages counted once per process share); writes
-``results/device_scaling.json`` and ``docs/device_scaling.png``.
+and the processes' summed PSS (shared pages counted once per process share); writes the raw
+results to ``results/device_scaling.json``, and ``docs/device_scaling.png`` with the numbers it
+draws beside it in ``docs/device_scaling.json`` (``--replot`` that JSON to draw it again).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import platform
 import shutil
 import statistics
@@ -33,6 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_service import save_results, service, warm, wrk  # noqa: E402
+from charts import DOCS, below_nearest, label_points, publish, pyplot, replot  # noqa: E402
 
 BODY = json.dumps({"model": "null", "inputs": [[0.5] * 64]})
 
@@ -66,7 +69,12 @@ def main() -> None:
                         "runs a process per device")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=5)
+    parser.add_argument("--replot", type=Path, metavar="JSON",
+                        help="draw the PNG beside this saved chart JSON again, measuring nothing")
     args = parser.parse_args()
+    if args.replot:
+        print(replot(args.replot, plot))
+        return
     counts = [int(c) for c in args.counts.split(",")]
     sleeps = [float(x) for x in args.sleeps_ms.split(",")]
     runs = [("one process", sleep) for sleep in sleeps] + [("per device", sleeps[0])]
@@ -127,7 +135,8 @@ def main() -> None:
     for n in counts:
         print(f"| {n} | " + " | ".join(f"{rps[name][n] / (n * per_device[name]):.2f}" for name in found) + " |")
     save_results("device_scaling", args, found=found, ceiling=ceiling)
-    plot(counts, found, top_rps, ROOT / "docs" / "device_scaling.png")
+    machine = f"{platform.machine()}, {os.cpu_count()} cores"
+    print(publish(chart(counts, found, ceiling, sleeps, machine), DOCS / "device_scaling.png", plot))
 
 
 def sleep_of(name: str) -> float:
@@ -135,36 +144,83 @@ def sleep_of(name: str) -> float:
     return float(name.split()[-2])
 
 
-def plot(counts, found, ceiling: float, path: Path) -> None:
-    import matplotlib
+def chart(counts: list[int], found: dict, ceiling: list[dict], sleeps: list[float], machine: str) -> dict:
+    """The numbers the chart draws, medians over rounds (``docs/device_scaling.json``).
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    Memory is kept for the first sleep only, the one run both as one process and as a
+    process per device: there it is the comparison, at other sleeps the same process again.
+    """
+    def median(name: str, key: str) -> list[float]:
+        return [statistics.median(x[key] for x in found[name][n]) for n in counts]
 
-    fig, ax = plt.subplots(figsize=(7.5, 5))
-    colours = dict(zip(sorted({sleep_of(name) for name in found}, reverse=True),
+    series = {name: {"rps": median(name, "rps"), "p50_ms": median(name, "p50_ms")} for name in found}
+    for name in found:
+        if sleep_of(name) == sleeps[0]:
+            series[name]["pss_mb"] = median(name, "pss_mb")
+    rps = [x["rps"] for x in ceiling]
+    return {"date": str(datetime.date.today()), "machine": machine, "counts": counts,
+            "ceiling_rps": statistics.median(rps), "ceiling_range": [min(rps), max(rps)], "series": series}
+
+
+def plot(chart: dict, path: Path) -> None:
+    plt = pyplot()
+    # Latency only where the numbers have it: saved tables may carry throughput and memory alone.
+    has_latency = any("p50_ms" in s for s in chart["series"].values())
+    panels = [_throughput, _memory] + ([_latency] if has_latency else [])
+    fig, axes = plt.subplots(1, len(panels), figsize=(7.5 + 5.5 * (len(panels) - 1), 5.5),
+                             width_ratios=[1.4] + [1] * (len(panels) - 1))
+    colours = dict(zip(sorted({sleep_of(name) for name in chart["series"]}, reverse=True),
                        plt.rcParams["axes.prop_cycle"].by_key()["color"], strict=False))
-    for name, by_count in found.items():
-        sleep, per_device = sleep_of(name), name.startswith("per device")
-        if not per_device:
-            ax.plot(counts, [n * 1000 / sleep for n in counts], ":", color=colours[sleep], alpha=0.7,
-                    label=f"ideal at {sleep:g} ms ({1000 / sleep:g} req/s per device)")
-        values = [statistics.median(x["rps"] for x in by_count[n]) for n in counts]
-        ax.plot(counts, values, "s--" if per_device else "o-", color=colours[sleep],
-                alpha=0.6 if per_device else 1, label=name)
-        for n, v in zip(counts, values, strict=True):
-            ax.annotate(f"{v:.0f}", (n, v), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=7)
-    ax.axhline(ceiling, color="k", linestyle="--", label=f"front-end ceiling at batch 1 ({ceiling:.0f} req/s)")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xticks(counts, [str(n) for n in counts])
-    ax.set_xlabel("sim devices (each request sleeps on its device, GIL released)")
-    ax.set_ylabel("requests/s")
-    ax.set_title("Throughput against devices: one process vs a process per device")
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7)
+    for ax, panel in zip(axes, panels, strict=True):
+        panel(ax, chart, colours)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(chart["counts"], [str(n) for n in chart["counts"]])
+        ax.set_xlabel("sim devices")
+        ax.grid(alpha=0.3, which="both")
+    fig.suptitle(f"One process vs a process per device, null model (each request sleeps on its device, "
+                 f"GIL released), {chart['date']}, {chart['machine']}")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _lines(ax, chart: dict, colours: dict, key: str, text) -> None:
+    """One line per series that has ``key``, each point labelled with its value."""
+    drawn = {name: values[key] for name, values in chart["series"].items() if key in values}
+    for (name, ys), below in zip(drawn.items(), below_nearest(list(drawn.values())), strict=True):
+        per_device = name.startswith("per device")
+        ax.plot(chart["counts"], ys, "s--" if per_device else "o-", color=colours[sleep_of(name)],
+                alpha=0.7 if per_device else 1, label=name)
+        label_points(ax, chart["counts"], ys, [text(v) for v in ys], below, color=colours[sleep_of(name)])
+    ax.margins(x=0.08, y=0.1)  # room for the labels of the outermost points
+
+
+def _throughput(ax, chart: dict, colours: dict) -> None:
+    counts = chart["counts"]
+    for sleep, colour in colours.items():
+        ax.plot(counts, [n * 1000 / sleep for n in counts], ":", color=colour, alpha=0.7,
+                label=f"ideal at {sleep:g} ms ({1000 / sleep:g} req/s per device)")
+    _lines(ax, chart, colours, "rps", lambda v: f"{v:.0f}")
+    low, high = chart["ceiling_range"]
+    ax.axhline(chart["ceiling_rps"], color="k", linestyle="--", label=f"front-end ceiling at batch 1: "
+               f"{chart['ceiling_rps']:.0f} req/s ({low:.0f}..{high:.0f})")
+    ax.set_yscale("log")
+    ax.set(title="Throughput (wrk, 2 connections per device)", ylabel="requests/s (log scale)")
+    ax.legend(fontsize=7, loc="upper left")
+
+
+def _memory(ax, chart: dict, colours: dict) -> None:
+    _lines(ax, chart, colours, "pss_mb", lambda v: f"{v:.0f}")
+    ax.set_ylim(bottom=0)
+    ax.set(title="Memory: summed PSS of the processes", ylabel="MB")
+    ax.legend(fontsize=8, loc="upper left")
+
+
+def _latency(ax, chart: dict, colours: dict) -> None:
+    _lines(ax, chart, colours, "p50_ms", lambda v: f"{v:.1f}")
+    ax.set_ylim(bottom=0)
+    ax.set(title="p50 latency under that load", ylabel="ms")
+    ax.legend(fontsize=8, loc="best")
 
 
 if __name__ == "__main__":
