@@ -20,12 +20,14 @@ While it runs, it samples ``/metrics`` into ``<--csv>_service.csv`` for
 from __future__ import annotations
 
 import csv
+import logging
 import random
 import time
 
 import gevent
 import numpy as np
 import tritonclient.http as triton
+import httpx
 from locust import FastHttpUser, between, events, task
 
 from loadtest.gate import Growth, Prometheus, Scrape, evaluate
@@ -64,11 +66,41 @@ INVALID = [  # (name, body, expected status)
 @events.init_command_line_parser.add_listener
 def _options(parser):
     parser.add_argument("--max-failure-ratio", type=float, default=0.01, help="leak gate: allowed failure ratio")
-    parser.add_argument("--metrics-sample-s", type=float, default=2.0, help="how often to sample /metrics")
+    parser.add_argument("--metrics-sample-s", type=float, default=1.0, help="how often to sample /metrics")
     parser.add_argument("--prometheus", default="", help="leak gate: read every replica's growth from this "
                         "Prometheus (behind a load balancer, and across restarts) instead of --host's /metrics")
     parser.add_argument("--prometheus-settle-s", type=float, default=11.0,
                         help="leak gate: wait this long after the run for Prometheus's last scrapes (2 intervals)")
+
+
+class Unanswered:
+    """Requests that got no answer at all (refused, reset, timed out): each is one Locust failure,
+    and the log gets one line per ``every_s`` for all of them, so a service that is down or
+    draining leaves a readable log instead of a line per request."""
+
+    def __init__(self, every_s: float = 5.0) -> None:
+        self.every_s, self.count, self.logged_at = every_s, 0, float("-inf")
+
+    def note(self, response, host: str) -> None:
+        self.count += 1
+        reason = f"{type(response.error).__name__}: {response.error}"
+        response.failure(f"no answer: {reason}")
+        now = time.monotonic()
+        if now - self.logged_at >= self.every_s:
+            logging.getLogger("loadtest").warning(
+                "service unreachable at %s (%s); %d requests without an answer so far", host, reason, self.count)
+            self.logged_at = now
+
+
+UNANSWERED = Unanswered()
+
+
+def answered(response, host: str) -> bool:
+    """False, and the failure recorded, when the request got no HTTP answer (status 0 in Locust)."""
+    if response.status_code == 0:
+        UNANSWERED.note(response, host)
+        return False
+    return True
 
 
 class Client(FastHttpUser):
@@ -76,6 +108,8 @@ class Client(FastHttpUser):
 
     def _predict(self, name: str, body: dict) -> None:
         with self.client.post("/predict", json=body, name=name, catch_response=True) as r:
+            if not answered(r, self.host):
+                return
             if r.status_code != 200:
                 r.failure(f"{r.status_code}: {r.text[:200]}")
             elif len(r.json()["outputs"]) != len(body["inputs"]):
@@ -96,6 +130,8 @@ class Client(FastHttpUser):
         body, headers, size = random.choice(V2_MOBILENET)
         with self.client.post("/v2/models/mobilenet/infer", data=body, headers=headers,
                               name=f"v2 mobilenet x{size} (binary)", catch_response=True) as r:
+            if not answered(r, self.host):
+                return
             if r.status_code != 200:
                 r.failure(f"{r.status_code}: {r.text[:200]}")
                 return
@@ -109,6 +145,8 @@ class Client(FastHttpUser):
     def invalid(self) -> None:
         name, body, expected = random.choice(INVALID)
         with self.client.post("/predict", json=body, name=f"invalid: {name}", catch_response=True) as r:
+            if not answered(r, self.host):
+                return
             if r.status_code == expected and "detail" in r.json():
                 r.success()
             else:
@@ -125,7 +163,10 @@ def _start(environment, **_):
     if environment.parsed_options.prometheus:
         _state["start"] = time.time()
         return
-    _state["start"] = Scrape.take(environment.host)
+    try:
+        _state["start"] = Scrape.take(environment.host)
+    except UNREACHABLE as error:
+        _state["start"], _state["unreachable"] = None, _reason(error)
     csv_prefix = environment.parsed_options.csv_prefix
     if csv_prefix:
         _state["sampler"] = gevent.spawn(_sample, environment, f"{csv_prefix}_service.csv")
@@ -150,6 +191,14 @@ def _sample(environment, path: str) -> None:
             gevent.sleep(environment.parsed_options.metrics_sample_s)
 
 
+#: What "the service (or Prometheus) could not be read" looks like to the gate.
+UNREACHABLE = (httpx.HTTPError, RuntimeError, ValueError, KeyError)
+
+
+def _reason(error: Exception) -> str:
+    return f"{type(error).__name__}: {str(error)[:120]}"
+
+
 @events.quitting.add_listener
 def _gate(environment, **_):
     if "start" not in _state:
@@ -157,11 +206,21 @@ def _gate(environment, **_):
     if "sampler" in _state:
         _state["sampler"].kill()
     options, stats = environment.parsed_options, environment.stats.total
-    if options.prometheus:
-        time.sleep(options.prometheus_settle_s)
-        growth = Prometheus(options.prometheus).growth(_state["start"], time.time())
-    else:
-        growth = Growth.between(_state["start"], Scrape.take(environment.host))
+    source = options.prometheus or environment.host
+    try:
+        if options.prometheus:
+            time.sleep(options.prometheus_settle_s)
+            growth = Prometheus(options.prometheus).growth(_state["start"], time.time())
+        elif _state["start"] is None:
+            raise ConnectionError(_state["unreachable"])
+        else:
+            growth = Growth.between(_state["start"], Scrape.take(environment.host))
+    except (ConnectionError, *UNREACHABLE) as error:
+        reason = str(error) if isinstance(error, ConnectionError) else _reason(error)
+        print(f"leak gate: FAIL: {'Prometheus' if options.prometheus else 'service'} unreachable at {source} "
+              f"({reason}); requests {stats.num_requests}, failures {stats.num_failures}")
+        environment.process_exit_code = 1
+        return
     verdict = evaluate(growth, stats.num_requests, stats.num_failures, options.max_failure_ratio)
     print(verdict.summary())
     if not verdict.ok:
