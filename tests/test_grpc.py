@@ -146,7 +146,7 @@ def test_a_taken_port_refuses_to_start():
             assert proc.proc.wait(120) != 0
         finally:
             proc.kill()
-    assert "cannot serve gRPC on 127.0.0.1:" in proc.output()
+    assert "cannot listen on 127.0.0.1:" in proc.output() and "--grpc-port" in proc.output()
 
 
 def test_sigterm_turns_readiness_off_then_closes_the_port():

@@ -8,9 +8,12 @@ sim plugin is prepared here, before Paddle is imported.
 from __future__ import annotations
 
 import logging
+import socket
 import sys
 import threading
 import time
+import warnings
+from pathlib import Path
 
 import uvicorn
 
@@ -61,11 +64,59 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
+def program_name() -> str:
+    """How the user called us, for --help and messages: the console script or the module."""
+    name = Path(sys.argv[0]).name
+    return name if name == "placeenv-serve" else "python -m placeenv.serve"
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """The HTTP listening socket, bound before any model loads, so a port in use costs no start-up.
+
+    SO_REUSEADDR as uvicorn sets it: a port in TIME_WAIT after a restart binds; a port
+    another process listens on does not.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def check_free(host: str, port: int) -> None:
+    """Refuse a gRPC port in use now, not after the models load (grpc.aio binds it at start-up)."""
+    bind(host, port).close()
+
+
+def refuse(program: str, host: str, port: int, error: OSError, option: str) -> int:
+    """One line naming the port and what to do, and exit status 2 (a usage error, as argparse's)."""
+    print(f"{program}: cannot listen on {host}:{port}: {error.strerror or error}; choose another port with "
+          f"{option}", file=sys.stderr)
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
-    settings = Settings(
-        _cli_parse_args=sys.argv[1:] if argv is None else argv, _cli_prog_name="python -m placeenv.serve"
-    )
+    program = program_name()
+    settings = Settings(_cli_parse_args=sys.argv[1:] if argv is None else argv, _cli_prog_name=program)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        sock = bind(settings.host, settings.port)
+    except OSError as error:
+        return refuse(program, settings.host, settings.port, error, "--port or PLACEENV_PORT")
+    if settings.grpc_port:
+        try:
+            check_free(settings.host, settings.grpc_port)
+        except OSError as error:
+            sock.close()
+            return refuse(program, settings.host, settings.grpc_port, error, "--grpc-port or PLACEENV_GRPC_PORT")
+    # Paddle warns at import that ccache is missing: it matters to people who build Paddle's
+    # C++ extensions, not to a server, and it was the first line of every start.
+    warnings.filterwarnings("ignore", message="No ccache found", category=UserWarning)
     if settings.wants_sim():
         import placeenv.sim
 
@@ -79,10 +130,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger(__name__).info("GIL switch interval %g ms", sys.getswitchinterval() * 1000)
     config = uvicorn.Config(
         app, host=settings.host, port=settings.port,
-        log_level=settings.log_level, timeout_graceful_shutdown=settings.shutdown_grace_s, access_log=False,
+        log_level=settings.log_level, timeout_graceful_shutdown=settings.shutdown_grace_s,
+        access_log=settings.access_log,
     )
     server = DrainingServer(config, app, settings)
-    server.run()
+    server.run(sockets=[sock])
     return 0 if server.started else 1
 
 

@@ -19,7 +19,7 @@ BUNDLED_REPOSITORY = Path(__file__).with_name("models") / "repository"
 
 
 class Settings(BaseSettings):
-    """Every field is ``PLACEENV_<NAME>`` in the environment and ``--<name>`` on the command line."""
+    """Multi-device Paddle inference service. Each setting is PLACEENV_<NAME> or --<name> (the flag wins)."""
 
     model_config = SettingsConfigDict(env_prefix="PLACEENV_", cli_kebab_case=True, extra="ignore")
 
@@ -44,7 +44,7 @@ class Settings(BaseSettings):
     max_examples_per_request: int = Field(32, ge=1, description="examples in one request (400 above)")
     model_repository: str = Field(
         "", description="comma-separated model repository directories (Triton's layout: "
-        "<repository>/<model>/<version>/model.json + model.pdiparams; docs/serving.md); "
+        "<repository>/<model>/<version>/model.json + model.pdiparams; docs/models.md); "
         "empty: the bundled examples (digits, mobilenet)",
     )
     models: str = Field("", description="comma-separated models to serve; empty: every model in the repository")
@@ -53,7 +53,8 @@ class Settings(BaseSettings):
         "start, or start without it and report it not ready",
     )
     host: str = Field("127.0.0.1", description="bind address; the container sets 0.0.0.0")
-    port: int = Field(8000, ge=0, le=65535)
+    port: int = Field(8000, ge=0, le=65535, description="HTTP port; a port in use is refused before any "
+                      "model loads")
     grpc_port: int | None = Field(
         None, ge=1, le=65535, description="also serve the Open Inference Protocol over gRPC (Triton's "
         "GRPCInferenceService; Triton uses 8001) on this port, on the same host; unset: HTTP only. "
@@ -78,12 +79,15 @@ class Settings(BaseSettings):
         0.0, ge=0, description="SIGTERM: readyz answers 503 at once, and requests are still served this "
         "long before the listener closes, so a load balancer or Kubernetes stops routing here first"
     )
-    retry_after_s: int = Field(1, ge=1, description="Retry-After on 503/429")
+    retry_after_s: int = Field(1, ge=1, description="the Retry-After header of a 503 (overloaded, draining, "
+                               "model not ready), in seconds")
     opentelemetry: bool = Field(
         False, description="FastAPI's native OpenTelemetry instrumentation (spans, metrics and logs to the "
         "globally configured OTel providers); off, the service's own Prometheus metrics remain"
     )
-    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = Field("info", description="log level")
+    access_log: bool = Field(False, description="log a line per HTTP request (uvicorn's access log); off by "
+                             "default, since at thousands of requests a second it costs the event loop time")
 
     @field_validator("grpc_port", mode="before")
     @classmethod
