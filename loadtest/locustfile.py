@@ -29,8 +29,13 @@ import numpy as np
 import tritonclient.http as triton
 import httpx
 from locust import FastHttpUser, between, events, task
+from locust.contrib.fasthttp import LocustBadStatusCode
 
 from loadtest.gate import Growth, Prometheus, Scrape, evaluate
+
+# The sampler and the gate scrape with httpx, which logs every request at INFO: two lines a
+# second with the sampler's 1 s default. Only its warnings belong in the load test's log.
+logging.getLogger("httpx").setLevel(logging.WARNING)
 
 try:  # real handwritten digits when scikit-learn is there (it is in the dev extra)
     from sklearn.datasets import load_digits
@@ -81,9 +86,9 @@ class Unanswered:
     def __init__(self, every_s: float = 5.0) -> None:
         self.every_s, self.count, self.logged_at = every_s, 0, float("-inf")
 
-    def note(self, response, host: str) -> None:
+    def note(self, response, error: Exception, host: str) -> None:
         self.count += 1
-        reason = f"{type(response.error).__name__}: {response.error}"
+        reason = f"{type(error).__name__}: {error}"
         response.failure(f"no answer: {reason}")
         now = time.monotonic()
         if now - self.logged_at >= self.every_s:
@@ -96,9 +101,12 @@ UNANSWERED = Unanswered()
 
 
 def answered(response, host: str) -> bool:
-    """False, and the failure recorded, when the request got no HTTP answer (status 0 in Locust)."""
-    if response.status_code == 0:
-        UNANSWERED.note(response, host)
+    """False, and the failure recorded, when the request got no complete HTTP answer: refused, reset
+    or timed out before the status line (status 0 in Locust), or cut off in the body (a status, and
+    a transport error Locust recorded while reading the rest). A 4xx/5xx is an answer."""
+    error = response.request_meta["exception"] or getattr(response, "error", None)
+    if response.status_code == 0 or (error is not None and not isinstance(error, LocustBadStatusCode)):
+        UNANSWERED.note(response, error, host)
         return False
     return True
 

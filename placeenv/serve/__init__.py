@@ -18,6 +18,7 @@ _SERVICE_STACK = {
     "pydantic_settings": "pydantic-settings",
     "prometheus_client": "prometheus-client",
     "yaml": "pyyaml",
+    "fastapi_offline": "fastapi-offline",
 }
 
 

@@ -7,6 +7,7 @@ sim plugin is prepared here, before Paddle is imported.
 
 from __future__ import annotations
 
+import errno
 import logging
 import socket
 import sys
@@ -93,10 +94,13 @@ def check_free(host: str, port: int) -> None:
     bind(host, port).close()
 
 
-def refuse(program: str, host: str, port: int, error: OSError, option: str) -> int:
-    """One line naming the port and what to do, and exit status 2 (a usage error, as argparse's)."""
-    print(f"{program}: cannot listen on {host}:{port}: {error.strerror or error}; choose another port with "
-          f"{option}", file=sys.stderr)
+def refuse(program: str, host: str, port: int, error: OSError, flag: str, variable: str) -> int:
+    """One line naming the port and the setting to change; exit status 2, a usage error (as argparse's)."""
+    if error.errno == errno.EADDRINUSE:
+        advice = f"the port is already in use (another server?); choose another with {flag} or {variable}"
+    else:  # a port below 1024 without the privilege, an address not on this machine, an unknown host
+        advice = f"{error.strerror or error}; check --host and {flag}"
+    print(f"{program}: cannot listen on {host}:{port}: {advice}", file=sys.stderr)
     return 2
 
 
@@ -107,16 +111,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         sock = bind(settings.host, settings.port)
     except OSError as error:
-        return refuse(program, settings.host, settings.port, error, "--port or PLACEENV_PORT")
+        return refuse(program, settings.host, settings.port, error, "--port", "PLACEENV_PORT")
     if settings.grpc_port:
         try:
             check_free(settings.host, settings.grpc_port)
         except OSError as error:
             sock.close()
-            return refuse(program, settings.host, settings.grpc_port, error, "--grpc-port or PLACEENV_GRPC_PORT")
+            return refuse(program, settings.host, settings.grpc_port, error, "--grpc-port",
+                          "PLACEENV_GRPC_PORT")
     # Paddle warns at import that ccache is missing: it matters to people who build Paddle's
     # C++ extensions, not to a server, and it was the first line of every start.
-    warnings.filterwarnings("ignore", message="No ccache found", category=UserWarning)
+    warnings.filterwarnings("ignore", message="No ccache found", category=UserWarning,
+                            module="paddle.utils.cpp_extension.extension_utils")
     if settings.wants_sim():
         import placeenv.sim
 

@@ -20,7 +20,9 @@ from fastapi import FastAPI, Request, Response
 from fastapi.encoders import jsonable_encoder
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
+from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -30,7 +32,7 @@ import placeenv
 from . import v2, wire
 from .config import Settings
 from .core import Result, Service
-from .errors import InvalidInput, ServiceError, StartupError, outcome
+from .errors import InvalidInput, MethodNotAllowed, ServiceError, StartupError, UnsupportedMediaType, outcome
 from .fastjson import FastJSONResponse, FastJSONRoute
 from .models.base import prefix
 
@@ -128,7 +130,13 @@ def create_app(settings: Settings) -> FastAPI:
         "belong. POST /predict is the simple JSON API; /v2 is the Open Inference Protocol (KServe v2, with "
         "Triton's binary tensor extension).",
         lifespan=lifespan,
+        # Served by add_offline_docs from installed files: FastAPI's own pages load them from a CDN.
+        docs_url=None,
+        redoc_url=None,
+        # Swagger UI's default "validator badge" loads an image from validator.swagger.io.
+        swagger_ui_parameters={"validatorUrl": None},
     )
+    add_offline_docs(app)
     app.hot = HotRoutes(super(ServiceApp, app).__call__, settings)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     app.add_middleware(QuietStartupFailure)
@@ -137,6 +145,7 @@ def create_app(settings: Settings) -> FastAPI:
         400: {"model": Error, "description": "inputs the model does not take, or a body not readable as JSON"},
         404: {"model": Error, "description": "unknown model or version"},
         413: {"model": Error, "description": "body over the limit"},
+        415: {"model": Error, "description": "a body not sent as Content-Type: application/json"},
         422: {"model": InvalidRequest, "description": "a body that is not a predict request"},
         500: {"model": Error, "description": "the model failed on this request"},
         503: {"model": Error, "description": "overloaded, shutting down or model not ready; see Retry-After"},
@@ -144,7 +153,11 @@ def create_app(settings: Settings) -> FastAPI:
     }
 
     @app.exception_handler(RequestValidationError)
-    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+    async def invalid_request(request: Request, exc: RequestValidationError) -> Response:
+        unread = not_json(request, exc)
+        if unread is not None:
+            count_refusal(request, unread)
+            return refusal(unread, request.url.path, settings)
         # FastAPI's default handler echoes the offending input, and would answer 500 when
         # that input is NaN/Infinity or holds a lone surrogate ("\ud800"): strict UTF-8
         # JSON cannot encode either. Same 422 body otherwise, each input cut to a prefix.
@@ -156,8 +169,14 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def routing_error(request: Request, exc: StarletteHTTPException) -> Response:
-        # The framework's own answers (405 for a method a /v2 path does not take), in each API's shape.
-        if error_key(request.url.path) == "detail":
+        # The framework's own answers (404, 405), in each API's shape; a 405 says what to use.
+        path = request.url.path
+        if exc.status_code == 405:
+            error = method_not_allowed(request, exc)
+            if HotRoutes.serves(path):  # an inference request, with the wrong method
+                count_refusal(request, error)
+            return refusal(error, path, settings)
+        if error_key(path) == "detail":
             return await http_exception_handler(request, exc)
         return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
 
@@ -177,6 +196,11 @@ def create_app(settings: Settings) -> FastAPI:
         size = request.headers.get("content-length", "")
         return await predict(request.app.state.service, body, int(size) if size.isdigit() else 1 << 62,
                              time.perf_counter())
+
+    @app.get("/", summary="Index of the endpoints")
+    async def index() -> dict[str, Any]:
+        return {"service": app.title, "version": app.version, "docs": DOCS_URL, "openapi": app.openapi_url,
+                "endpoints": ENDPOINTS}
 
     @app.get("/v1/models")
     async def list_models(request: Request) -> dict[str, Any]:
@@ -202,6 +226,94 @@ def create_app(settings: Settings) -> FastAPI:
 
     app.include_router(v2.router(settings))
     return app
+
+
+#: ``GET /``: where things are, for a person or a script that found the port (not on the hot path);
+#: a 405 quotes the line of the method to use.
+ENDPOINTS = [
+    {"method": "GET", "path": "/docs", "about": "Swagger UI: every endpoint, with a form to try it"},
+    {"method": "GET", "path": "/redoc", "about": "the same documentation as one page (ReDoc)"},
+    {"method": "GET", "path": "/openapi.json", "about": "the OpenAPI schema"},
+    {"method": "POST", "path": "/predict",
+     "about": 'the simple JSON API: a JSON body {"model": "digits", "inputs": [[...64 numbers...], ...]}'},
+    {"method": "GET", "path": "/v1/models", "about": "the models, their inputs and outputs, and the devices"},
+    {"method": "GET", "path": "/v2", "about": "the Open Inference Protocol (KServe v2): server metadata"},
+    {"method": "GET", "path": "/v2/models/{name}", "about": "a model's metadata: inputs, outputs, versions"},
+    {"method": "POST", "path": "/v2/models/{name}/infer",
+     "about": 'inference: a JSON body {"inputs": [{"name", "shape", "datatype", "data"}, ...]}, or a JSON '
+              "header then binary tensors (Triton's binary tensor extension)"},
+    {"method": "POST", "path": "/v2/models/{name}/versions/{version}/infer",
+     "about": "inference by one version of the model, as /v2/models/{name}/infer"},
+    {"method": "GET", "path": "/v2/health/ready", "about": "the Open Inference Protocol's readiness"},
+    {"method": "GET", "path": "/metrics", "about": "Prometheus metrics"},
+    {"method": "GET", "path": "/healthz", "about": "liveness"},
+    {"method": "GET", "path": "/readyz", "about": "readiness: every worker started"},
+]
+
+DOCS_URL, REDOC_URL = "/docs", "/redoc"
+#: Where the documentation pages' files are served from.
+ASSETS_URL = "/docs/assets"
+
+
+def add_offline_docs(app: FastAPI) -> None:
+    """``/docs`` (Swagger UI) and ``/redoc`` as FastAPI serves them, with their scripts, stylesheet and
+    icon served by the app from the fastapi-offline package (FastAPI's own pages load them from a CDN):
+    the documentation works with no internet."""
+    app.mount(ASSETS_URL, StaticFiles(packages=[("fastapi_offline", "static")]), name="docs-assets")
+
+    def url(request: Request, path: str) -> str:
+        """``path`` as the browser reaches it (behind a proxy that serves the app under a prefix)."""
+        return f"{request.scope.get('root_path', '')}{path}"
+
+    @app.get(DOCS_URL, include_in_schema=False)
+    async def docs(request: Request) -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url=url(request, app.openapi_url), title=f"{app.title} - Swagger UI",
+            oauth2_redirect_url=url(request, app.swagger_ui_oauth2_redirect_url),
+            swagger_js_url=url(request, f"{ASSETS_URL}/swagger-ui-bundle.js"),
+            swagger_css_url=url(request, f"{ASSETS_URL}/swagger-ui.css"),
+            swagger_favicon_url=url(request, f"{ASSETS_URL}/favicon.png"),
+            swagger_ui_parameters=app.swagger_ui_parameters,
+        )
+
+    @app.get(app.swagger_ui_oauth2_redirect_url, include_in_schema=False)
+    async def oauth2_redirect() -> HTMLResponse:
+        return get_swagger_ui_oauth2_redirect_html()
+
+    @app.get(REDOC_URL, include_in_schema=False)
+    async def redoc(request: Request) -> HTMLResponse:
+        return get_redoc_html(
+            openapi_url=url(request, app.openapi_url), title=f"{app.title} - ReDoc",
+            redoc_js_url=url(request, f"{ASSETS_URL}/redoc.standalone.js"),
+            redoc_favicon_url=url(request, f"{ASSETS_URL}/favicon.png"),
+            with_google_fonts=False,  # Google's fonts are another host: ReDoc falls back to the browser's
+        )
+
+
+def not_json(request: Request, exc: RequestValidationError) -> UnsupportedMediaType | None:
+    """The 415 for a body FastAPI did not read because its Content-Type is not JSON's; its 422 (a
+    "model_attributes_type" about the raw bytes) would never mention the header."""
+    sent = request.headers.get("content-type")
+    if request.method != "POST" or wire.is_json(sent) or all(e["loc"][:1] != ("body",) for e in exc.errors()):
+        return None
+    return UnsupportedMediaType(f"{request.url.path} reads a JSON body: send the header "
+                                f"Content-Type: application/json; got {wire.sent_type(sent)}")
+
+
+def method_not_allowed(request: Request, exc: StarletteHTTPException) -> MethodNotAllowed:
+    """The router's 405, saying which method the path takes and, from ``ENDPOINTS``, what for."""
+    # StaticFiles (the documentation's files) raises its 405 without Allow: it serves GET and HEAD.
+    allow = (exc.headers or {}).get("Allow", "GET, HEAD")
+    route = getattr(request.scope.get("route"), "path", None)
+    about = {e["method"]: e["about"] for e in ENDPOINTS if e["path"] == route}
+    return MethodNotAllowed(request.method, request.url.path, allow, about)
+
+
+def count_refusal(request: Request, error: ServiceError) -> None:
+    """Count a request refused before it named its model (in ``inference_requests_total``, as "unknown")."""
+    service = getattr(request.app.state, "service", None)
+    if service is not None:  # None until started
+        service.refused(None, error)
 
 
 def _closer(server, grace: float):
@@ -231,6 +343,8 @@ def refusal(exc: ServiceError, path: str, settings: Settings) -> Response:
     """Both APIs' answer to a domain error: one table (errors.OUTCOMES), each API's error key."""
     found = outcome(exc)
     headers = {"Retry-After": str(settings.retry_after_s)} if found.retry else None
+    if found.allow:
+        headers = {**(headers or {}), "Allow": exc.allow}
     return EscapedJSONResponse({error_key(path): str(exc)}, status_code=found.status, headers=headers)
 
 
@@ -283,6 +397,9 @@ def predict_inputs(service: Service, body: PredictRequest) -> dict:
             continue  # Service.infer names what is missing
         if not examples:
             raise InvalidInput(f"input {spec.name!r} has no examples: send at least one")
+        unlisted = not_a_list_of_examples(entry, spec, examples, isinstance(body.inputs, dict))
+        if unlisted is not None:
+            raise unlisted
         if len(examples) > limit:
             raise InvalidInput(f"{len(examples)} examples in one request; the limit is {limit}")
         if entry.max_batch_size:
@@ -292,6 +409,32 @@ def predict_inputs(service: Service, body: PredictRequest) -> dict:
         else:  # no batch dimension: the one example is the tensor
             arrays[spec.name] = wire.from_json(examples, spec.datatype, spec.name)[0]
     return arrays
+
+
+def not_a_list_of_examples(entry, spec, examples: list, named: bool) -> InvalidInput | None:
+    """The 400 for numbers nested too shallow to be a list of examples, decided from the model's
+    example shape: most often one example sent without the list around it (64 numbers, where digits
+    takes [[64 numbers]], and where the batch limit would otherwise be the complaint). None otherwise:
+    deeper data, or not numbers, is ``wire.from_json``'s to check."""
+    example = list(spec.shape[1:] if entry.max_batch_size else spec.shape)  # unbatched: one in a list
+    lengths, leaf = wire.outline(examples)
+    if len(lengths) > len(example) or isinstance(leaf, bool) or not isinstance(leaf, (int, float)):
+        return None
+    subject = f'input "{spec.name}"' if named else '"inputs"'
+    inputs = f'{{"{spec.name}": [[{numbers(example)}]]}}' if named else f"[[{numbers(example)}]]"
+    fix = f'e.g. {{"model": "{entry.name}", "inputs": {inputs}}}'
+    if len(lengths) == len(example) and all(want in (-1, got) for want, got in zip(example, lengths)):
+        return InvalidInput(f"{subject} looks like one example ({numbers(lengths).strip('.')}), "
+                            f"not a list of examples: wrap it in a list, {fix}")
+    return InvalidInput(f"{subject} holds {numbers(lengths).strip('.')}, not a list of examples: model "
+                        f"{entry.name!r} takes a list of examples of shape {example} each, {fix}")
+
+
+def numbers(shape: list[int]) -> str:
+    """How a message writes the numbers of one example of ``shape`` (for [64], "...64 numbers...")."""
+    if len(shape) == 1:
+        return f"...{shape[0]} numbers..." if shape[0] >= 0 else "...numbers..."
+    return f"...numbers of shape {shape}..."
 
 
 def per_example(result: Result) -> list[dict[str, Any]]:
@@ -325,7 +468,7 @@ class HotRoutes:
     and ``v2.infer``, which the FastAPI routes call too, with the same body limit and error
     answers. Those routes stay the documentation (OpenAPI) and the way for everything else: a
     ``/predict`` body that pydantic refuses, or one not sent as JSON, goes on to FastAPI (``app``),
-    so every 422 is FastAPI's own.
+    so every 422 and 415 comes from FastAPI's handlers, worded the same either way.
     """
 
     def __init__(self, app, settings: Settings) -> None:
@@ -361,9 +504,8 @@ class HotRoutes:
     @staticmethod
     async def _predict(service: Service, scope, body: bytes) -> Response | None:
         arrived = time.perf_counter()
-        kind = header(scope, b"content-type")
-        if kind is None or kind.partition(b";")[0].strip().lower() != b"application/json":
-            return None  # FastAPI reads only JSON content types as JSON: its 422 for the rest
+        if not wire.is_json(header(scope, b"content-type")):
+            return None  # FastAPI reads only JSON content types as JSON: its 415 for the rest
         try:
             request = PredictRequest.model_validate_json(body)
         except ValueError:  # pydantic's ValidationError: FastAPI words the 422
@@ -379,9 +521,11 @@ class HotRoutes:
         else:
             return None
         encoding, length = header(scope, b"content-encoding"), header(scope, v2.HEADER_LENGTH.encode())
+        kind = header(scope, b"content-type")
         return await v2.infer(service, self.settings, name, version, body,
                               None if encoding is None else encoding.decode("latin-1"),
-                              None if length is None else length.decode("latin-1"))
+                              None if length is None else length.decode("latin-1"),
+                              None if kind is None else kind.decode("latin-1"))
 
 
 def header(scope, name: bytes) -> bytes | None:

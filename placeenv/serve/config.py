@@ -19,29 +19,41 @@ BUNDLED_REPOSITORY = Path(__file__).with_name("models") / "repository"
 
 
 class Settings(BaseSettings):
-    """Multi-device Paddle inference service. Each setting is PLACEENV_<NAME> or --<name> (the flag wins)."""
+    """Multi-device Paddle inference service. Set each option by flag or [env: ...] variable; a flag wins."""
 
-    model_config = SettingsConfigDict(env_prefix="PLACEENV_", cli_kebab_case=True, extra="ignore")
+    # cli_implicit_flags: a yes/no setting is a bare flag, --access-log or --no-access-log.
+    # cli_show_env_vars: each flag's help names its variable, PLACEENV_<NAME>.
+    # cli_hide_none_type: --grpc-port reads as an int, not {int,null}.
+    model_config = SettingsConfigDict(env_prefix="PLACEENV_", cli_kebab_case=True, cli_implicit_flags=True,
+                                      cli_show_env_vars=True, cli_hide_none_type=True, extra="ignore")
+
+    # The fields' order is --help's order: where to listen, devices, models, requests, batching,
+    # tuning, shutdown, logging.
+    host: str = Field("127.0.0.1", description="bind address; the container sets 0.0.0.0")
+    port: int = Field(8000, ge=0, le=65535, description="HTTP port; a port in use is refused before any "
+                      "model loads")
+    grpc_port: int | None = Field(
+        None, ge=1, le=65535, description="also serve the Open Inference Protocol over gRPC (Triton's "
+        "GRPCInferenceService; Triton uses 8001) on this port, on the same host; unset: HTTP only. "
+        "Needs the grpc extra: pip install 'placeenv[grpc]'",
+    )
 
     devices: str = Field(
         "auto",
         description="comma-separated devices, e.g. 'gpu:0,gpu:1,cpu' or 'sim:0,sim:1'; "
         "'auto': every accelerator, or sim devices when there is none",
     )
-    workers_per_device: int = Field(2, ge=1, le=64, description="worker threads per device")
-    queue_capacity: int = Field(64, ge=1, description="requests waiting per device before 503")
-    max_batch_size: int = Field(8, ge=1, le=1024, description="examples per forward pass, for models "
-                                "whose config does not say")
-    max_batch_delay_ms: float = Field(2.0, ge=0, le=1000, description="wait for more requests to batch, "
-                                      "for models whose config does not say")
-    request_timeout_s: float = Field(10.0, gt=0, description="end-to-end limit per request (504 after)")
-    gil_switch_interval_ms: float = Field(
-        0.5, gt=0, le=100, description="how long a thread holds the GIL while another waits for it "
-        "(sys.setswitchinterval; Python's default is 5): the event loop and the workers take turns "
-        "every few microseconds, and a worker that waits 5 ms for each turn leaves its device idle",
+    sim_devices: int = Field(4, ge=1, le=64, description="how many sim devices 'auto' creates")
+    on_device_failure: Literal["fail", "skip"] = Field(
+        "fail", description="a device that cannot start: refuse to start, or start without it"
     )
-    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="request body limit (413 above)")
-    max_examples_per_request: int = Field(32, ge=1, description="examples in one request (400 above)")
+    workers_per_device: int = Field(2, ge=1, le=64, description="worker threads per device")
+    isolation: Literal["on", "off"] = Field(
+        "on",
+        description="'off' is a demonstration of stock Paddle: placeenv uninstalled, workers "
+        "call set_device before every batch, and the leak counters climb",
+    )
+
     model_repository: str = Field(
         "", description="comma-separated model repository directories (Triton's layout: "
         "<repository>/<model>/<version>/model.json + model.pdiparams; docs/models.md); "
@@ -52,42 +64,45 @@ class Settings(BaseSettings):
         "fail", description="a model that cannot be loaded (bad file, bad config, fails on a device): refuse to "
         "start, or start without it and report it not ready",
     )
-    host: str = Field("127.0.0.1", description="bind address; the container sets 0.0.0.0")
-    port: int = Field(8000, ge=0, le=65535, description="HTTP port; a port in use is refused before any "
-                      "model loads")
-    grpc_port: int | None = Field(
-        None, ge=1, le=65535, description="also serve the Open Inference Protocol over gRPC (Triton's "
-        "GRPCInferenceService; Triton uses 8001) on this port, on the same host; unset: HTTP only. "
-        "Needs the grpc extra: pip install 'placeenv[grpc]'",
-    )
-    isolation: Literal["on", "off"] = Field(
-        "on",
-        description="'off' is a demonstration of stock Paddle: placeenv uninstalled, workers "
-        "call set_device before every batch, and the leak counters climb",
-    )
-    sim_devices: int = Field(4, ge=1, le=64, description="how many sim devices 'auto' creates")
+
+    request_timeout_s: float = Field(10.0, gt=0, description="end-to-end limit per request (504 after)")
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="request body limit (413 above)")
+    max_examples_per_request: int = Field(32, ge=1, description="examples in one request (400 above)")
+    queue_capacity: int = Field(64, ge=1, description="requests waiting per device; when every device's "
+                                "queue is full, a request gets 503 with Retry-After")
+    retry_after_s: int = Field(1, ge=1, description="the Retry-After header of a 503 (overloaded, draining, "
+                               "model not ready), in seconds")
+
+    max_batch_size: int = Field(8, ge=1, le=1024, description="examples per forward pass, for models "
+                                "whose config does not say")
+    max_batch_delay_ms: float = Field(2.0, ge=0, le=1000, description="wait for more requests to batch, "
+                                      "for models whose config does not say")
+
     preprocess_threads: int = Field(2, ge=1, le=64, description="CPU threads that preprocess large bodies")
     inline_preprocess_bytes: int = Field(
         4096, ge=0, description="bodies up to this size are preprocessed on the event loop thread, where "
         "the work costs less than the two thread hand-offs it would take; 0: always on a preprocessing thread"
     )
-    on_device_failure: Literal["fail", "skip"] = Field(
-        "fail", description="a device that cannot start: refuse to start, or start without it"
+    gil_switch_interval_ms: float = Field(
+        0.5, gt=0, le=100, description="how long a thread holds the GIL while another waits for it "
+        "(sys.setswitchinterval; Python's default is 5): the event loop and the workers take turns "
+        "every few microseconds, and a worker that waits 5 ms for each turn leaves its device idle",
     )
-    shutdown_grace_s: float = Field(30.0, ge=0, description="SIGTERM: time to finish accepted requests")
+
     shutdown_delay_s: float = Field(
         0.0, ge=0, description="SIGTERM: readyz answers 503 at once, and requests are still served this "
         "long before the listener closes, so a load balancer or Kubernetes stops routing here first"
     )
-    retry_after_s: int = Field(1, ge=1, description="the Retry-After header of a 503 (overloaded, draining, "
-                               "model not ready), in seconds")
+    shutdown_grace_s: float = Field(30.0, ge=0, description="SIGTERM: once the listener closes, how "
+                                    "long accepted requests have to finish")
+
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = Field("info", description="log level")
+    access_log: bool = Field(False, description="log a line per HTTP request (uvicorn's access log); off by "
+                             "default, since at thousands of requests a second it costs the event loop time")
     opentelemetry: bool = Field(
         False, description="FastAPI's native OpenTelemetry instrumentation (spans, metrics and logs to the "
         "globally configured OTel providers); off, the service's own Prometheus metrics remain"
     )
-    log_level: Literal["critical", "error", "warning", "info", "debug"] = Field("info", description="log level")
-    access_log: bool = Field(False, description="log a line per HTTP request (uvicorn's access log); off by "
-                             "default, since at thousands of requests a second it costs the event loop time")
 
     @field_validator("grpc_port", mode="before")
     @classmethod

@@ -1,13 +1,15 @@
 """The service's errors, and the one table that says what each means on the wire and in the metrics.
 
 The domain (``core.Service``) raises these; the adapters turn them into an HTTP
-status (with ``Retry-After`` when a retry may succeed) or a gRPC status code,
+status (with ``Retry-After`` when a retry may succeed, ``Allow`` for a method the
+path does not take) or a gRPC status code,
 and the outcome label of ``inference_requests_total``, all from ``OUTCOMES``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
 
 class StartupError(RuntimeError):
@@ -28,6 +30,21 @@ class InvalidInput(ServiceError):
 
 class TooLarge(ServiceError):
     """The request, once decompressed, is over the body limit."""
+
+
+class UnsupportedMediaType(ServiceError):
+    """A body sent with a Content-Type the endpoint does not read."""
+
+
+class MethodNotAllowed(ServiceError):
+    """A method the path does not take (``GET /predict``); the message says which to use, and for what."""
+
+    def __init__(self, method: str, path: str, allow: str, about: Mapping[str, str]) -> None:
+        self.allow = allow  # the Allow header: the path's methods, as the router lists them
+        methods = [m for m in allow.split(", ") if m != "HEAD"] or ["HEAD"]
+        shown = path if len(path) <= 80 else f"{path[:80]}..."  # a long model name in the path
+        what = f" ({about[methods[0]]})" if len(methods) == 1 and methods[0] in about else ""
+        super().__init__(f"{method[:20]} {shown} is not allowed: use {' or '.join(methods)} {shown}{what}")
 
 
 class Overloaded(ServiceError):
@@ -56,12 +73,15 @@ class Outcome:
     label: str  # the status label of inference_requests_total
     retry: bool  # answered with Retry-After: the same request may succeed later
     grpc: str  # the gRPC status code's name (grpc.StatusCode), for the gRPC endpoint
+    allow: bool = False  # answered with Allow: the methods the path takes (the error's ``allow``)
 
 
 OUTCOMES: dict[type[ServiceError], Outcome] = {
     UnknownModel: Outcome(404, "not_found", False, "NOT_FOUND"),
     InvalidInput: Outcome(400, "invalid", False, "INVALID_ARGUMENT"),
     TooLarge: Outcome(413, "too_large", False, "RESOURCE_EXHAUSTED"),
+    UnsupportedMediaType: Outcome(415, "unsupported_media_type", False, "INVALID_ARGUMENT"),
+    MethodNotAllowed: Outcome(405, "method_not_allowed", False, "UNIMPLEMENTED", allow=True),
     Overloaded: Outcome(503, "overloaded", True, "UNAVAILABLE"),
     Draining: Outcome(503, "draining", True, "UNAVAILABLE"),
     NotReady: Outcome(503, "not_ready", True, "UNAVAILABLE"),

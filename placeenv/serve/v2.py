@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from . import wire
 from .core import Result, Service
-from .errors import InvalidInput, ServiceError, TooLarge
+from .errors import InvalidInput, ServiceError, TooLarge, UnsupportedMediaType
 from .models.base import prefix
 
 HEADER_LENGTH = "inference-header-content-length"
@@ -152,10 +152,27 @@ def render(result: Result, request: InferenceRequest) -> Response:
                     headers={"Inference-Header-Content-Length": str(len(header))})
 
 
+#: Triton's binary tensor extension: a JSON header (Inference-Header-Content-Length bytes), then the tensors.
+BINARY_TYPE = "application/octet-stream"
+
+
+def check_content_type(content_type: str | None) -> None:
+    """``UnsupportedMediaType`` for a Content-Type an infer body cannot have (a form, text/plain); none
+    at all reads as JSON or binary, as tritonclient sends it."""
+    if content_type is None or wire.is_json(content_type) or \
+            content_type.partition(";")[0].strip().lower() == BINARY_TYPE:
+        return
+    raise UnsupportedMediaType(
+        f"an infer body is JSON, or Triton's binary tensor format: send the header Content-Type: "
+        f"application/json, or Content-Type: {BINARY_TYPE} with Inference-Header-Content-Length: "
+        f"<bytes of the JSON header> before the binary tensor data; got {wire.sent_type(content_type)}")
+
+
 async def infer(service: Service, settings, name: str, version: str | None, body: bytes,
-                encoding: str | None, header_length: str | None) -> Response:
+                encoding: str | None, header_length: str | None, content_type: str | None) -> Response:
     """``POST /v2/models/{name}[/versions/{version}]/infer``: parse, ``Service.infer``, render."""
     try:
+        check_content_type(content_type)
         body = decompressed(body, encoding, settings.max_body_bytes)
         parsed, arrays = parse(body, header_length)
     except ServiceError as exc:
@@ -239,7 +256,8 @@ def router(settings) -> APIRouter:
     # The documented route; app.HotRoutes calls infer() itself.
     async def infer_route(request: Request, name: str, version: str | None = None) -> Response:
         return await infer(service_of(request), settings, name, version, await request.body(),
-                           request.headers.get("content-encoding"), request.headers.get(HEADER_LENGTH))
+                           request.headers.get("content-encoding"), request.headers.get(HEADER_LENGTH),
+                           request.headers.get("content-type"))
 
     # Before /models/{name}, which would take "stats" for a model name: Triton's statistics of every
     # model (what tritonclient's get_inference_statistics() asks for when no model is named).
@@ -261,7 +279,7 @@ def router(settings) -> APIRouter:
         api.add_api_route(path + "/infer", infer_route, methods=["POST"], summary="Inference" + suffix,
                           openapi_extra={"requestBody": {"content": {"application/json": {
                               "schema": InferenceRequest.model_json_schema()}}}},
-                          responses={400: failed, 404: failed, 500: failed, 503: failed, 504: failed})
+                          responses={code: failed for code in (400, 404, 413, 415, 500, 503, 504)})
 
     @api.post("/repository/index", summary="Repository index (read-only)")
     async def repository_index(request: Request) -> list[dict[str, str]]:

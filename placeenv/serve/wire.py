@@ -34,6 +34,31 @@ def datatype(name: Any, tensor: str) -> np.dtype:
     return dtype
 
 
+def is_json(content_type: str | bytes | None) -> bool:
+    """Whether a Content-Type header is JSON's, as FastAPI decides to read a body as JSON."""
+    if content_type is None:
+        return False
+    if isinstance(content_type, bytes):
+        content_type = content_type.decode("latin-1")
+    kind = content_type.partition(";")[0].strip().lower()
+    return kind == "application/json" or (kind.startswith("application/") and kind.endswith("+json"))
+
+
+def sent_type(content_type: str | None) -> str:
+    """The Content-Type a request had, as a refusal quotes it (a prefix)."""
+    return "no Content-Type" if content_type is None else f"Content-Type: {prefix(content_type)}"
+
+
+def outline(data: Any) -> tuple[list[int], Any]:
+    """The lengths of ``data``'s nested lists down its first elements, and the value found there:
+    ``[[1, 2], [3, 4]]`` is ``([2, 2], 1)``; the shape of regular data, without walking all of it."""
+    lengths = []
+    while isinstance(data, list) and data:
+        lengths.append(len(data))
+        data = data[0]
+    return lengths, data
+
+
 def from_json(data: Any, kind: str, tensor: str, shape: tuple[int, ...] | None = None) -> np.ndarray:
     """``data`` (nested lists of numbers) as an array of ``kind``, reshaped to ``shape`` when given.
 

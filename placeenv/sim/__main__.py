@@ -6,15 +6,29 @@ import argparse
 import shlex
 import sys
 
-from . import DEFAULT_DEVICES, SimSetupError, build, environment
+from . import DEFAULT_DEVICES, MAX_DEVICES, SimSetupError, build, environment
+
+# The usual mistake: `python` is not the virtualenv's, finds no Paddle, and the eval sets nothing.
+WHICH_PYTHON = ("Run it with the Python that has placeenv and Paddle installed, e.g. a virtualenv's: "
+                'eval "$(.venv/bin/python -m placeenv.sim env --devices 4)"')
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m placeenv.sim", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m placeenv.sim", epilog=WHICH_PYTHON,
+        description="Sim devices: N Paddle devices sim:0 ... sim:N-1 on a machine without an accelerator.",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
-    env = commands.add_parser("env", help="print `export` lines that give Paddle N sim devices")
-    env.add_argument("--devices", type=int, default=DEFAULT_DEVICES)
-    commands.add_parser("build", help="compile the plugin and print its directory")
+    env = commands.add_parser(
+        "env", help="print the export lines that give Paddle N sim devices, for eval in a shell",
+        description="Print the export lines that give Paddle N sim devices (building the plugin if needed), "
+        "for eval in a shell before Paddle starts.", epilog=WHICH_PYTHON,
+    )
+    env.add_argument("--devices", type=int, default=DEFAULT_DEVICES, metavar="N",
+                     help=f"how many sim devices, 1 to {MAX_DEVICES} (default: {DEFAULT_DEVICES})")
+    commands.add_parser("build", help="compile the plugin and print its directory",
+                        description="Compile the plugin (cached by content hash) and print its directory.",
+                        epilog=WHICH_PYTHON)
     args = parser.parse_args(argv)
     try:
         if args.command == "build":
