@@ -160,7 +160,7 @@ def check_content_type(content_type: str | None) -> None:
     """``UnsupportedMediaType`` for a Content-Type an infer body cannot have (a form, text/plain); none
     at all reads as JSON or binary, as tritonclient sends it."""
     if content_type is None or wire.is_json(content_type) or \
-            content_type.partition(";")[0].strip().lower() == BINARY_TYPE:
+            wire.media_type(content_type) == BINARY_TYPE:
         return
     raise UnsupportedMediaType(
         f"an infer body is JSON, or Triton's binary tensor format: send the header Content-Type: "

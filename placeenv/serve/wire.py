@@ -34,13 +34,18 @@ def datatype(name: Any, tensor: str) -> np.dtype:
     return dtype
 
 
+def media_type(content_type: str | bytes) -> str:
+    """A Content-Type header's media type, without parameters: ``'application/json'``."""
+    if isinstance(content_type, bytes):
+        content_type = content_type.decode("latin-1")
+    return content_type.partition(";")[0].strip().lower()
+
+
 def is_json(content_type: str | bytes | None) -> bool:
     """Whether a Content-Type header is JSON's, as FastAPI decides to read a body as JSON."""
     if content_type is None:
         return False
-    if isinstance(content_type, bytes):
-        content_type = content_type.decode("latin-1")
-    kind = content_type.partition(";")[0].strip().lower()
+    kind = media_type(content_type)
     return kind == "application/json" or (kind.startswith("application/") and kind.endswith("+json"))
 
 
