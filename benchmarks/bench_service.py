@@ -159,20 +159,23 @@ class Bare:
 
 
 class Server:
-    def __init__(self, command: list[str], env: dict, port: int) -> None:
+    """A server process, started and ready: ``ready(server)`` says when (default: an HTTP probe)."""
+
+    def __init__(self, command: list[str], env: dict, port: int, ready=None) -> None:
         self.port, self.url = port, f"http://127.0.0.1:{port}"
         full = {k: v for k, v in os.environ.items() if not k.startswith("PLACEENV_")}
         full.update(env)
         self.proc = subprocess.Popen(command, env=full, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + 240
         probe = "/readyz" if "placeenv.serve" in command else "/openapi.json"
+        ready = ready or (lambda server: httpx.get(server.url + probe, timeout=2).status_code == 200)
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{command} exited: {self.proc.stderr.read().decode()[-2000:]}")
             try:
-                if httpx.get(self.url + probe, timeout=2).status_code == 200:
+                if ready(self):
                     return
-            except httpx.HTTPError:
+            except Exception:  # not up yet: refused, reset, unavailable
                 pass
             time.sleep(0.3)
         raise RuntimeError(f"{command} not ready")

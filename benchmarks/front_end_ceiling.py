@@ -40,6 +40,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import tritonclient.grpc
 import tritonclient.http as triton
 from tritonclient.grpc import service_pb2 as pb
 
@@ -119,6 +120,10 @@ def main() -> None:
     floor_port = free_port()
     floor = Server([sys.executable, "-m", "uvicorn", "benchmarks.handoff_floor_app:app", "--port",
                     str(floor_port), "--lifespan", "off", "--log-level", "warning", "--no-access-log"], {}, floor_port)
+    raw_grpc_port = free_port()
+    raw_grpc = Server([sys.executable, "benchmarks/raw_grpc_app.py", str(raw_grpc_port)], {}, raw_grpc_port,
+                      ready=lambda server: tritonclient.grpc.InferenceServerClient(
+                          f"127.0.0.1:{server.port}").is_server_ready())
     ours = service(args.devices.split(","), "null", WORKERS_PER_DEVICE=2, GRPC_PORT=grpc_port,
                    MODEL_REPOSITORY=str(ROOT / "benchmarks" / "repository"))
     try:
@@ -129,12 +134,14 @@ def main() -> None:
             "/predict": lambda c, s: wrk(ours.url + "/predict", *body["predict"], c, s),
             "v2 JSON": lambda c, s: wrk(ours.url + "/v2/models/null/infer", *body["v2 JSON"], c, s),
             "v2 binary": lambda c, s: wrk(ours.url + "/v2/models/null/infer", *body["v2 binary"], c, s),
+            "raw gRPC": lambda c, s: h2load(f"http://127.0.0.1:{raw_grpc_port}", grpc_frame(), c, s),
             "v2 gRPC": lambda c, s: h2load(f"http://127.0.0.1:{grpc_port}", grpc_frame(), c, s),
         }
+        baseline = {name: "raw gRPC" if "gRPC" in name else "raw" for name in ways}
         names = list(ways)
         for run in ways.values():  # warm-up
             run(args.connections, 2)
-        pids = {"raw": raw.proc.pid, "+ hand-off": floor.proc.pid}
+        pids = {"raw": raw.proc.pid, "+ hand-off": floor.proc.pid, "raw gRPC": raw_grpc.proc.pid}
         found = {n: {"p50_ms": [], "rps": [], "main_us": [], "others_us": []} for n in names}
         for r in range(args.rounds):
             for name in names[r % len(names):] + names[:r % len(names)]:
@@ -151,16 +158,21 @@ def main() -> None:
         ours.stop()
         floor.stop()
         raw.stop()
+        raw_grpc.stop()
 
     print(f"\n{datetime.date.today()}, {platform.machine()}, service on {args.devices} x 2 workers, "
           f"{args.rounds} rounds of {args.seconds:.0f} s, {args.connections} connections\n")
-    print("| way | req/s | ratio to raw | c=1 latency, ms | CPU per request, us: event loop + other threads |")
-    print("|---|---:|---:|---:|---:|")
+    print("| way | req/s | ratio to raw | ratio to its protocol's raw | c=1 latency, ms "
+          "| CPU per request, us: event loop + other threads |")
+    print("|---|---:|---:|---:|---:|---:|")
+
+    def ratio(name: str, to: str) -> str:
+        ratios = [a / b for a, b in zip(found[name]["rps"], found[to]["rps"], strict=True)]
+        return "1" if name == to else f"{statistics.median(ratios):.3f} ({min(ratios):.3f}..{max(ratios):.3f})"
+
     for name in names:
-        ratios = [a / b for a, b in zip(found[name]["rps"], found["raw"]["rps"], strict=True)]
-        ratio = "1" if name == "raw" else \
-            f"{statistics.median(ratios):.3f} ({min(ratios):.3f}..{max(ratios):.3f})"
-        print(f"| {name} | {statistics.median(found[name]['rps']):.0f} | {ratio} | "
+        print(f"| {name} | {statistics.median(found[name]['rps']):.0f} | {ratio(name, 'raw')} | "
+              f"{ratio(name, baseline[name])} | "
               f"{statistics.median(found[name]['p50_ms']):.2f} | "
               f"{statistics.median(found[name]['main_us']):.0f} + {statistics.median(found[name]['others_us']):.0f} |")
     save_results("front_end_ceiling", args, found=found)

@@ -2,7 +2,8 @@
 
 - ``HotRoutes`` serves ``/predict`` and ``/v2/.../infer`` ahead of FastAPI: every answer, good
   or bad, equals the FastAPI route's for the same request, and the hot path really is taken;
-- a worker gathering a batch is woken when the queue may fill it, not by every job;
+- a worker gathering a batch is woken when the queue may fill it, not by every job, and sends it
+  when requests stop arriving;
 - ``LoopMetrics`` exports what prometheus_client's Counter, Histogram and Gauge would.
 """
 
@@ -133,39 +134,67 @@ def _job(loop) -> Job:
                arrived=time.perf_counter(), deadline=time.perf_counter() + 60)
 
 
-def _gather(queue: DeviceQueue, delay: float) -> tuple[list, float, threading.Thread]:
+def _gather(queue: DeviceQueue, delay: float, limit: int = 4) -> tuple[list, float, threading.Thread]:
     found: list = []
     started = time.perf_counter()
 
     def worker():
-        found.extend(queue.take_batch({("m", 1): (4, delay)}, wait=5))
+        found.extend(queue.take_batch({("m", 1): (limit, delay)}, wait=5))
         found.append(time.perf_counter() - started)
 
     thread = threading.Thread(target=worker)
     return found, started, thread
 
 
+def _gathering(queue: DeviceQueue, limit: int = 4, delay: float = 2.0):
+    """A queue with two jobs and a worker gathering them into a batch (started)."""
+    loop = asyncio.new_event_loop()
+    queue.models = {("m", 1)}
+    for _ in range(2):  # two queued: the worker takes both, and gathers for more
+        queue.offer(_job(loop))
+    found, _, thread = _gather(queue, delay=delay, limit=limit)
+    thread.start()
+    deadline = time.monotonic() + 5
+    while not queue._gathering and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return loop, found, thread
+
+
 @pytest.mark.parametrize("jobs, full", [(4, True), (3, False)])
 def test_a_gathering_worker_wakes_when_the_queue_can_fill_its_batch(jobs, full):
-    loop = asyncio.new_event_loop()
+    queue = DeviceQueue("cpu", 64, 1)
+    loop, found, thread = _gathering(queue)
     try:
-        queue = DeviceQueue("cpu", 64, 1)
-        queue.models = {("m", 1)}
-        for _ in range(2):  # two queued: the worker takes both, and gathers for its delay
-            queue.offer(_job(loop))
-        found, _, thread = _gather(queue, delay=2.0)
-        thread.start()
-        deadline = time.monotonic() + 5
-        while not queue._gathering and time.monotonic() < deadline:
-            time.sleep(0.001)
         assert queue._gathering == [(("m", 1), 2)]  # 2 more jobs may fill it
         for _ in range(jobs - 2):
             queue.offer(_job(loop))
         thread.join(5)
         *batch, took = found
         assert len(batch) == jobs
-        # Full: woken at once. Not full (the control): nothing woke it early, it gathered for its delay.
-        assert (took < 1.0) if full else (took >= 1.9), took
+        # Full: woken at once. Not full (the control): nothing woke it; it went after two looks
+        # (a twentieth of its 2 s delay each), the second finding that nobody had joined.
+        assert (took < 0.15) if full else (0.19 <= took < 1.0), took
+    finally:
+        loop.close()
+
+
+@pytest.mark.parametrize("gap", [0.05, 1.0])
+def test_a_batch_waits_while_requests_keep_arriving_and_goes_when_they_pause(gap):
+    # A job every `gap` s, 4 of them, after the first two: within a look (a twentieth of a 4 s
+    # delay) they all join the batch; the control, one a second, finds the worker gone after the
+    # first quiet look.
+    queue = DeviceQueue("cpu", 64, 1)
+    loop, found, thread = _gathering(queue, limit=16, delay=4.0)
+    try:
+        for _ in range(4):
+            time.sleep(gap)
+            queue.offer(_job(loop))
+        thread.join(5)
+        *batch, took = found
+        if gap < 0.2:
+            assert len(batch) == 6 and 0.35 <= took < 2.0, (len(batch), took)
+        else:
+            assert len(batch) == 2 and len(queue) == 4 and took < 0.9, (len(batch), took)
     finally:
         loop.close()
 

@@ -100,7 +100,7 @@ def create_app(settings: Settings) -> FastAPI:
     async def lifespan(app: FastAPI):
         try:
             service = Service(settings)
-            app.state.service = service
+            app.state.service = app.hot.service = service
             await asyncio.to_thread(service.start)
         except StartupError as exc:
             # Said once, as it is (it names the model, file or device); QuietStartupFailure keeps
@@ -474,6 +474,7 @@ class HotRoutes:
     def __init__(self, app, settings: Settings) -> None:
         self.app, self.settings = app, settings
         self.limit = BodyLimit(None, settings.max_body_bytes)
+        self.service: Service | None = None  # set by the lifespan (Starlette's app.state costs a lookup)
 
     @staticmethod
     def serves(path: str) -> bool:
@@ -482,7 +483,7 @@ class HotRoutes:
     async def __call__(self, scope, receive, send):
         path = scope["path"]
         route = self._predict if path == "/predict" else self._infer
-        service = getattr(scope["app"].state, "service", None)
+        service = self.service
         if service is None:  # not started
             return await self.app(scope, receive, send)
         body = await self.limit.read(scope, receive, send)

@@ -90,7 +90,10 @@ def from_json(data: Any, kind: str, tensor: str, shape: tuple[int, ...] | None =
 def _fast(data: list, kind: str, dtype: np.dtype) -> np.ndarray | None:
     """The common case, checked by C loops: regular nesting of the right leaf type; else None."""
     try:
-        probe = np.asarray(data, dtype=np.float64 if kind not in ("BOOL",) else np.bool_)
+        # Integers are probed as float64, to see their range before the cast; the rest are made
+        # in their own dtype at once (a float beyond it is inf, as a cast would make it).
+        with np.errstate(over="ignore"):
+            probe = np.asarray(data, dtype=np.float64 if kind in _INTEGER else dtype)
     except (ValueError, TypeError, OverflowError):
         return None
     if probe.ndim > _MAX_DEPTH:
@@ -107,8 +110,7 @@ def _fast(data: list, kind: str, dtype: np.dtype) -> np.ndarray | None:
             return np.asarray(data, dtype=dtype) if _ints_fit(probe, dtype) else None
         except (OverflowError, ValueError):
             return None
-    with np.errstate(over="ignore"):
-        return probe.astype(dtype)
+    return probe
 
 
 def _ints_fit(probe: np.ndarray, dtype: np.dtype) -> bool:

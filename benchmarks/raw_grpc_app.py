@@ -1,0 +1,43 @@
+"""The gRPC front end's ceiling: a raw grpc.aio server doing the least ``ModelInfer`` can.
+
+It parses the request, takes the first 10 numbers of each row of the first raw input and answers
+them as the output ``y``: the null model's call and answer, with no servicer logic, validation,
+queue, thread, metric or device. On uvloop, as the service's grpc.aio server is (uvicorn's loop).
+
+    python benchmarks/raw_grpc_app.py PORT
+"""
+
+from __future__ import annotations
+
+import sys
+
+import grpc
+import numpy as np
+import uvloop
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as rpc
+
+
+class Raw(rpc.GRPCInferenceServiceServicer):
+    async def ServerReady(self, request, context):
+        return pb.ServerReadyResponse(ready=True)
+
+    async def ModelInfer(self, request, context):
+        rows = np.frombuffer(request.raw_input_contents[0], np.float32).reshape(tuple(request.inputs[0].shape))
+        y = rows[:, :10]
+        return pb.ModelInferResponse(
+            model_name=request.model_name,
+            outputs=[pb.ModelInferResponse.InferOutputTensor(name="y", datatype="FP32", shape=y.shape)],
+            raw_output_contents=[y.tobytes()])
+
+
+async def serve(port: int) -> None:
+    server = grpc.aio.server()
+    rpc.add_GRPCInferenceServiceServicer_to_server(Raw(), server)
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    await server.wait_for_termination()
+
+
+if __name__ == "__main__":
+    uvloop.run(serve(int(sys.argv[1])))
