@@ -2,20 +2,26 @@
 
     python benchmarks/front_end_ceiling.py [--rounds 5] [--seconds 4] [--connections 16] [--devices cpu]
 
-Needs ``wrk`` and ``h2load`` (Debian packages wrk, nghttp2-client). Three servers on the same
+Needs ``wrk`` and ``h2load`` (Debian packages wrk, nghttp2-client). Servers on the same
 uvicorn: ``benchmarks/raw_asgi_app.py`` (read the body, parse the JSON, answer JSON: no
-framework, queue, thread or metric), the same with a thread hand-off, and the service serving ``benchmarks/repository/null``
-(64 numbers in, the first 10 out, nothing on the device but one slice) on ``--devices`` with
-2 workers each, with gRPC on. Every way is measured in every round, order rotated, one
-server alive at a time is not needed (both idle while the other is measured):
+framework, queue, thread or metric), the same with a thread hand-off, and the service serving
+``benchmarks/repository/null`` (64 numbers in, the first 10 out, nothing on the device but one
+slice) on ``--devices`` with 2 workers each, with gRPC on; and a bare grpc.aio server. Every
+way is measured in every round, order rotated; the servers not measured sit idle:
 
   raw          the raw ASGI app, the null model's /predict body
   + hand-off   benchmarks/handoff_floor_app.py: the raw app handing each request to a worker
                thread and back (batched wake-ups): the floor of any front end with device
                worker threads
   /predict     the service's simple JSON API, the same body
+  /predict, batch delay 0
+               the same on a second service whose batches never wait for more
+               (max_batch_delay_ms 0; the default waits up to 2 ms, less once requests stop
+               arriving): the front end without the batching policy's wait
   v2 JSON      /v2/models/null/infer, JSON data (tritonclient's encoding)
   v2 binary    the same with binary tensors
+  raw gRPC     benchmarks/raw_grpc_app.py: a bare grpc.aio ModelInfer on uvloop, gRPC's own
+               ceiling (the v2 gRPC row's "its protocol's raw")
   v2 gRPC      ModelInfer with raw_input_contents, by h2load (c=1 column: its mean, not p50)
 
 Prints the throughput at ``--connections``, the c=1 latency, and the server's CPU time per
@@ -126,12 +132,15 @@ def main() -> None:
                           f"127.0.0.1:{server.port}").is_server_ready())
     ours = service(args.devices.split(","), "null", WORKERS_PER_DEVICE=2, GRPC_PORT=grpc_port,
                    MODEL_REPOSITORY=str(ROOT / "benchmarks" / "repository"))
+    eager = service(args.devices.split(","), "null", WORKERS_PER_DEVICE=2, MAX_BATCH_DELAY_MS=0,
+                    MODEL_REPOSITORY=str(ROOT / "benchmarks" / "repository"))
     try:
         body = bodies()
         ways = {  # name: a function of (connections, seconds)
             "raw": lambda c, s: wrk(raw.url + "/predict", *body["predict"], c, s),
             "+ hand-off": lambda c, s: wrk(floor.url + "/predict", *body["predict"], c, s),
             "/predict": lambda c, s: wrk(ours.url + "/predict", *body["predict"], c, s),
+            "/predict, batch delay 0": lambda c, s: wrk(eager.url + "/predict", *body["predict"], c, s),
             "v2 JSON": lambda c, s: wrk(ours.url + "/v2/models/null/infer", *body["v2 JSON"], c, s),
             "v2 binary": lambda c, s: wrk(ours.url + "/v2/models/null/infer", *body["v2 binary"], c, s),
             "raw gRPC": lambda c, s: h2load(f"http://127.0.0.1:{raw_grpc_port}", grpc_frame(), c, s),
@@ -141,7 +150,8 @@ def main() -> None:
         names = list(ways)
         for run in ways.values():  # warm-up
             run(args.connections, 2)
-        pids = {"raw": raw.proc.pid, "+ hand-off": floor.proc.pid, "raw gRPC": raw_grpc.proc.pid}
+        pids = {"raw": raw.proc.pid, "+ hand-off": floor.proc.pid, "raw gRPC": raw_grpc.proc.pid,
+                "/predict, batch delay 0": eager.proc.pid}
         found = {n: {"p50_ms": [], "rps": [], "main_us": [], "others_us": []} for n in names}
         for r in range(args.rounds):
             for name in names[r % len(names):] + names[:r % len(names)]:
@@ -156,6 +166,7 @@ def main() -> None:
                 f"{n} {found[n]['rps'][-1]:.0f}/s" for n in names), flush=True)
     finally:
         ours.stop()
+        eager.stop()
         floor.stop()
         raw.stop()
         raw_grpc.stop()

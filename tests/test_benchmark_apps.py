@@ -53,3 +53,32 @@ def test_front_end_floor_app_answers_as_the_null_model(app):
     answer = _post_to_app(app, json.dumps({"model": "null", "inputs": rows}))
     assert answer.status_code == 200, answer.text[:500]
     assert answer.json() == {"model": "null", "outputs": [{"y": row[:10]} for row in rows]}
+
+
+def test_raw_grpc_app_answers_as_the_services_grpc_endpoint():
+    """benchmarks/raw_grpc_app.py, gRPC's ceiling in front_end_ceiling.py, gives the null model's
+    output by tritonclient.grpc, as the service's own gRPC endpoint does for the same call."""
+    import numpy as np
+    import tritonclient.grpc as triton
+
+    rows = np.arange(128, dtype=np.float32).reshape(2, 64)
+
+    def call(port: int) -> np.ndarray:
+        client = triton.InferenceServerClient(f"127.0.0.1:{port}")
+        x = triton.InferInput("x", list(rows.shape), "FP32")
+        x.set_data_from_numpy(rows)
+        return client.infer("null", [x], outputs=[triton.InferRequestedOutput("y")]).as_numpy("y")
+
+    port = free_port()
+    raw = Server([sys.executable, "benchmarks/raw_grpc_app.py", str(port)], {}, port,
+                 ready=lambda server: triton.InferenceServerClient(f"127.0.0.1:{server.port}").is_server_ready())
+    try:
+        from_raw = call(port)
+    finally:
+        raw.stop()
+    grpc_port = free_port()
+    with ServiceProcess(DEVICES="cpu", WORKERS_PER_DEVICE=1, MODELS="null", GRPC_PORT=grpc_port,
+                        MODEL_REPOSITORY=str(ROOT / "benchmarks" / "repository")):
+        from_service = call(grpc_port)
+    np.testing.assert_array_equal(from_raw, rows[:, :10])
+    np.testing.assert_array_equal(from_service, from_raw)
