@@ -22,38 +22,25 @@ import argparse
 import datetime
 import os
 import platform
-import shutil
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 
-import httpx
-from prometheus_client.parser import text_string_to_metric_families
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_protocols import wrk  # noqa: E402
-from bench_service import save_results, service  # noqa: E402
+from bench_service import metric_samples, save_results, service  # noqa: E402
+from device_scaling import repository  # noqa: E402
 from front_end_ceiling import bodies  # noqa: E402
 
 KINDS = {"host": (0, 2), "device": (5, 1)}  # kind: (sleep_ms per batch, workers)
 
 
-def repository(tmp: Path, sleep_ms: float) -> Path:
-    root = tmp / f"sleep{sleep_ms}"
-    shutil.copytree(ROOT / "benchmarks" / "repository" / "null", root / "null")
-    (root / "null" / "config.yaml").write_text(f"max_batch_size: 32\nparameters:\n  sleep_ms: {sleep_ms}\n")
-    return root
-
-
 def batches(url: str) -> tuple[float, float]:
     """(examples, forward passes) so far, from the service's batch-size histogram."""
-    for family in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=10).text):
-        if family.name == "inference_batch_size":
-            found = {s.name: s.value for s in family.samples if s.labels.get("model") == "null"}
-            return found["inference_batch_size_sum"], found["inference_batch_size_count"]
-    return 0.0, 0.0
+    found = {s.name: s.value for s in metric_samples(url) if s.labels.get("model") == "null"}
+    return found.get("inference_batch_size_sum", 0.0), found.get("inference_batch_size_count", 0.0)
 
 
 def main() -> None:
@@ -69,7 +56,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         try:
             for kind, (sleep_ms, workers) in KINDS.items():
-                repo = repository(Path(tmp), sleep_ms)
+                repo = repository(Path(tmp) / kind, sleep_ms, max_batch_size=32)
                 for delay in delays:
                     servers[kind, delay] = service(["cpu"], "null", WORKERS_PER_DEVICE=workers,
                                                    MAX_BATCH_DELAY_MS=delay, MODEL_REPOSITORY=str(repo))
@@ -81,7 +68,8 @@ def main() -> None:
                 for key in keys[r % len(keys):] + keys[:r % len(keys)]:
                     url = servers[key].url
                     before = batches(url)
-                    found[key]["rps"].append(wrk(url + "/predict", body, headers, args.connections, args.seconds)["rps"])
+                    load = wrk(url + "/predict", body, headers, args.connections, args.seconds)
+                    found[key]["rps"].append(load["rps"])
                     after = batches(url)
                     found[key]["mean_batch"].append((after[0] - before[0]) / max(1.0, after[1] - before[1]))
                 print(f"round {r + 1}/{args.rounds}: " + ", ".join(

@@ -47,10 +47,12 @@ def pss_mb(pid: int) -> float:
     return float("nan")
 
 
-def repository(tmp: Path, sleep_ms: float) -> Path:
+def repository(tmp: Path, sleep_ms: float, max_batch_size: int = 1) -> Path:
+    """A model repository under ``tmp`` holding the null model with this sleep and batch size."""
     root = tmp / "repository"
     shutil.copytree(ROOT / "benchmarks" / "repository" / "null", root / "null")
-    (root / "null" / "config.yaml").write_text(f"max_batch_size: 1\nparameters:\n  sleep_ms: {sleep_ms}\n")
+    (root / "null" / "config.yaml").write_text(
+        f"max_batch_size: {max_batch_size}\nparameters:\n  sleep_ms: {sleep_ms}\n")
     return root
 
 

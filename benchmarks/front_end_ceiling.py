@@ -46,7 +46,6 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-import tritonclient.grpc
 import tritonclient.http as triton
 from tritonclient.grpc import service_pb2 as pb
 
@@ -54,6 +53,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_protocols import wrk  # noqa: E402
 from bench_service import Server, free_port, save_results, service  # noqa: E402
+import raw_grpc_app  # noqa: E402
 
 ROW = np.linspace(0, 1, 64, dtype=np.float32)[None, :]
 
@@ -128,8 +128,7 @@ def main() -> None:
                     str(floor_port), "--lifespan", "off", "--log-level", "warning", "--no-access-log"], {}, floor_port)
     raw_grpc_port = free_port()
     raw_grpc = Server([sys.executable, "benchmarks/raw_grpc_app.py", str(raw_grpc_port)], {}, raw_grpc_port,
-                      ready=lambda server: tritonclient.grpc.InferenceServerClient(
-                          f"127.0.0.1:{server.port}").is_server_ready())
+                      ready=raw_grpc_app.is_ready)
     ours = service(args.devices.split(","), "null", WORKERS_PER_DEVICE=2, GRPC_PORT=grpc_port,
                    MODEL_REPOSITORY=str(ROOT / "benchmarks" / "repository"))
     eager = service(args.devices.split(","), "null", WORKERS_PER_DEVICE=2, MAX_BATCH_DELAY_MS=0,
@@ -178,8 +177,10 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|---:|")
 
     def ratio(name: str, to: str) -> str:
+        if name == to:
+            return "1"
         ratios = [a / b for a, b in zip(found[name]["rps"], found[to]["rps"], strict=True)]
-        return "1" if name == to else f"{statistics.median(ratios):.3f} ({min(ratios):.3f}..{max(ratios):.3f})"
+        return f"{statistics.median(ratios):.3f} ({min(ratios):.3f}..{max(ratios):.3f})"
 
     for name in names:
         print(f"| {name} | {statistics.median(found[name]['rps']):.0f} | {ratio(name, 'raw')} | "

@@ -13,6 +13,7 @@ import sys
 
 import grpc
 import numpy as np
+import tritonclient.grpc
 import uvloop
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as rpc
@@ -23,12 +24,19 @@ class Raw(rpc.GRPCInferenceServiceServicer):
         return pb.ServerReadyResponse(ready=True)
 
     async def ModelInfer(self, request, context):
-        rows = np.frombuffer(request.raw_input_contents[0], np.float32).reshape(tuple(request.inputs[0].shape))
+        shape = tuple(request.inputs[0].shape)
+        rows = np.frombuffer(request.raw_input_contents[0], np.float32).reshape(shape)
         y = rows[:, :10]
         return pb.ModelInferResponse(
             model_name=request.model_name,
             outputs=[pb.ModelInferResponse.InferOutputTensor(name="y", datatype="FP32", shape=y.shape)],
             raw_output_contents=[y.tobytes()])
+
+
+def is_ready(server) -> bool:
+    """Whether the app started as ``server`` (a ``bench_service.Server``) answers ServerReady:
+    that Server's ``ready`` probe."""
+    return tritonclient.grpc.InferenceServerClient(f"127.0.0.1:{server.port}").is_server_ready()
 
 
 async def serve(port: int) -> None:

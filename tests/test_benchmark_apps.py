@@ -17,6 +17,7 @@ from servers import ServiceProcess
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_service import Server, example_body, free_port  # noqa: E402
+import raw_grpc_app  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +72,7 @@ def test_raw_grpc_app_answers_as_the_services_grpc_endpoint():
 
     port = free_port()
     raw = Server([sys.executable, "benchmarks/raw_grpc_app.py", str(port)], {}, port,
-                 ready=lambda server: triton.InferenceServerClient(f"127.0.0.1:{server.port}").is_server_ready())
+                 ready=raw_grpc_app.is_ready)
     try:
         from_raw = call(port)
     finally:

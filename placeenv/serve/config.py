@@ -75,9 +75,9 @@ class Settings(BaseSettings):
 
     max_batch_size: int = Field(8, ge=1, le=1024, description="examples per forward pass, for models "
                                 "whose config does not say")
-    max_batch_delay_ms: float = Field(2.0, ge=0, le=1000, description="the longest a batch waits for more requests "
-                                      "(it goes sooner when full or when a twentieth of this passes with none "
-                                      "arriving), for models whose config does not say")
+    max_batch_delay_ms: float = Field(
+        2.0, ge=0, le=1000, description="the longest a batch waits for more requests (it goes sooner when "
+        "full or when a twentieth of this passes with none arriving), for models whose config does not say")
 
     preprocess_threads: int = Field(2, ge=1, le=64, description="CPU threads that preprocess large bodies")
     inline_preprocess_bytes: int = Field(
