@@ -22,12 +22,16 @@ way is measured in every round, order rotated; the servers not measured sit idle
   v2 binary    the same with binary tensors
   raw gRPC     benchmarks/raw_grpc_app.py: a bare grpc.aio ModelInfer on uvloop, gRPC's own
                ceiling (the v2 gRPC row's "its protocol's raw")
+  raw gRPC + hand-off
+               the same with --handoff: each call's rows go to a worker thread and back, as
+               in handoff_floor_app.py
   v2 gRPC      ModelInfer with raw_input_contents, by h2load (c=1 column: its mean, not p50)
 
 Prints the throughput at ``--connections``, the c=1 latency, and the server's CPU time per
 request at ``--connections`` (its event-loop thread, which holds the GIL for every request, and
-its other threads) of each, and each way's throughput as a ratio to raw (median and min..max of the per-round ratios). Writes
-``results/front_end_ceiling.json``.
+its other threads) of each, each way's throughput as a ratio to raw (median and min..max of the
+per-round ratios), and for the service's ways the mean batch its workers ran (from its
+``inference_batch_size`` histogram). Writes ``results/front_end_ceiling.json``.
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ from tritonclient.grpc import service_pb2 as pb
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_protocols import wrk  # noqa: E402
-from bench_service import Server, free_port, save_results, service  # noqa: E402
+from bench_service import Server, free_port, metric_samples, save_results, service  # noqa: E402
 import raw_grpc_app  # noqa: E402
 
 ROW = np.linspace(0, 1, 64, dtype=np.float32)[None, :]
@@ -97,6 +101,14 @@ def h2load(url: str, frame: bytes, connections: int, seconds: float) -> dict:
             "p50_ms": float(mean[1]) / (1000 if mean[2] == "us" else 1)}
 
 
+def batch_totals(server) -> tuple[float, float] | None:
+    """The examples and forward passes the service ``server`` has run so far (None for no service)."""
+    if server is None:
+        return None
+    found = {s.name: s.value for s in metric_samples(server.url) if s.name.startswith("inference_batch_size_")}
+    return found.get("inference_batch_size_sum", 0.0), found.get("inference_batch_size_count", 0.0)
+
+
 def cpu_s(pid: int) -> tuple[float, float]:
     """CPU seconds used so far by the process's main thread and by its other threads."""
     main = others = 0.0
@@ -129,6 +141,9 @@ def main() -> None:
     raw_grpc_port = free_port()
     raw_grpc = Server([sys.executable, "benchmarks/raw_grpc_app.py", str(raw_grpc_port)], {}, raw_grpc_port,
                       ready=raw_grpc_app.is_ready)
+    handoff_grpc_port = free_port()
+    handoff_grpc = Server([sys.executable, "benchmarks/raw_grpc_app.py", str(handoff_grpc_port), "--handoff"], {},
+                          handoff_grpc_port, ready=raw_grpc_app.is_ready)
     ours = service(args.devices.split(","), "null", WORKERS_PER_DEVICE=2, GRPC_PORT=grpc_port,
                    MODEL_REPOSITORY=str(ROOT / "benchmarks" / "repository"))
     eager = service(args.devices.split(","), "null", WORKERS_PER_DEVICE=2, MAX_BATCH_DELAY_MS=0,
@@ -143,6 +158,7 @@ def main() -> None:
             "v2 JSON": lambda c, s: wrk(ours.url + "/v2/models/null/infer", *body["v2 JSON"], c, s),
             "v2 binary": lambda c, s: wrk(ours.url + "/v2/models/null/infer", *body["v2 binary"], c, s),
             "raw gRPC": lambda c, s: h2load(f"http://127.0.0.1:{raw_grpc_port}", grpc_frame(), c, s),
+            "raw gRPC + hand-off": lambda c, s: h2load(f"http://127.0.0.1:{handoff_grpc_port}", grpc_frame(), c, s),
             "v2 gRPC": lambda c, s: h2load(f"http://127.0.0.1:{grpc_port}", grpc_frame(), c, s),
         }
         baseline = {name: "raw gRPC" if "gRPC" in name else "raw" for name in ways}
@@ -150,17 +166,21 @@ def main() -> None:
         for run in ways.values():  # warm-up
             run(args.connections, 2)
         pids = {"raw": raw.proc.pid, "+ hand-off": floor.proc.pid, "raw gRPC": raw_grpc.proc.pid,
-                "/predict, batch delay 0": eager.proc.pid}
-        found = {n: {"p50_ms": [], "rps": [], "main_us": [], "others_us": []} for n in names}
+                "raw gRPC + hand-off": handoff_grpc.proc.pid, "/predict, batch delay 0": eager.proc.pid}
+        services = {"/predict, batch delay 0": eager, **{n: ours for n in names if n not in pids}}
+        found = {n: {"p50_ms": [], "rps": [], "main_us": [], "others_us": [], "batch": []} for n in names}
         for r in range(args.rounds):
             for name in names[r % len(names):] + names[:r % len(names)]:
                 found[name]["p50_ms"].append(ways[name](1, args.seconds)["p50_ms"])
                 pid = pids.get(name, ours.proc.pid)
-                before = cpu_s(pid)
+                before, batches = cpu_s(pid), batch_totals(services.get(name))
                 found[name]["rps"].append(ways[name](args.connections, args.seconds)["rps"])
                 after, requests = cpu_s(pid), found[name]["rps"][-1] * args.seconds
                 found[name]["main_us"].append((after[0] - before[0]) / requests * 1e6)
                 found[name]["others_us"].append((after[1] - before[1]) / requests * 1e6)
+                if batches is not None:
+                    examples, runs = (a - b for a, b in zip(batch_totals(services[name]), batches))
+                    found[name]["batch"].append(examples / max(runs, 1))
             print(f"round {r + 1}/{args.rounds}: " + ", ".join(
                 f"{n} {found[n]['rps'][-1]:.0f}/s" for n in names), flush=True)
     finally:
@@ -169,12 +189,13 @@ def main() -> None:
         floor.stop()
         raw.stop()
         raw_grpc.stop()
+        handoff_grpc.stop()
 
     print(f"\n{datetime.date.today()}, {platform.machine()}, service on {args.devices} x 2 workers, "
           f"{args.rounds} rounds of {args.seconds:.0f} s, {args.connections} connections\n")
     print("| way | req/s | ratio to raw | ratio to its protocol's raw | c=1 latency, ms "
-          "| CPU per request, us: event loop + other threads |")
-    print("|---|---:|---:|---:|---:|---:|")
+          "| CPU per request, us: event loop + other threads | mean batch |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
 
     def ratio(name: str, to: str) -> str:
         if name == to:
@@ -183,10 +204,12 @@ def main() -> None:
         return f"{statistics.median(ratios):.3f} ({min(ratios):.3f}..{max(ratios):.3f})"
 
     for name in names:
+        batch = f"{statistics.median(found[name]['batch']):.1f}" if found[name]["batch"] else ""
         print(f"| {name} | {statistics.median(found[name]['rps']):.0f} | {ratio(name, 'raw')} | "
               f"{ratio(name, baseline[name])} | "
               f"{statistics.median(found[name]['p50_ms']):.2f} | "
-              f"{statistics.median(found[name]['main_us']):.0f} + {statistics.median(found[name]['others_us']):.0f} |")
+              f"{statistics.median(found[name]['main_us']):.0f} + {statistics.median(found[name]['others_us']):.0f} | "
+              f"{batch} |")
     save_results("front_end_ceiling", args, found=found)
 
 

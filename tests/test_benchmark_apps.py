@@ -58,7 +58,8 @@ def test_front_end_floor_app_answers_as_the_null_model(app):
 
 def test_raw_grpc_app_answers_as_the_services_grpc_endpoint():
     """benchmarks/raw_grpc_app.py, gRPC's ceiling in front_end_ceiling.py, gives the null model's
-    output by tritonclient.grpc, as the service's own gRPC endpoint does for the same call."""
+    output by tritonclient.grpc, with and without its hand-off to a thread, as the service's own
+    gRPC endpoint does for the same call."""
     import numpy as np
     import tritonclient.grpc as triton
 
@@ -70,16 +71,20 @@ def test_raw_grpc_app_answers_as_the_services_grpc_endpoint():
         x.set_data_from_numpy(rows)
         return client.infer("null", [x], outputs=[triton.InferRequestedOutput("y")]).as_numpy("y")
 
-    port = free_port()
+    port, handoff_port = free_port(), free_port()
     raw = Server([sys.executable, "benchmarks/raw_grpc_app.py", str(port)], {}, port,
                  ready=raw_grpc_app.is_ready)
+    handoff = Server([sys.executable, "benchmarks/raw_grpc_app.py", str(handoff_port), "--handoff"], {},
+                     handoff_port, ready=raw_grpc_app.is_ready)
     try:
-        from_raw = call(port)
+        from_raw, from_handoff = call(port), call(handoff_port)
     finally:
         raw.stop()
+        handoff.stop()
     grpc_port = free_port()
     with ServiceProcess(DEVICES="cpu", WORKERS_PER_DEVICE=1, MODELS="null", GRPC_PORT=grpc_port,
                         MODEL_REPOSITORY=str(ROOT / "benchmarks" / "repository")):
         from_service = call(grpc_port)
     np.testing.assert_array_equal(from_raw, rows[:, :10])
+    np.testing.assert_array_equal(from_handoff, from_raw)
     np.testing.assert_array_equal(from_service, from_raw)

@@ -6,8 +6,7 @@ Runs in its own virtual environment, so Ray (1.3 GB installed with Paddle) and i
 dependencies stay out of the project's::
 
     python3 -m venv /tmp/rayvenv
-    /tmp/rayvenv/bin/pip install "ray[serve]" paddlepaddle==3.3.1 numpy pydantic-settings
-    /tmp/rayvenv/bin/pip install -e . --no-deps
+    /tmp/rayvenv/bin/pip install "ray[serve]" paddlepaddle==3.3.1 -e '.[service]'
 
 The same request and answer as the service's ``POST /predict`` and litserve_app.py. The
 model code is the service's own (``replica.py``); what differs is Ray Serve's: its HTTP
