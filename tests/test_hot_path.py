@@ -129,8 +129,8 @@ def test_openapi_still_documents_the_hot_routes(app):
 # -- batching: who wakes whom ---------------------------------------------------------------------
 
 
-def _job(loop) -> Job:
-    return Job(model=("m", 1), inputs={}, examples=1, batched=True, loop=loop, future=loop.create_future(),
+def _job(loop, model: tuple[str, int] = ("m", 1)) -> Job:
+    return Job(model=model, inputs={}, examples=1, batched=True, loop=loop, future=loop.create_future(),
                arrived=time.perf_counter(), deadline=time.perf_counter() + 60)
 
 
@@ -195,6 +195,24 @@ def test_a_batch_waits_while_requests_keep_arriving_and_goes_when_they_pause(gap
             assert len(batch) == 6 and 0.35 <= took < 2.0, (len(batch), took)
         else:
             assert len(batch) == 2 and len(queue) == 4 and took < 0.9, (len(batch), took)
+    finally:
+        loop.close()
+
+
+def test_another_models_arrivals_do_not_keep_a_batch_waiting():
+    # A job of another model every 0.05 s for 1.5 s, while a worker gathers a batch of "m" with a
+    # 4 s delay (looks of 0.2 s): the batch goes at the first look that finds no "m" joined. The
+    # control, counting every model's jobs as joining, held it until the arrivals stopped (1.5 s+).
+    queue = DeviceQueue("cpu", 64, 1)
+    loop, found, thread = _gathering(queue, limit=16, delay=4.0)
+    try:
+        for _ in range(30):
+            time.sleep(0.05)
+            queue.offer(_job(loop, ("other", 1)))
+        thread.join(5)
+        *batch, took = found
+        assert len(batch) == 2 and 0.19 <= took < 1.0, (len(batch), took)
+        assert all(job.model == ("m", 1) for job in batch)
     finally:
         loop.close()
 

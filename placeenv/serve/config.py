@@ -77,7 +77,8 @@ class Settings(BaseSettings):
                                 "whose config does not say")
     max_batch_delay_ms: float = Field(
         2.0, ge=0, le=1000, description="the longest a batch waits for more requests (it goes sooner when "
-        "full or when a twentieth of this passes with none arriving), for models whose config does not say")
+        "full or when a twentieth of this passes with none for its model arriving), for models whose config "
+        "does not say")
 
     preprocess_threads: int = Field(2, ge=1, le=64, description="CPU threads that preprocess large bodies")
     inline_preprocess_bytes: int = Field(

@@ -87,9 +87,9 @@ def _settle_all(settled: list) -> None:
 
 
 #: A gathering worker looks at the queue this many times over a batch's delay, and sends the batch
-#: as soon as a look finds that no job joined since the last (or when full, or at the delay). A
-#: short look does not cut a burst short: while the event loop is still handing in requests it
-#: holds the GIL, and the worker cannot look until the loop lets go of it.
+#: as soon as a look finds that no job of its model joined since the last (or when full, or at the
+#: delay). A short look does not cut a burst short: while the event loop is still handing in
+#: requests it holds the GIL, and the worker cannot look until the loop lets go of it.
 QUIET_STEPS = 20
 
 
@@ -111,7 +111,9 @@ class DeviceQueue:
         self._gathering: list[tuple[tuple[str, int], int]] = []  # per worker gathering a batch: its
         # model, and the queue length that may fill the batch
         self.busy = 0  # jobs taken by workers, not yet answered
-        self.offered = 0  # jobs ever queued: a gathering worker sees whether any joined while it waited
+        # Jobs ever queued, per model: a gathering worker sees whether any of its model joined while
+        # it waited (another model's arrivals do not keep its batch waiting).
+        self.offered: collections.Counter[tuple[str, int]] = collections.Counter()
         self.closed = False
         metrics.QUEUE_DEPTH.labels(device).set_function(self.__len__)  # read at each scrape
 
@@ -127,7 +129,7 @@ class DeviceQueue:
                 return False
             job.device, job.enqueued = self.device, time.perf_counter()
             self._jobs.append(job)
-            self.offered += 1
+            self.offered[job.model] += 1
             fill_at = [n for model, n in self._gathering if model == job.model]
             if fill_at:
                 # A worker gathering a batch of this model takes the job when its delay ends: no one
@@ -144,7 +146,8 @@ class DeviceQueue:
     def take_batch(self, limits: dict[tuple[str, int], tuple[int, float]], wait: float) -> list[Job] | None:
         """The first job of a model in ``limits``, and more of that model up to its (max examples,
         max delay): a model's batch waits for more until it is full, its delay is up, or
-        ``max delay / QUIET_STEPS`` passes with no job joining the queue; max examples 0 takes one job.
+        ``max delay / QUIET_STEPS`` passes with no job of that model joining the queue; max examples 0
+        takes one job.
 
         Returns None when closed and empty (the worker should exit), [] on an idle ``wait``.
         """
@@ -166,7 +169,7 @@ class DeviceQueue:
             # Wait for more only under load (others were queued too): an idle
             # service answers a lone request at once instead of paying the delay.
             until = time.perf_counter() + (max_delay if self._jobs else 0.0)
-            joined = None  # jobs ever offered at the last look; None before the first wait
+            joined = None  # jobs of this model ever offered at the last look; None before the first wait
             while examples < max_examples:
                 nxt = self._next_of(first.model, max_examples - examples)
                 if nxt is not None:
@@ -176,13 +179,13 @@ class DeviceQueue:
                 left = until - time.perf_counter()
                 if left <= 0 or self.closed:
                     break
-                if joined == self.offered:
+                if joined == self.offered[first.model]:
                     # A look with nobody joining: the burst that made this batch is over, and
                     # clients waiting for these answers send nothing more until they get them;
                     # holding the batch for the rest of its delay would leave the device idle
                     # (docs/benchmarks.md, "Batch delay").
                     break
-                joined = self.offered
+                joined = self.offered[first.model]
                 # Jobs are 1+ examples each: this many queued may fill the batch.
                 gathering = (first.model, len(self._jobs) + max_examples - examples)
                 self._gathering.append(gathering)
