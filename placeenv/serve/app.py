@@ -521,12 +521,8 @@ class HotRoutes:
             name, version = parts[0], parts[2]
         else:
             return None
-        encoding, length = header(scope, b"content-encoding"), header(scope, v2.HEADER_LENGTH.encode())
-        kind = header(scope, b"content-type")
-        return await v2.infer(service, self.settings, name, version, body,
-                              None if encoding is None else encoding.decode("latin-1"),
-                              None if length is None else length.decode("latin-1"),
-                              None if kind is None else kind.decode("latin-1"))
+        found = headers(scope, _INFER_HEADERS)
+        return await v2.infer(service, self.settings, name, version, body, *found)
 
 
 def header(scope, name: bytes) -> bytes | None:
@@ -535,6 +531,20 @@ def header(scope, name: bytes) -> bytes | None:
         if key == name:
             return value
     return None
+
+
+#: What an infer body's reading depends on, in ``v2.infer``'s argument order.
+_INFER_HEADERS = (b"content-encoding", v2.HEADER_LENGTH.encode(), b"content-type")
+
+
+def headers(scope, names: tuple[bytes, ...]) -> list[str | None]:
+    """The first value of each header of ``names`` (lower case), decoded, or None: one walk of the
+    request's headers."""
+    found: dict[bytes, str] = {}
+    for key, value in scope["headers"]:
+        if key in names and key not in found:
+            found[key] = value.decode("latin-1")
+    return [found.get(name) for name in names]
 
 
 def replaying(body: bytes, receive):
