@@ -105,8 +105,9 @@ def batch_totals(server) -> tuple[float, float] | None:
     """The examples and forward passes the service ``server`` has run so far (None for no service)."""
     if server is None:
         return None
-    found = {s.name: s.value for s in metric_samples(server.url) if s.name.startswith("inference_batch_size_")}
-    return found.get("inference_batch_size_sum", 0.0), found.get("inference_batch_size_count", 0.0)
+    samples = metric_samples(server.url)
+    return tuple(sum(s.value for s in samples if s.name == f"inference_batch_size_{part}")  # every model's
+                 for part in ("sum", "count"))
 
 
 def cpu_s(pid: int) -> tuple[float, float]:
@@ -142,8 +143,8 @@ def main() -> None:
     raw_grpc = Server([sys.executable, "benchmarks/raw_grpc_app.py", str(raw_grpc_port)], {}, raw_grpc_port,
                       ready=raw_grpc_app.is_ready)
     handoff_grpc_port = free_port()
-    handoff_grpc = Server([sys.executable, "benchmarks/raw_grpc_app.py", str(handoff_grpc_port), "--handoff"], {},
-                          handoff_grpc_port, ready=raw_grpc_app.is_ready)
+    handoff_grpc = Server([sys.executable, "benchmarks/raw_grpc_app.py", str(handoff_grpc_port), "--handoff"],
+                          {}, handoff_grpc_port, ready=raw_grpc_app.is_ready)
     ours = service(args.devices.split(","), "null", WORKERS_PER_DEVICE=2, GRPC_PORT=grpc_port,
                    MODEL_REPOSITORY=str(ROOT / "benchmarks" / "repository"))
     eager = service(args.devices.split(","), "null", WORKERS_PER_DEVICE=2, MAX_BATCH_DELAY_MS=0,
@@ -158,7 +159,8 @@ def main() -> None:
             "v2 JSON": lambda c, s: wrk(ours.url + "/v2/models/null/infer", *body["v2 JSON"], c, s),
             "v2 binary": lambda c, s: wrk(ours.url + "/v2/models/null/infer", *body["v2 binary"], c, s),
             "raw gRPC": lambda c, s: h2load(f"http://127.0.0.1:{raw_grpc_port}", grpc_frame(), c, s),
-            "raw gRPC + hand-off": lambda c, s: h2load(f"http://127.0.0.1:{handoff_grpc_port}", grpc_frame(), c, s),
+            "raw gRPC + hand-off":
+                lambda c, s: h2load(f"http://127.0.0.1:{handoff_grpc_port}", grpc_frame(), c, s),
             "v2 gRPC": lambda c, s: h2load(f"http://127.0.0.1:{grpc_port}", grpc_frame(), c, s),
         }
         baseline = {name: "raw gRPC" if "gRPC" in name else "raw" for name in ways}
@@ -173,7 +175,8 @@ def main() -> None:
             for name in names[r % len(names):] + names[:r % len(names)]:
                 found[name]["p50_ms"].append(ways[name](1, args.seconds)["p50_ms"])
                 pid = pids.get(name, ours.proc.pid)
-                before, batches = cpu_s(pid), batch_totals(services.get(name))
+                batches = batch_totals(services.get(name))  # before the CPU count: a scrape costs some
+                before = cpu_s(pid)
                 found[name]["rps"].append(ways[name](args.connections, args.seconds)["rps"])
                 after, requests = cpu_s(pid), found[name]["rps"][-1] * args.seconds
                 found[name]["main_us"].append((after[0] - before[0]) / requests * 1e6)
@@ -208,7 +211,8 @@ def main() -> None:
         print(f"| {name} | {statistics.median(found[name]['rps']):.0f} | {ratio(name, 'raw')} | "
               f"{ratio(name, baseline[name])} | "
               f"{statistics.median(found[name]['p50_ms']):.2f} | "
-              f"{statistics.median(found[name]['main_us']):.0f} + {statistics.median(found[name]['others_us']):.0f} | "
+              f"{statistics.median(found[name]['main_us']):.0f} + "
+              f"{statistics.median(found[name]['others_us']):.0f} | "
               f"{batch} |")
     save_results("front_end_ceiling", args, found=found)
 

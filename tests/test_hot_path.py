@@ -213,6 +213,7 @@ def test_another_models_arrivals_do_not_keep_a_batch_waiting():
         *batch, took = found
         assert len(batch) == 2 and 0.19 <= took < 1.0, (len(batch), took)
         assert all(job.model == ("m", 1) for job in batch)
+        assert len(queue) == 30  # the other model's jobs, untouched
     finally:
         loop.close()
 

@@ -180,10 +180,10 @@ class DeviceQueue:
                 if left <= 0 or self.closed:
                     break
                 if joined == self.offered[first.model]:
-                    # A look with nobody joining: the burst that made this batch is over, and
-                    # clients waiting for these answers send nothing more until they get them;
-                    # holding the batch for the rest of its delay would leave the device idle
-                    # (docs/benchmarks.md, "Batch delay").
+                    # A look with no job of this model joining: the burst that made this batch is
+                    # over, and clients waiting for these answers send nothing more until they get
+                    # them; holding the batch for the rest of its delay would leave the device
+                    # idle (docs/benchmarks.md, "Batch delay").
                     break
                 joined = self.offered[first.model]
                 # Jobs are 1+ examples each: this many queued may fill the batch.
