@@ -30,17 +30,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_protocols import wrk  # noqa: E402
-from bench_service import metric_samples, save_results, service  # noqa: E402
+from bench_service import batch_totals, save_results, service  # noqa: E402
 from device_scaling import repository  # noqa: E402
 from front_end_ceiling import bodies  # noqa: E402
 
 KINDS = {"host": (0, 2), "device": (5, 1)}  # kind: (sleep_ms per batch, workers)
-
-
-def batches(url: str) -> tuple[float, float]:
-    """(examples, forward passes) so far, from the service's batch-size histogram."""
-    found = {s.name: s.value for s in metric_samples(url) if s.labels.get("model") == "null"}
-    return found.get("inference_batch_size_sum", 0.0), found.get("inference_batch_size_count", 0.0)
 
 
 def main() -> None:
@@ -67,10 +61,10 @@ def main() -> None:
             for r in range(args.rounds):
                 for key in keys[r % len(keys):] + keys[:r % len(keys)]:
                     url = servers[key].url
-                    before = batches(url)
+                    before = batch_totals(url)
                     load = wrk(url + "/predict", body, headers, args.connections, args.seconds)
                     found[key]["rps"].append(load["rps"])
-                    after = batches(url)
+                    after = batch_totals(url)
                     found[key]["mean_batch"].append((after[0] - before[0]) / max(1.0, after[1] - before[1]))
                 print(f"round {r + 1}/{args.rounds}: " + ", ".join(
                     f"{k} {d:g} ms {found[k, d]['rps'][-1]:.0f}/s" for k, d in keys), flush=True)

@@ -243,6 +243,14 @@ def metric_samples(url: str) -> list:
     return [sample for family in text_string_to_metric_families(text) for sample in family.samples]
 
 
+def batch_totals(url: str) -> tuple[float, float]:
+    """The examples and forward passes the service at ``url`` has run so far, every model's, from
+    its ``inference_batch_size`` histogram: two readings give the mean batch between them."""
+    samples = metric_samples(url)
+    return tuple(sum(s.value for s in samples if s.name == f"inference_batch_size_{part}")
+                 for part in ("sum", "count"))
+
+
 def _ms(text: str) -> float:
     value, unit = re.match(r"([\d.]+)(\w+)", text).groups()
     return float(value) * {"us": 1e-3, "ms": 1.0, "s": 1000.0, "m": 60000.0}[unit]

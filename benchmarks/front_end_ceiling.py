@@ -56,7 +56,7 @@ from tritonclient.grpc import service_pb2 as pb
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_protocols import wrk  # noqa: E402
-from bench_service import Server, free_port, metric_samples, save_results, service  # noqa: E402
+from bench_service import Server, batch_totals, free_port, save_results, service  # noqa: E402
 import raw_grpc_app  # noqa: E402
 
 ROW = np.linspace(0, 1, 64, dtype=np.float32)[None, :]
@@ -99,15 +99,6 @@ def h2load(url: str, frame: bytes, connections: int, seconds: float) -> dict:
     mean = re.search(r"time for request:\s+\S+\s+\S+\s+([\d.]+)(us|ms)", out)
     return {"rps": float(re.search(r"finished in [\d.]+s, ([\d.]+) req/s", out)[1]),
             "p50_ms": float(mean[1]) / (1000 if mean[2] == "us" else 1)}
-
-
-def batch_totals(server) -> tuple[float, float] | None:
-    """The examples and forward passes the service ``server`` has run so far (None for no service)."""
-    if server is None:
-        return None
-    samples = metric_samples(server.url)
-    return tuple(sum(s.value for s in samples if s.name == f"inference_batch_size_{part}")  # every model's
-                 for part in ("sum", "count"))
 
 
 def cpu_s(pid: int) -> tuple[float, float]:
@@ -175,14 +166,16 @@ def main() -> None:
             for name in names[r % len(names):] + names[:r % len(names)]:
                 found[name]["p50_ms"].append(ways[name](1, args.seconds)["p50_ms"])
                 pid = pids.get(name, ours.proc.pid)
-                batches = batch_totals(services.get(name))  # before the CPU count: a scrape costs some
+                server = services.get(name)  # the service's ways: their mean batch too
+                # Read before the CPU count: a scrape costs some.
+                batches = None if server is None else batch_totals(server.url)
                 before = cpu_s(pid)
                 found[name]["rps"].append(ways[name](args.connections, args.seconds)["rps"])
                 after, requests = cpu_s(pid), found[name]["rps"][-1] * args.seconds
                 found[name]["main_us"].append((after[0] - before[0]) / requests * 1e6)
                 found[name]["others_us"].append((after[1] - before[1]) / requests * 1e6)
-                if batches is not None:
-                    examples, runs = (a - b for a, b in zip(batch_totals(services[name]), batches))
+                if server is not None:
+                    examples, runs = (a - b for a, b in zip(batch_totals(server.url), batches))
                     found[name]["batch"].append(examples / max(runs, 1))
             print(f"round {r + 1}/{args.rounds}: " + ", ".join(
                 f"{n} {found[n]['rps'][-1]:.0f}/s" for n in names), flush=True)
