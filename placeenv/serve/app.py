@@ -100,7 +100,7 @@ def create_app(settings: Settings) -> FastAPI:
     async def lifespan(app: FastAPI):
         try:
             service = Service(settings)
-            app.state.service = app.hot.service = service
+            app.state.service = service
             await asyncio.to_thread(service.start)
         except StartupError as exc:
             # Said once, as it is (it names the model, file or device); QuietStartupFailure keeps
@@ -474,7 +474,6 @@ class HotRoutes:
     def __init__(self, app, settings: Settings) -> None:
         self.app, self.settings = app, settings
         self.limit = BodyLimit(None, settings.max_body_bytes)
-        self.service: Service | None = None  # set by the lifespan (Starlette's app.state costs a lookup)
 
     @staticmethod
     def serves(path: str) -> bool:
@@ -483,7 +482,7 @@ class HotRoutes:
     async def __call__(self, scope, receive, send):
         path = scope["path"]
         route = self._predict if path == "/predict" else self._infer
-        service = self.service
+        service = getattr(scope["app"].state, "service", None)
         if service is None:  # not started
             return await self.app(scope, receive, send)
         body = await self.limit.read(scope, receive, send)
@@ -521,8 +520,8 @@ class HotRoutes:
             name, version = parts[0], parts[2]
         else:
             return None
-        found = headers(scope, _INFER_HEADERS)
-        return await v2.infer(service, self.settings, name, version, body, *found)
+        encoding, length, kind = headers(scope, (b"content-encoding", _HEADER_LENGTH, b"content-type"))
+        return await v2.infer(service, self.settings, name, version, body, encoding, length, kind)
 
 
 def header(scope, name: bytes) -> bytes | None:
@@ -533,8 +532,7 @@ def header(scope, name: bytes) -> bytes | None:
     return None
 
 
-#: What an infer body's reading depends on, in ``v2.infer``'s argument order.
-_INFER_HEADERS = (b"content-encoding", v2.HEADER_LENGTH.encode(), b"content-type")
+_HEADER_LENGTH = v2.HEADER_LENGTH.encode()  # as ASGI scopes name headers: lower-case bytes
 
 
 def headers(scope, names: tuple[bytes, ...]) -> list[str | None]:
