@@ -1,11 +1,15 @@
 """Throughput against the number of devices, one process for all of them or one per device.
 
     python benchmarks/device_scaling.py [--counts 1,2,4,8,16] [--sleeps-ms 20,5,2] [--rounds 2] [--seconds 5]
+                                        [--workers-per-device 2]
 
 The null model (``benchmarks/repository/null``) with ``sleep_ms`` per batch and batches of
 one: each forward pass sleeps with the GIL released, a stand-in for an accelerator kernel
 that leaves the host CPU free, so a device serves at most ``1000 / sleep_ms`` requests a
-second and N devices ``N`` times that (the ideal line). In each round, for each count N:
+second and N devices ``N`` times that (the ideal line). A device sleeps for one batch at a
+time (the model holds its device's lock), so ``--workers-per-device`` (the service's default,
+2) overlaps one worker's host work with another's sleep, as a second instance per GPU does,
+without raising the ideal. In each round, for each count N:
 
   one process    the service on sim:0..N-1, one worker each, for every sleep in --sleeps-ms
   per device     N service processes on one sim device each, the load split evenly, for the
@@ -71,6 +75,8 @@ def main() -> None:
                         "runs a process per device")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=5)
+    parser.add_argument("--workers-per-device", type=int, default=2,
+                        help="worker threads a device, in every run (the service's default: 2)")
     parser.add_argument("--replot", type=Path, metavar="JSON",
                         help="draw the PNG beside this saved chart JSON again, measuring nothing")
     args = parser.parse_args()
@@ -78,6 +84,7 @@ def main() -> None:
         print(replot(args.replot, plot))
         return
     counts = [int(c) for c in args.counts.split(",")]
+    workers = args.workers_per_device
     sleeps = [float(x) for x in args.sleeps_ms.split(",")]
     runs = [("one process", sleep) for sleep in sleeps] + [("per device", sleeps[0])]
     found: dict = {f"{kind} {sleep:g} ms": {n: [] for n in counts} for kind, sleep in runs}
@@ -87,7 +94,7 @@ def main() -> None:
         repos = {sleep: str(repository(Path(tmp) / f"{sleep:g}", sleep)) for sleep in [*sleeps, 0.0]}
         for r in range(args.rounds):
             servers = [service([f"sim:{i}" for i in range(top)], "null", SIM_DEVICES=top,
-                               MODEL_REPOSITORY=repos[0.0], WORKERS_PER_DEVICE=1)]
+                               MODEL_REPOSITORY=repos[0.0], WORKERS_PER_DEVICE=workers)]
             try:
                 ceiling.append(measure(servers, top, args.seconds))
             finally:
@@ -97,10 +104,10 @@ def main() -> None:
                 for kind, sleep in runs if r % 2 == 0 else runs[::-1]:
                     if kind == "one process":
                         servers = [service([f"sim:{i}" for i in range(n)], "null", SIM_DEVICES=n,
-                                           MODEL_REPOSITORY=repos[sleep], WORKERS_PER_DEVICE=1)]
+                                           MODEL_REPOSITORY=repos[sleep], WORKERS_PER_DEVICE=workers)]
                     else:
                         servers = [service(["sim:0"], "null", SIM_DEVICES=1, MODEL_REPOSITORY=repos[sleep],
-                                           WORKERS_PER_DEVICE=1) for _ in range(n)]
+                                           WORKERS_PER_DEVICE=workers) for _ in range(n)]
                     try:
                         got = measure(servers, n, args.seconds)
                     finally:
@@ -113,7 +120,8 @@ def main() -> None:
 
     top_rps = statistics.median(x["rps"] for x in ceiling)
     print(f"\n{datetime.date.today()}, {platform.machine()}, null model, batches of one, {args.rounds} rounds "
-          f"of {args.seconds:g} s, wrk 2 connections per device. Ceiling (sleep 0, {top} devices): "
+          f"of {args.seconds:g} s, {workers} workers and wrk 2 connections per device. "
+          f"Ceiling (sleep 0, {top} devices): "
           f"{top_rps:.0f} req/s ({min(x['rps'] for x in ceiling):.0f}..{max(x['rps'] for x in ceiling):.0f})\n")
     print("| devices | " + " | ".join(f"{name}: req/s (share of ideal; min..max) | PSS MB" for name in found) + " |")
     print("|---:|" + "---:|---:|" * len(found))
@@ -138,7 +146,8 @@ def main() -> None:
         print(f"| {n} | " + " | ".join(f"{rps[name][n] / (n * per_device[name]):.2f}" for name in found) + " |")
     save_results("device_scaling", args, found=found, ceiling=ceiling)
     machine = f"{platform.machine()}, {os.cpu_count()} cores"
-    print(publish(chart(counts, found, ceiling, sleeps, machine), DOCS / "device_scaling.png", plot))
+    drawn = chart(counts, found, ceiling, sleeps, machine, workers)
+    print(publish(drawn, DOCS / "device_scaling.png", plot))
 
 
 def sleep_of(name: str) -> float:
@@ -146,7 +155,8 @@ def sleep_of(name: str) -> float:
     return float(name.split()[-2])
 
 
-def chart(counts: list[int], found: dict, ceiling: list[dict], sleeps: list[float], machine: str) -> dict:
+def chart(counts: list[int], found: dict, ceiling: list[dict], sleeps: list[float], machine: str,
+          workers_per_device: int = 1) -> dict:
     """The numbers the chart draws, medians over rounds (``docs/device_scaling.json``).
 
     Memory is kept for the first sleep only, the one run both as one process and as a
@@ -160,7 +170,8 @@ def chart(counts: list[int], found: dict, ceiling: list[dict], sleeps: list[floa
         if sleep_of(name) == sleeps[0]:
             series[name]["pss_mb"] = median(name, "pss_mb")
     rps = [x["rps"] for x in ceiling]
-    return {"date": str(datetime.date.today()), "machine": machine, "counts": counts,
+    return {"date": str(datetime.date.today()), "machine": machine, "workers_per_device": workers_per_device,
+            "counts": counts,
             "ceiling_rps": statistics.median(rps), "ceiling_range": [min(rps), max(rps)], "series": series}
 
 
@@ -179,8 +190,10 @@ def plot(chart: dict, path: Path) -> None:
         ax.set_xticks(chart["counts"], [str(n) for n in chart["counts"]])
         ax.set_xlabel("sim devices")
         ax.grid(alpha=0.3, which="both")
+    workers = chart.get("workers_per_device", 1)  # charts saved before the option ran 1
     fig.suptitle(f"One process vs a process per device, null model (each request sleeps on its device, "
-                 f"GIL released), {chart['date']}, {chart['machine']}")
+                 f"GIL released; {workers} worker{'s' if workers > 1 else ''} a device), {chart['date']}, "
+                 f"{chart['machine']}")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -88,3 +88,44 @@ def test_raw_grpc_app_answers_as_the_services_grpc_endpoint():
     np.testing.assert_array_equal(from_raw, rows[:, :10])
     np.testing.assert_array_equal(from_handoff, from_raw)
     np.testing.assert_array_equal(from_service, from_raw)
+
+
+def test_null_model_device_runs_one_sleep_at_a_time(tmp_path):
+    """The null model's sleep stands in for a device kernel, and a device runs one at a time: a
+    second worker on the same device waits for the first's sleep (so device_scaling.py's ideal,
+    1000 / sleep_ms a device, holds with two workers a device), while another device's does not.
+    Negative control: drop the ``with self.engine`` in its model.py and the same-device call
+    ends while the engine is held."""
+    import threading
+
+    import device_scaling
+    import numpy as np
+
+    from placeenv.serve.models.base import host_tensor
+    from placeenv.serve.models.local import replica
+    from placeenv.serve.models.repository import scan
+
+    entries, errors = scan([device_scaling.repository(tmp_path, 1.0)], ["null"], max_batch_size=1,
+                           max_batch_delay_ms=0)
+    assert not errors
+    first, second, other = (replica(entries["null"], place) for place in ("sim:0", "sim:0", "sim:1"))
+    assert first.engine is second.engine and first.engine is not other.engine
+    x = {"x": host_tensor(np.zeros((1, 64), np.float32))}
+    failures: list[BaseException] = []
+
+    def execute(model) -> None:
+        try:
+            model.execute(x)
+        except BaseException as exc:  # noqa: BLE001 - a worker's exception fails the test below
+            failures.append(exc)
+
+    with first.engine:  # the first worker's kernel runs on sim:0
+        same, elsewhere = (threading.Thread(target=execute, args=(m,)) for m in (second, other))
+        same.start()
+        elsewhere.start()
+        elsewhere.join(10)
+        assert not elsewhere.is_alive(), "another device's sleep waited for sim:0's"
+        same.join(0.2)  # 200 times its sleep
+        assert same.is_alive(), "two kernels ran on sim:0 at once"
+    same.join(10)
+    assert not same.is_alive() and not failures, failures

@@ -36,6 +36,10 @@ or memory from another. Per system per round:
   load CPU     the CPU time the tree uses during the saturated wrk run, in cores: one
                process's Python runs under one GIL, so on a Python-heavy model it cannot go
                far past one core, while N processes can use N
+  CPU a request  load CPU / throughput: what the system spends on a request
+  machine busy   every process's CPU during the same run (/proc/stat), the load generator
+               included, in cores: below the machine's cores, the machine had cores to spare,
+               so a system that stops short of them is held back by something of its own
 
 Stopping: ours by SIGTERM; LitServe by SIGINT to its process group (it leads one: SIGTERM
 to the main process leaves the workers behind); Ray Serve by SIGINT to the app, which shuts
@@ -88,6 +92,8 @@ METRICS = [  # key, label, format
     ("startup_s", "start-up, s", "{:.1f}"),
     ("idle_cpu_pct", "idle CPU, % of a core", "{:.0f}"),
     ("load_cores", "CPU under saturated load, cores", "{:.2f}"),
+    ("cpu_us", "CPU a request under saturated load, us", "{:.0f}"),
+    ("machine_cores", "whole machine busy under load, cores", "{:.2f}"),
 ]
 
 
@@ -135,6 +141,12 @@ def cpu_cores(roots: list[int], work) -> tuple[float, object]:
     ticks = sum(cpu - before[pid][2] if pid in before and before[pid][0] == start else cpu
                 for pid, (start, _, cpu) in after.items())
     return ticks / os.sysconf("SC_CLK_TCK") / seconds, done
+
+
+def machine_busy() -> tuple[int, int]:
+    """(all CPU time, busy CPU time) of the whole machine so far, in clock ticks (/proc/stat)."""
+    ticks = [int(n) for n in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return sum(ticks), sum(ticks) - ticks[3] - ticks[4]  # less idle and iowait
 
 
 def idle_cpu(roots: list[int], seconds: float) -> float:
@@ -342,7 +354,13 @@ def measure(start, body: str, connections: int, seconds: float) -> dict:
         for url in urls:
             warm(url, body, 20)
         wrk(urls, body, connections, 1)
+        machine = machine_busy()
         result["load_cores"], sat = cpu_cores(running.roots, lambda: wrk(urls, body, connections, seconds))
+        total, busy = (after - before for after, before in zip(machine_busy(), machine, strict=True))
+        # Whether the machine (server, wrk and all else) had cores to spare: a server below the
+        # machine's cores is held back by something of its own, for one process its one GIL.
+        result["machine_cores"] = busy / total * os.cpu_count()
+        result["cpu_us"] = result["load_cores"] / sat["rps"] * 1e6
         one = wrk(urls[:1], body, 1, seconds)
         result.update(rps=sat["rps"], sat_p99_ms=sat["p99_ms"], p50_ms=one["p50_ms"], p99_ms=one["p99_ms"],
                       non_2xx=sat["non_2xx"] + one["non_2xx"])
@@ -420,7 +438,8 @@ def main() -> None:
             print(f"round {r + 1}/{args.rounds} {NAMES[name]}: {got['rps']:.0f} req/s, c=1 p50 "
                   f"{got['p50_ms']:.2f} ms p99 {got['p99_ms']:.2f} ms, PSS {got['pss_mb']:.0f} MB in "
                   f"{got['processes']} processes, start-up {got['startup_s']:.1f} s, "
-                  f"idle CPU {got['idle_cpu_pct']:.0f}%, load CPU {got['load_cores']:.2f} cores, "
+                  f"idle CPU {got['idle_cpu_pct']:.0f}%, load CPU {got['load_cores']:.2f} cores "
+                  f"({got['cpu_us']:.0f} us a request; machine {got['machine_cores']:.2f} cores), "
                   f"stop {got['stop_s']:.1f} s, "
                   f"non-2xx {got['non_2xx']}",
                   flush=True)
