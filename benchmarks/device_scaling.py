@@ -11,7 +11,7 @@ time (the model holds its device's lock), so ``--workers-per-device`` (the servi
 2) overlaps one worker's host work with another's sleep, as a second instance per GPU does,
 without raising the ideal. In each round, for each count N:
 
-  one process    the service on sim:0..N-1, one worker each, for every sleep in --sleeps-ms
+  one process    the service on sim:0..N-1, --workers-per-device each, for every sleep in --sleeps-ms
   per device     N service processes on one sim device each, the load split evenly, for the
                  first sleep only (16 processes take a minute to start on two cores)
   ceiling        (once per round) the service on the most devices with sleep 0: what the front

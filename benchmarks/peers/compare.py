@@ -146,7 +146,11 @@ def cpu_cores(roots: list[int], work) -> tuple[float, object]:
 def machine_busy() -> tuple[int, int]:
     """(all CPU time, busy CPU time) of the whole machine so far, in clock ticks (/proc/stat)."""
     ticks = [int(n) for n in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return sum(ticks), sum(ticks) - ticks[3] - ticks[4]  # less idle and iowait
+    # user nice system idle iowait irq softirq steal (guest time is already in user and nice);
+    # steal is time the hypervisor gave to others: neither this machine's work nor idle here
+    idle, iowait, steal = ticks[3], ticks[4], ticks[7]
+    total = sum(ticks[:8]) - steal
+    return total, total - idle - iowait
 
 
 def idle_cpu(roots: list[int], seconds: float) -> float:

@@ -13,6 +13,7 @@ busy, so ``1000 / sleep_ms`` batches a second stays the ideal.
 import threading
 import time
 
+from placeenv import device_name
 from placeenv.serve.models import Model as Base, TensorSpec
 
 _DEVICES: dict[str, threading.Lock] = {}  # device name: its engine, shared by that device's workers
@@ -24,7 +25,7 @@ class Model(Base):
 
     def load(self, context):
         self.sleep_s = float(context.parameters.get("sleep_ms", 0)) / 1000
-        self.engine = _DEVICES.setdefault(str(self.place), threading.Lock())  # setdefault: atomic
+        self.engine = _DEVICES.setdefault(device_name(self.place), threading.Lock())  # setdefault: atomic
         return None  # no network
 
     def execute(self, inputs):
