@@ -20,9 +20,11 @@ exactly.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import threading
+import types
 import warnings
 
 # Versions whose internals were read and tested. Anything else fails loudly
@@ -81,7 +83,7 @@ NAMES = {
     "custom_device_types": "base.core.get_all_custom_device_type",
     # A custom device's random generator (placeenv.patch.install makes them all).
     "custom_device_generator": "base.core.default_custom_device_generator",
-    # The seeds (placeenv.seeds): the in-place cast Layer.to uses, for Layer.astype.
+    # The fixes (placeenv.fixes): the in-place cast Layer.to uses, for Layer.astype.
     "Layer": "nn.Layer",
     "layer_to_impl": "nn.Layer._to_impl",
     "convert_dtype": "base.framework.convert_np_dtype_to_dtype_",
@@ -117,7 +119,7 @@ TRACER_ATTRS = ("_expected_place", "_train_mode")
 #: ``'sim:N'`` (placeenv.places.explain_device). ``_get_paddle_place`` (the
 #: ``device=`` parser of the creation APIs) and ``full_like`` (behind
 #: ``zeros_like`` / ``ones_like``) also run their stock copies, then correct
-#: what placeenv.seeds describes.
+#: what placeenv.fixes describes.
 CODE_TARGETS = (
     "base.framework._current_expected_place_",
     "base.framework._set_expected_place",
@@ -139,7 +141,7 @@ GUARD_CLASSES = (
     ("device.Device", None),  # a str subclass: the device is its own value
 )
 
-#: Methods replaced by versions that do what the design says (placeenv.seeds).
+#: Methods replaced by versions that do what the design says (placeenv.fixes).
 METHOD_TARGETS = (("nn.Layer", "astype"), ("Tensor", "to"))
 
 #: Aliases added on install: the design's public name.
@@ -203,6 +205,11 @@ def resolve() -> None:
             raise UnsupportedPaddleError(
                 f"Paddle {paddle.__version__} lacks internals placeenv uses: {', '.join(missing)}"
             )
+        # Copies of the stock functions, made before any patch: the patch's
+        # replacements call some of them, and first_use_place() runs one.
+        found["stock"] = {path: _copy(code_owner(path, paddle)) for path in CODE_TARGETS}
+        found["global_place"] = functools.partial(framework.__dict__.get, "_global_expected_place_")
+        found["HOST"] = found["CPUPlace"]()
         found["guard_classes"] = tuple((_lookup(paddle, p), attr) for p, attr in GUARD_CLASSES)
         found["method_targets"] = tuple((_lookup(paddle, p), m) for p, m in METHOD_TARGETS)
         found["aliases"] = tuple((_lookup(paddle, p) if p else paddle, a) for p, a in ALIASES)
@@ -210,12 +217,23 @@ def resolve() -> None:
         _resolved = found
 
 
+#: What resolve() adds besides NAMES.
+_DERIVED = ("paddle", "stock", "global_place", "HOST", "guard_classes", "method_targets", "aliases")
+
+
 def __getattr__(name: str):
     # Reading an internal before install() resolves them all, version check first.
-    if name in NAMES or name in ("paddle", "guard_classes", "method_targets", "aliases"):
+    if name in NAMES or name in _DERIVED:
         resolve()
         return globals()[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _copy(fn):
+    """A callable copy of ``fn`` as it is now: its code, globals and defaults."""
+    copy = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    copy.__kwdefaults__ = fn.__kwdefaults__
+    return copy
 
 
 def code_owner(path: str, paddle=None):
@@ -224,8 +242,123 @@ def code_owner(path: str, paddle=None):
     return getattr(fn, "__wrapped__", fn)
 
 
+# -- the device state, as functions ------------------------------------------
+# placeenv.state reads and writes Paddle's device state only through these,
+# and through ``global_place()``: the global device
+# (``framework._global_expected_place_``, None or a concrete place), which
+# resolve() binds as a C-level dict read since every PlaceEnv entry on the main
+# thread reads it.
+
+
+def set_global_place(place) -> None:
+    """Store ``place`` (or None: not chosen yet) as the global device, on the Python level only."""
+    framework._global_expected_place_ = place
+
+
+def shared_tracer():
+    """The Tracer every new thread starts with (``framework._dygraph_tracer_``): the main thread's."""
+    return framework._dygraph_tracer_
+
+
+def set_shared_tracer(tracer) -> None:
+    framework._dygraph_tracer_ = tracer
+
+
+def thread_tracer():
+    """The calling thread's Tracer, or None (static mode)."""
+    return global_var.__dict__.get("_dygraph_tracer_")
+
+
+def activate(tracer) -> None:
+    """Run the calling thread on ``tracer``, on both levels, without the patched ``__setattr__``."""
+    global_var.__dict__["_dygraph_tracer_"] = tracer
+    switch_tracer(tracer)
+
+
+def new_tracer(place):
+    """A Tracer of placeenv's own, carrying ``place``."""
+    tracer = Tracer()
+    tracer._expected_place = place
+    return tracer
+
+
+def aim(tracer, place) -> None:
+    """Make ``tracer`` carry ``place`` (what Paddle's C++ side creates tensors on)."""
+    tracer._expected_place = place
+
+
+def carry_train_mode(source, target) -> None:
+    """``Layer.train()`` / ``eval()`` set the mode on a thread's Tracer: carry it to ``target``."""
+    target._train_mode = source._train_mode
+
+
+def current_expected_place():
+    """Paddle's current device (``framework._current_expected_place_``: stock or patched)."""
+    resolve()  # the one reader that may come first: placeenv.current_place() before install
+    return framework._current_expected_place_()
+
+
+def set_expected_place(place) -> None:
+    """Paddle's own device setter (``framework._set_expected_place``: stock or patched)."""
+    framework._set_expected_place(place)
+
+
+def first_use_place():
+    """What stock Paddle picks when no device was set yet (its first-use detection)."""
+    return stock["base.framework._current_expected_place_"]()
+
+
+def paddle_place(device):
+    """The place ``device=`` of the creation APIs means (``framework._get_paddle_place``)."""
+    return framework._get_paddle_place(device)
+
+
+# -- tensors and programs (placeenv.tensors, placeenv.fixes) ------------------
+
+
+def empty_host(shape, dtype):
+    """An uninitialised CPU tensor, without the eager constructor's argument parsing."""
+    return C_ops_empty(shape, dtype, HOST)
+
+
+def fill_host(tensor, array) -> None:
+    """Copy a contiguous numpy ``array`` into the CPU ``tensor`` of its shape and dtype."""
+    dense_tensor_set(tensor_get_tensor(tensor), array, HOST)
+
+
+def copy_to(tensor, place):
+    """A blocking copy of ``tensor`` on ``place``: where ``Tensor.to`` ends."""
+    return tensor_copy_to(tensor, place, True)
+
+
+def program_signature(layer):
+    """A ``paddle.jit.load``ed layer's (input specs, output specs): name, dtype, shape each."""
+    return jit_input_spec(layer), jit_output_spec(layer)
+
+
+def cast_layer(layer, dtype) -> None:
+    """Cast every parameter, gradient and buffer of ``layer`` to ``dtype`` in place (``Layer.to``'s cast)."""
+    layer_to_impl(layer, dtype=dtype, floating_only=False)
+
+
+def paddle_dtype(dtype):
+    """Paddle's dtype for a numpy dtype or dtype name."""
+    return convert_dtype(dtype)
+
+
 # -- replacement bodies (run with the replaced function's module as their globals) --
 # The _placeenv_* names are injected into those modules' globals by the patch.
+
+
+def injections(**helpers) -> dict:
+    """The globals the replacement bodies read, by name: placeenv's ``helpers`` (``own=...``,
+    ``push=...``, ...) as ``_placeenv_<name>``, and the stock functions some of them wrap."""
+    names = {f"_placeenv_{name}": helper for name, helper in helpers.items()}
+    names["_placeenv_stock_set_device"] = stock["device.set_device"]
+    names["_placeenv_stock_get_paddle_place"] = stock["base.framework._get_paddle_place"]
+    names["_placeenv_stock_full_like"] = stock["tensor.creation.full_like"]
+    return names
+
 
 
 def _current_expected_place_():

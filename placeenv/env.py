@@ -46,11 +46,13 @@ class PlaceEnv:
         return f"PlaceEnv({device_name(self.place)!r})"
 
     def __enter__(self):
-        state.enter(self.place)
+        state.push(self.place)
         return self.place
 
     def __exit__(self, exc_type, exc, tb):
-        state.leave()
+        # The innermost scope is this block's token, or what a set_device
+        # inside the block made of it: the instance keeps nothing per use.
+        state.pop(state.override.get())
         return False
 
     def __call__(self, fn):
@@ -58,7 +60,7 @@ class PlaceEnv:
         if inspect.isasyncgenfunction(fn):
             @functools.wraps(fn)
             async def async_gen_wrapper(*args, **kwargs):
-                agen, carry = fn(*args, **kwargs), [(place, None, state.PATCHED)]
+                agen, carry = fn(*args, **kwargs), [place]
                 try:
                     value, error = None, None
                     while True:
@@ -81,7 +83,7 @@ class PlaceEnv:
         if inspect.iscoroutinefunction(fn):
             @functools.wraps(fn)
             async def coroutine_wrapper(*args, **kwargs):
-                return await _step([(place, None, state.PATCHED)], fn(*args, **kwargs))
+                return await _step([place], fn(*args, **kwargs))
 
             return coroutine_wrapper
 
@@ -89,46 +91,47 @@ class PlaceEnv:
             @functools.wraps(fn)
             def generator_wrapper(*args, **kwargs):
                 gen = fn(*args, **kwargs)
-                return (yield from _stepped([(place, None, state.PATCHED)], gen))
+                return (yield from _stepped([place], gen))
 
             return generator_wrapper
 
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
-            state.enter(place)
+            token = state.push(place)
             try:
                 return fn(*args, **kwargs)
             finally:
-                state.leave()
+                state.pop(token)
 
         return wrapper
 
 
 def _stepped(carry, gen):
-    """Drive ``gen`` with ``place`` active during each step and inactive between steps.
+    """Drive ``gen`` with its device active during each step and inactive between steps.
 
-    ``carry`` holds the body's scope node ``(place, outer)``: a
+    ``carry[0]`` is the body's device: each step pushes it and pops it, so a
     ``paddle.set_device`` or an open ``with PlaceEnv`` inside the body carries
     to its next step, never to the consumer.
     """
     send, throw = gen.send, gen.throw
     value, error = None, None
     while True:
-        token = state.step_in(carry[0])
+        token = state.push(carry[0])
         try:
             item = throw(error) if error is not None else send(value)
         except StopIteration as stop:
             return stop.value
         finally:
-            carry[0] = state.step_out(token)
+            carry[0] = state.current()
+            state.pop(token)
         try:
             value, error = (yield item), None
         except GeneratorExit:
-            token = state.step_in(carry[0])  # the body's finally blocks run on its device
+            token = state.push(carry[0])  # the body's finally blocks run on its device
             try:
                 gen.close()
             finally:
-                state.step_out(token)
+                state.pop(token)
             raise
         except BaseException as exc:  # forwarded into the body, as ``yield from`` does
             value, error = None, exc

@@ -4,56 +4,56 @@ from __future__ import annotations
 
 import sys
 import threading
-import types
+from contextvars import ContextVar
 
 from . import _internals as _pd
-from . import seeds, state
+from . import fixes, state
 from .env import PlaceEnv
-from .places import explain_device, to_place
+from .places import canonical, explain_device, to_place
 
 __all__ = ["install", "installed", "uninstall"]
 
 _lock = threading.RLock()
 _saved: dict | None = None  # what install replaced; None when not installed
 _MISSING = object()
+#: The tokens of Paddle's own guards open in this context, innermost first, as a
+#: linked list ``(token, rest)``: the guards' instances are shared between threads.
+_guard_tokens: ContextVar = ContextVar("placeenv_guards", default=None)
+
+
+def _guard_push(place):
+    """A scope for Paddle's own guards: on the bare main thread they move the global device, as stock."""
+    return state.push(canonical(place), global_on_main=True)
 
 
 def _guard_enter(self):
     # Paddle keeps the previous device on the instance (device) or on a
     # class-level stack (Device); both are shared between threads.
     attr = next(attr for cls, attr in _pd.guard_classes if isinstance(self, cls))
-    state.enter_guard(to_place(str(self)) if attr is None else getattr(self, attr))
+    token = _guard_push(to_place(str(self)) if attr is None else getattr(self, attr))
+    _guard_tokens.set((token, _guard_tokens.get()))
     return self if attr is None else None  # as stock: only paddle.device('x') returns itself
 
 
 def _guard_exit(self, exc_type, exc, tb):
-    state.leave_guard()
+    token, rest = _guard_tokens.get()
+    _guard_tokens.set(rest)
+    state.pop(token)
     return False
 
 
 def _injected() -> dict:
-    return {
-        "_placeenv_own": state.override.get,
-        "_placeenv_init_global": state.init_global,
-        "_placeenv_set_place": state.set_place,
-        "_placeenv_push": state.push,
-        "_placeenv_pop": state.pop,
-        "_placeenv_tracer_switched": state.tracer_switched,
-        "_placeenv_explain_device": explain_device,
-        "_placeenv_stock_set_device": _saved_function("device.set_device"),
-        "_placeenv_stock_get_paddle_place": _saved_function("base.framework._get_paddle_place"),
-        "_placeenv_explain_place": seeds.explain_place,
-        "_placeenv_stock_full_like": _saved_function("tensor.creation.full_like"),
-        "_placeenv_land": seeds.land,
-    }
-
-
-def _saved_function(path: str):
-    """A callable copy of the stock function at ``path`` (its code, its module's globals)."""
-    owner = _pd.code_owner(path)
-    stock = types.FunctionType(_saved["code"][path], owner.__globals__, f"_stock_{owner.__name__}")
-    stock.__defaults__, stock.__kwdefaults__ = owner.__defaults__, owner.__kwdefaults__
-    return stock
+    return _pd.injections(
+        own=state.override.get,
+        init_global=state.init_global,
+        set_place=state.set_place,
+        push=_guard_push,
+        pop=state.pop,
+        tracer_switched=state.tracer_switched,
+        explain_device=explain_device,
+        explain_place=fixes.explain_place,
+        land=fixes.land,
+    )
 
 
 def install() -> None:
@@ -72,7 +72,6 @@ def install() -> None:
         _saved = saved = {"code": {}, "methods": {}, "aliases": {}}
         for path in _pd.CODE_TARGETS:
             saved["code"][path] = _pd.code_owner(path).__code__
-        state._stock_current = _saved_function("base.framework._current_expected_place_")
         injected = saved["injected"] = _injected()
         for path in _pd.CODE_TARGETS:
             owner = _pd.code_owner(path)
@@ -83,13 +82,13 @@ def install() -> None:
             saved["methods"][(cls, "__exit__")] = cls.__dict__["__exit__"]
             cls.__enter__, cls.__exit__ = _guard_enter, _guard_exit
         for cls, name in _pd.method_targets:
-            saved["methods"][(cls, name)] = seeds._stock[(cls, name)] = cls.__dict__[name]
-            setattr(cls, name, seeds.METHODS[name])
+            saved["methods"][(cls, name)] = cls.__dict__[name]
+        fixes.install()
         for module, attr in _pd.aliases:
             saved["aliases"][(module, attr)] = module.__dict__.get(attr, _MISSING)
             setattr(module, attr, PlaceEnv)
         # Whatever the main thread set before install is the global device.
-        state.set_global(_pd.framework._global_expected_place_)
+        state.set_global(_pd.global_place())
         _make_custom_device_generators()
         state.enabled = True
 

@@ -2,23 +2,21 @@
 
 The model, in two lines:
 
-* The **global** device (``framework._global_expected_place_``, and the
-  shared Tracer's ``_expected_place``) is the main thread's device, exactly as
-  in stock Paddle. Every context with no device of its own follows it live.
-* An **override** lives in a ContextVar, so it belongs to one thread, or to one
-  asyncio task. Its value is a node ``(place, outer node, undo)``: the
-  innermost scope's device, what to return to when that scope ends, and how to
-  undo it (:data:`PATCHED`: re-aim the Tracer; :data:`KEPT`: nothing, the scope
-  kept the device it found; or the global device to restore, when it was
-  entered on stock Paddle). A context with an override runs on a private
-  Tracer whose ``_expected_place`` carries it, so Paddle's C++ side (which
-  reads the calling thread's Tracer) agrees with the Python side.
+* The **global** device (Paddle's own, and the shared Tracer's) is the main
+  thread's device, exactly as in stock Paddle. Every context with no device of
+  its own follows it live.
+* A **scope** lives in a ContextVar, so it belongs to one thread, or to one
+  asyncio task. A context with a scope runs on a private Tracer that carries
+  the scope's device, so Paddle's C++ side (which reads the calling thread's
+  Tracer) agrees with the Python side.
 
-``paddle.set_device`` on the main thread, outside any ``PlaceEnv``, moves the
-global device (stock behaviour); anywhere else it sets the override.
+Every way in and out of a scope is one pair, :func:`push` and :func:`pop`, as
+OpenTelemetry's attach/detach: ``PlaceEnv``, Paddle's own guards, decorated
+generators and coroutines (once per step), and ``paddle.set_device`` off the
+bare main thread (a push that is never popped). ``paddle.set_device`` on the
+main thread outside any scope moves the global device (stock behaviour).
 
-Nothing here runs at import time that needs Paddle: the internals are read
-from :mod:`placeenv._internals` when first used.
+Nothing here names a Paddle internal: :mod:`placeenv._internals` does.
 """
 
 from __future__ import annotations
@@ -31,24 +29,25 @@ from threading import get_ident
 from . import _internals as _pd
 from .places import canonical
 
-#: This context's device scopes: ``(place, outer node, undo)``, or None to follow the main thread.
+#: A scope, and the token that ends it: the tuple ``(place, outer, undo)``.
+#: ``place`` is its device; ``outer`` the scope :func:`pop` returns to (None:
+#: follow the main thread); ``undo`` what else :func:`pop` does: :data:`KEPT`,
+#: :data:`RETARGET`, or else the global device to put back (None or a place).
+#: A plain tuple: frozen, and the cheapest object to make on the hot path.
+Token = tuple
+
+#: This context's innermost scope (a :data:`Token`), or None to follow the main thread.
 override: ContextVar = ContextVar("placeenv_override", default=None)
-#: Restore tokens of Paddle's own guards (paddle.device.device, ...), which cannot
-#: keep them on their shared instances: a linked list ``(token, rest)``.
-guards: ContextVar = ContextVar("placeenv_guards", default=None)
 
-#: ``undo`` of a node entered while placeenv was installed: leaving it re-aims the Tracer.
-PATCHED = object()
-#: ``undo`` of a node entered on the device its context already had: leaving it changes nothing.
+#: ``undo``: the scope kept the device it found, so leaving it changes nothing.
 KEPT = object()
+#: ``undo``: leaving the scope re-aims the thread's Tracer at the outer device.
+RETARGET = object()
 _MAIN = threading.main_thread().ident
-_GLOBAL = object()  # guard token kind: the bare main thread changed the global device
-_STOCK = object()  # guard token kind: placeenv is uninstalled, Paddle's own set/restore was used
 
-#: True while installed. Uninstalled, PlaceEnv degrades to what Paddle's own
-#: guard does (set the device, restore it after): stock semantics, leaks included.
+#: True while installed. Uninstalled, a scope does what Paddle's own guard does
+#: (swap the global device, put it back after): stock semantics, leaks included.
 enabled = False
-_stock_current = None  # stock _current_expected_place_, set by the patch
 
 
 class _Thread(threading.local):
@@ -61,7 +60,7 @@ class _Thread(threading.local):
     #: The Tracer of Paddle's own that the thread left for its first private one.
     base = None
     #: ``{id(canonical place): private Tracer}``: one per device the thread used,
-    #: since re-aiming a Tracer costs more than switching to another one.
+    #: since switching to a kept Tracer is cheaper than re-aiming one.
     tracers = None
     #: The uninstall() count this record was made under (see :func:`_current_record`).
     epoch = 0
@@ -98,25 +97,110 @@ def _current_record() -> _Thread:
 
 def init_global():
     """The global device, running Paddle's own first-use detection if unset."""
-    place = _pd.framework._global_expected_place_ = canonical(_stock_current())
+    place = canonical(_pd.first_use_place())
+    _pd.set_global_place(place)
     return place
 
 
 def current():
     """The device of the calling thread/task."""
     if not enabled:
-        return _pd.framework._current_expected_place_()
-    node = override.get()
-    if node is None:
-        place = _pd.framework._global_expected_place_
+        return _pd.current_expected_place()
+    token = override.get()
+    if token is None:
+        place = _pd.global_place()
         return init_global() if place is None else place
-    return node[0]
+    return token[0]
 
 
 def own_place():
     """The calling context's own device, or None when it follows the main thread."""
-    node = override.get()
-    return None if node is None else node[0]
+    token = override.get()
+    return None if token is None else token[0]
+
+
+# -- scopes ------------------------------------------------------------------
+
+
+def push(place, *, global_on_main: bool = False) -> Token:
+    """Make ``place`` (canonical) the calling context's device until :func:`pop` of the token returned.
+
+    ``global_on_main``: on the bare main thread, move the global device instead,
+    as stock Paddle's guards do (``paddle.disable_static`` holds one open for
+    the whole program, and threads that follow the main thread follow it).
+    """
+    outer = override.get()
+    if not enabled:  # stock Paddle: every scope swaps the one global device
+        previous = _pd.current_expected_place()
+        _pd.set_expected_place(place)
+        token = (place, outer, previous)
+        if not global_on_main:
+            override.set(token)
+        return token
+    if outer is None and get_ident() == _MAIN:
+        if global_on_main:
+            token = (place, None, _pd.global_place())
+            set_global(place)
+            return token
+        undo = KEPT if place is _pd.global_place() else RETARGET
+    else:
+        # A child thread that follows the main thread has no device of its own to keep.
+        undo = KEPT if outer is not None and place is outer[0] else RETARGET
+    token = (place, outer, undo)
+    override.set(token)
+    if undo is RETARGET:
+        sync_tracer(place)
+    return token
+
+
+def pop(token: Token) -> None:
+    """End the scope ``token`` opened: the context returns to the scope it had before.
+
+    Like ``ContextVar.reset``, this restores the outer scope whatever was pushed
+    since, so a token kept across ``install()`` or ``uninstall()`` still ends
+    its scope cleanly: the token says how to undo itself.
+    """
+    _, outer, undo = token
+    unchanged = override.get() is token
+    override.set(outer)
+    if undo is KEPT:
+        if unchanged:
+            return
+        # The scope kept the device it found, but a set_device or a generator's
+        # step changed it since: re-aim the Tracer below.
+    elif undo is not RETARGET:  # the scope moved the global device: put it back
+        if enabled:
+            set_global(undo)
+        else:
+            _pd.set_expected_place(undo)
+    sync_tracer(None if outer is None else outer[0])
+
+
+def set_place(place) -> None:
+    """What ``paddle.set_device`` does: global on the bare main thread, else the innermost scope's device."""
+    place = canonical(place)
+    token = override.get()
+    if token is None:
+        if get_ident() == _MAIN:
+            set_global(place)
+        else:
+            push(place)  # never popped: the thread's own device from now on
+        return
+    _, outer, undo = token
+    override.set((place, outer, RETARGET if undo is KEPT else undo))
+    sync_tracer(place)
+
+
+def set_global(place) -> None:
+    """Move the global device (the main thread's, which threads without their own follow)."""
+    if place is not None:
+        place = canonical(place)
+        if type(place) is _pd.Place:  # a generic, undefined place: Paddle's "not chosen yet"
+            place = None
+    _pd.set_global_place(place)
+    tracer = _pd.shared_tracer()  # the main thread's: the one the global device lives on
+    if tracer is not None and place is not None:
+        _pd.aim(tracer, place)
 
 
 # -- the C++ level: one Tracer per thread ------------------------------------
@@ -124,8 +208,10 @@ def own_place():
 
 def sync_tracer(place) -> None:
     """Aim the calling thread's C++ Tracer at ``place`` (None: the main thread's device)."""
+    if not enabled:
+        place = None  # stock Paddle: every thread on a Tracer of Paddle's own
     thread = _current_record()
-    if place is not None and place is _pd.framework._global_expected_place_ and get_ident() == _MAIN:
+    if place is not None and place is _pd.global_place() and get_ident() == _MAIN:
         # The main thread's own Tracer carries the global device, and only the
         # main thread outside any scope moves it: run on it.
         place = None
@@ -134,10 +220,10 @@ def sync_tracer(place) -> None:
 
 
 def _switch(thread: _Thread, place) -> None:
-    active = _pd.global_var.__dict__.get("_dygraph_tracer_")
+    active = _pd.thread_tracer()
     if active is None:  # static mode: no Tracer to aim
         return
-    if place is None or not enabled:
+    if place is None:
         restore_thread()
         return
     if thread.aimed is None and thread.base is None:  # leaving Paddle's Tracer: come back to it later
@@ -147,26 +233,19 @@ def _switch(thread: _Thread, place) -> None:
         tracers = thread.tracers = {}
     tracer = tracers.get(id(place))
     if tracer is None:
-        tracer = tracers[id(place)] = _pd.Tracer()
-        tracer._expected_place = place
+        tracer = tracers[id(place)] = _pd.new_tracer(place)
         with _private_lock:
             _private[tracer] = place
-    # Layer.train()/eval() set the mode on the thread's Tracer: carry it into the
-    # thread's own. AMP state (auto_cast's level, dtype and op lists) is not
-    # carried: reading it costs ~0.4 us a field, more than the switch; a scope
-    # runs an auto_cast entered inside it (docs/library.md, known limits).
-    tracer._train_mode = active._train_mode
-    _activate(tracer)
+    # AMP state (auto_cast's level, dtype and op lists) is not carried: reading
+    # it costs more than the switch; a scope runs an auto_cast entered inside it
+    # (docs/library.md, known limits).
+    _pd.carry_train_mode(active, tracer)
+    _pd.activate(tracer)
     thread.aimed = place
 
 
-def _activate(tracer) -> None:
-    _pd.global_var.__dict__["_dygraph_tracer_"] = tracer  # not through the patched __setattr__
-    _pd.switch_tracer(tracer)
-
-
 def tracer_switched(tracer) -> None:
-    """Paddle code set ``global_var._dygraph_tracer_`` in the calling thread.
+    """Paddle code switched the calling thread's Tracer.
 
     Stock Paddle then makes it the Tracer of every thread started later. Only
     the main thread's own (non-private) Tracer may play that role: a private
@@ -179,15 +258,14 @@ def tracer_switched(tracer) -> None:
     # it is where the thread returns when its own device ends.
     thread.aimed = place
     if get_ident() == _MAIN:
-        shared = _pd.framework._dygraph_tracer_
-        _pd.framework._dygraph_tracer_ = tracer if place is None else thread.base or shared
+        _pd.set_shared_tracer(tracer if place is None else thread.base or _pd.shared_tracer())
 
 
 def restore_thread() -> None:
     """Put the calling thread back on the Tracer of Paddle's own it left for its own device."""
     thread = _current_record()
     if thread.aimed is not None:
-        _activate(thread.base or _pd.framework._dygraph_tracer_)
+        _pd.activate(thread.base or _pd.shared_tracer())
     thread.base = thread.aimed = None
 
 
@@ -199,151 +277,5 @@ def release_private_tracers(place) -> None:
         tracers = list(_private.keys())
         _private.clear()
     for tracer in tracers:
-        tracer._expected_place = place
+        _pd.aim(tracer, place)
     _epoch += 1
-
-
-# -- writing -----------------------------------------------------------------
-
-
-def set_global(place) -> None:
-    """Move the global device (the main thread's, which threads without their own follow)."""
-    if place is not None:
-        place = canonical(place)
-        if type(place) is _pd.Place:  # a generic, undefined place: Paddle's "not chosen yet"
-            place = None
-    _pd.framework._global_expected_place_ = place
-    tracer = _pd.framework._dygraph_tracer_  # the main thread's: the one the global device lives on
-    if tracer is not None and place is not None:
-        tracer._expected_place = place
-
-
-def set_place(place) -> None:
-    """What ``paddle.set_device`` does: global on the bare main thread, else the innermost scope."""
-    place = canonical(place)
-    node = override.get()
-    if node is None:
-        if get_ident() == _MAIN:
-            set_global(place)
-            return
-        override.set((place, None, PATCHED))
-    else:
-        override.set((place, node[1], PATCHED if node[2] is KEPT else node[2]))
-    sync_tracer(place)
-
-
-def enter(place) -> None:
-    """Make ``place`` this context's device until :func:`leave` (PlaceEnv: scoped everywhere).
-
-    The node remembers how to undo itself, so a scope left open across
-    ``install()`` or ``uninstall()`` still exits cleanly.
-    """
-    outer = override.get()
-    if not enabled:
-        override.set((place, outer, _stock_set(place)))
-        return
-    # A scope on the device the context already has leaves the Tracer as it is.
-    # (A child thread that follows the main thread has no device of its own to keep.)
-    if outer is not None:
-        kept = place is outer[0]
-    else:
-        kept = get_ident() == _MAIN and place is _pd.framework._global_expected_place_
-    if kept:
-        override.set((place, outer, KEPT))
-    else:
-        override.set((place, outer, PATCHED))
-        sync_tracer(place)
-
-
-def leave() -> None:
-    """End the innermost :func:`enter` of this context."""
-    _, outer, undo = override.get()
-    override.set(outer)
-    if undo is KEPT:
-        return
-    if undo is not PATCHED:  # entered on stock Paddle, which moved the global device
-        if enabled:
-            set_global(undo)
-        else:
-            _pd.framework._set_expected_place(undo)
-    _resync()
-
-
-def _resync() -> None:
-    """The calling context's scope changed: aim the thread's Tracer at its device (uninstalled:
-    back on Paddle's own)."""
-    if enabled:
-        sync_tracer(own_place())
-    else:
-        restore_thread()
-
-
-def _stock_set(place):
-    """Paddle's own set-and-remember (uninstalled); returns the device to restore."""
-    previous = _pd.framework._current_expected_place_()
-    _pd.framework._set_expected_place(place)
-    return previous
-
-
-def step_in(node):
-    """Resume a suspended body (decorated generator or coroutine) with its own scope ``node``."""
-    if not enabled:
-        return (_STOCK, _stock_set(node[0]))
-    token = override.set(node)
-    sync_tracer(node[0])
-    return token
-
-
-def step_out(token):
-    """Suspend the body: returns its scope node and restores the caller's."""
-    if type(token) is tuple:  # entered uninstalled: Paddle's own set/restore
-        node = (_pd.framework._current_expected_place_(), None, PATCHED)
-        pop(token)
-        return node
-    node = override.get()
-    override.reset(token)
-    _resync()
-    return node
-
-
-# -- Paddle's own guards -----------------------------------------------------
-
-
-def push(place):
-    """Enter a temporary device for Paddle's own guards; returns a token for :func:`pop`.
-
-    On the bare main thread this swaps the global device, as stock Paddle's
-    guards do (``paddle.disable_static`` holds one open for the whole program);
-    elsewhere it is scoped to the context.
-    """
-    place = canonical(place)
-    node = override.get()
-    if node is None and get_ident() == _MAIN:
-        previous = _pd.framework._global_expected_place_
-        set_global(place)
-        return (_GLOBAL, previous)
-    token = override.set((place, node, PATCHED))
-    sync_tracer(place)
-    return (override, token)
-
-
-def pop(token) -> None:
-    kind, value = token
-    if kind is _GLOBAL:
-        set_global(value)
-    elif kind is _STOCK:
-        _pd.framework._set_expected_place(value)
-    else:
-        override.reset(value)
-        _resync()
-
-
-def enter_guard(place) -> None:
-    """:func:`push`, with the token kept on the context's guard stack."""
-    guards.set((push(place) if enabled else (_STOCK, _stock_set(place)), guards.get()))
-
-
-def leave_guard() -> None:
-    token, rest = guards.get()
-    guards.set(rest)
-    pop(token)

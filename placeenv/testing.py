@@ -26,7 +26,7 @@ def count_wrong_places(devices, iterations: int, timeout: float = 120) -> dict[s
     """One thread per device: ``set_device(device)``, then ``iterations`` tensors made on each of
     Paddle's two paths; how many landed elsewhere, per path.
 
-    The Python path is ``paddle.ones`` (``_current_expected_place_``); the C++
+    The Python path is ``paddle.ones`` (Paddle's Python-level current device); the C++
     path is ``paddle.Tensor(ndarray)`` (the Tracer's expected place). Used by
     the isolation tests and ``benchmarks/leaks.py``. A thread's error is re-raised.
     """

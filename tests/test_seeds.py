@@ -8,7 +8,7 @@ which with placeenv is the calling thread's.
 
 Thread checks run in 4 threads pinned to cpu, sim:1, sim:2, sim:3 in lock-step;
 with the ``mode`` fixture they also run on stock Paddle, where they must fail
-(the negative control). On Paddle 3.3.1 (placeenv.seeds corrects the first three
+(the negative control). On Paddle 3.3.1 (placeenv.fixes corrects the first three
 when installed):
 
 * ``zeros_like`` / ``ones_like`` / ``full_like`` put the result on the input's
@@ -582,7 +582,7 @@ def test_layer_moves_in_threads(mode, move):
 
 
 def test_stock_paddle_needs_the_seed_fixes(stock):
-    """Negative control for placeenv.seeds: each corrected behaviour, as stock Paddle 3.3.1 has it."""
+    """Negative control for placeenv.fixes: each corrected behaviour, as stock Paddle 3.3.1 has it."""
     x = paddle.zeros([2], device="sim:0")
     assert where(paddle.zeros_like(x, device="sim:3")) == "sim:0"  # device= ignored
     assert where(paddle.full_like(x, 1.0, device="sim:2")) == "sim:0"

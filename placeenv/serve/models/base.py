@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -27,17 +26,12 @@ import paddle
 
 import placeenv
 from placeenv import PlaceEnv, device_name
-from placeenv import _internals as _pd
+from placeenv.tensors import JIT_LOAD_LOCK, host_tensor, move_to
 
 __all__ = [
     "DATATYPES", "InputError", "Model", "ModelContext", "TensorSpec", "batch_tensor", "host_tensor", "move_to", "prefix",
 ]
 
-_HOST = paddle.CPUPlace()
-# paddle.jit.load builds the program through Paddle's one global PIR insertion point:
-# two threads loading at once fail ("The block obtained before and after calling the
-# static API name is inconsistent"). Loads happen at start only, so one at a time costs little.
-JIT_LOAD_LOCK = threading.Lock()
 
 #: Open Inference Protocol datatype -> numpy dtype, for every datatype the service takes.
 DATATYPES: dict[str, np.dtype] = {
@@ -204,22 +198,6 @@ class Model:
         return device
 
 
-def host_tensor(array: np.ndarray) -> paddle.Tensor:
-    """A CPU tensor holding a copy of ``array``: what ``paddle.to_tensor(array, place=CPUPlace())`` gives.
-
-    Not ``to_tensor``: in Paddle 3.3.1 the eager Tensor constructor behind it leaks
-    one Python list (its keyword names) per call. Built per request, that grew the
-    service ~150 B a request, and the growing heap made each full GC pause longer
-    (soak p99 64 -> 211 ms in 12 min). ``_C_ops.empty`` + ``DenseTensor.set`` copy the
-    same bytes with no constructor call; they are also 10 us where ``paddle.empty`` +
-    ``set_value`` take 68, mostly argument handling. Both are Paddle internals, named
-    in placeenv/_internals.py; tests/test_fastpaths.py checks the result against to_tensor.
-    """
-    tensor = _pd.C_ops_empty(list(array.shape), array.dtype, _HOST)
-    _pd.dense_tensor_set(_pd.tensor_get_tensor(tensor), np.ascontiguousarray(array), _HOST)
-    return tensor
-
-
 def host_inputs(context: ModelContext, preprocessed: Any) -> dict[str, np.ndarray | paddle.Tensor]:
     """``preprocess``'s answer in the model's input order, numpy arrays and tensors as they are;
     ``ModelError`` naming an input it left out. ``batch_tensor`` makes the host tensor."""
@@ -235,25 +213,16 @@ def host_inputs(context: ModelContext, preprocessed: Any) -> dict[str, np.ndarra
 def batch_tensor(parts: list[np.ndarray | paddle.Tensor]) -> paddle.Tensor:
     """One host tensor of ``parts`` joined along the first dimension (one part: the part itself).
 
-    Host arrays are joined by numpy and copied into Paddle once per batch: the copy into a
-    tensor costs the same ~10 us for one example or 32, and on the event loop it was 13% of a
-    small request's time. Tensors (a preprocess that makes them) are joined by Paddle, on their
-    place.
+    Host arrays are joined by numpy and copied into Paddle once per batch, since a copy into
+    a tensor costs about the same for one example as for a whole batch. Tensors (a preprocess
+    that makes them) are joined by Paddle, on their place.
     """
     if all(isinstance(part, np.ndarray) for part in parts):
         return host_tensor(parts[0] if len(parts) == 1 else np.concatenate(parts))
     tensors = [host_tensor(part) if isinstance(part, np.ndarray) else part for part in parts]
-    # One copy on the host (the inputs' place): 0.8 ms for 8 mobilenet examples where
-    # .numpy() + np.concatenate + a new tensor took 4.3, holding the GIL throughout.
+    # One copy on the host (the inputs' place), not .numpy() + np.concatenate + a new
+    # tensor, which holds the GIL several times longer (docs/benchmarks.md).
     return tensors[0] if len(tensors) == 1 else paddle.concat(tensors)
-
-
-def move_to(tensor: paddle.Tensor, place) -> paddle.Tensor:
-    """``tensor.to(place)`` for a Paddle place object (a copy, blocking), without the ~65 us
-    that ``Tensor.to`` spends parsing its arguments: ``to`` ends in this same ``_copy_to``."""
-    moved = _pd.tensor_copy_to(tensor, place, True)
-    moved.stop_gradient = tensor.stop_gradient
-    return moved
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:

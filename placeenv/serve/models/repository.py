@@ -25,7 +25,7 @@ import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from placeenv import PlaceEnv
-from placeenv import _internals as _pd
+from placeenv.tensors import program_signature
 
 from .base import DATATYPES, JIT_LOAD_LOCK, Model, ModelContext, TensorSpec, datatype_of
 
@@ -317,7 +317,7 @@ def program_specs(name: str, program: Path) -> tuple[tuple[TensorSpec, ...], tup
     try:
         with PlaceEnv("cpu"), JIT_LOAD_LOCK:
             layer = paddle.jit.load(str(program))
-        specs = [_pd.jit_input_spec(layer), _pd.jit_output_spec(layer)]
+        specs = program_signature(layer)
     except Exception as exc:  # noqa: BLE001 - any failure to load is the program's
         raise RepositoryError(name, program.with_suffix(".json"),
                               f"paddle.jit.load failed: {type(exc).__name__}: {str(exc)[:300]}") from None

@@ -1,7 +1,9 @@
-"""The seeds' APIs as their design documents say, where stock Paddle 3.3.1 falls short.
+"""Fixes to Paddle's creation and cast APIs, where stock Paddle 3.3.1 falls short of their design.
 
-Installed by :func:`placeenv.install` and taken out by ``uninstall()``, like
-the device patch. Each piece names the stock behaviour it corrects:
+The design documents (the "seeds": ``device=``, ``Tensor.to``, ``Layer.astype``)
+say what these APIs do. Installed by :func:`placeenv.install` and taken out by
+``uninstall()``, like the device patch. Each piece names the stock behaviour it
+corrects:
 
 * ``Layer.astype(dtype)`` casts nothing: it computes ``param._to(None, dtype)``
   and drops the result (Paddle #76614). Here it casts every parameter, its
@@ -26,6 +28,7 @@ import numpy as np
 
 from . import _internals as _pd
 from .places import available_devices, device_name
+from .tensors import move_to
 
 #: The dtype strings the Tensor.to / Layer.astype design accepts.
 DESIGN_DTYPES = ("bfloat16", "float16", "float32", "float64", "int8", "int16", "int32", "int64",
@@ -43,8 +46,8 @@ def layer_astype(self, dtype=None):
     """
     if isinstance(dtype, (_pd.paddle.dtype, np.dtype)) or (type(dtype) is str and dtype in DESIGN_DTYPES):
         if not isinstance(dtype, _pd.paddle.dtype):
-            dtype = _pd.convert_dtype(dtype)
-        _pd.layer_to_impl(self, dtype=dtype, floating_only=False)
+            dtype = _pd.paddle_dtype(dtype)
+        _pd.cast_layer(self, dtype)
         return self
     return _stock[(_pd.Layer, "astype")](self, dtype)
 
@@ -53,27 +56,33 @@ def tensor_to(self, *args, **kwargs):
     """``Tensor.to``, with the design's dtype string ``'uint16'`` taken as the dtype ``cast('uint16')``
     gives (Paddle's bfloat16), not as a device name."""
     if any(type(a) is str and a == "uint16" for a in args) or kwargs.get("dtype") == "uint16":
-        uint16 = _pd.convert_dtype("uint16")
+        uint16 = _pd.paddle_dtype("uint16")
         args = tuple(uint16 if type(a) is str and a == "uint16" else a for a in args)
         if kwargs.get("dtype") == "uint16":
             kwargs["dtype"] = uint16
     return _stock[(_pd.paddle.Tensor, "to")](self, *args, **kwargs)
 
 
-#: Method name -> its replacement, for every entry of _internals.METHOD_TARGETS.
+#: Method name -> its replacement, for every method the contract lists (Layer.astype, Tensor.to).
 METHODS = {"astype": layer_astype, "to": tensor_to}
+
+
+def install() -> None:
+    """Put the replacements on their classes, keeping the stock methods they fall back to.
+    (``placeenv.patch`` saves what it replaces and restores it on uninstall.)"""
+    for cls, name in _pd.method_targets:
+        _stock[(cls, name)] = cls.__dict__[name]
+        setattr(cls, name, METHODS[name])
 
 
 def land(tensor, device):
     """``tensor`` on ``device``: a ``*_like(device=...)`` result whose kernel kept its input's place."""
     if not isinstance(tensor, _pd.paddle.Tensor):  # static graph: a Variable or Value
         return tensor
-    place = _pd.framework._get_paddle_place(device)  # the parser the creation APIs use (patched)
+    place = _pd.paddle_place(device)  # the parser the creation APIs use (patched)
     if device_name(tensor.place) == device_name(place):
         return tensor
-    moved = _pd.tensor_copy_to(tensor, place, True)
-    moved.stop_gradient = tensor.stop_gradient
-    return moved
+    return move_to(tensor, place)
 
 
 _NOT_COMPILED = {"gpu": "CUDA", "gpu_pinned": "CUDA", "dcu": "CUDA",
