@@ -248,6 +248,21 @@ def test_body_set_device_carries_to_next_step_not_consumer():
     assert next(g) == "sim:2"
 
 
+def test_body_set_device_on_the_consumers_device_does_not_move_the_consumers_tracer():
+    """A step on the consumer's own device changes no Tracer on entry (KEPT); a set_device in the
+    body still must not leave the consumer's C++ Tracer on the body's new device."""
+    @PlaceEnv("sim:1")
+    def gen():
+        paddle.set_device("sim:2")
+        yield where(paddle.Tensor(np.ones(1, "float32")))  # the C++ path: the thread's Tracer
+
+    with PlaceEnv("sim:1"):
+        body = gen()  # kept alive: closing it would step in and out again
+        assert next(body) == "sim:2"
+        assert where(paddle.Tensor(np.ones(1, "float32"))) == "sim:1"
+        assert paddle.get_device() == "sim:1"
+
+
 def test_async_generator_device_only_while_body_runs():
     @PlaceEnv("sim:3")
     async def agen(n):
