@@ -146,3 +146,15 @@ def test_readme_service_example_runs_as_written(tmp_path):
     rows = re.findall(r"\[([^\[\]{}\"]+)\]", "\n".join(lines[lines.index(answers[0]) + 1:]))  # numpy's 2x3 print
     assert len(rows) == 2 and all(len(row.split()) == 3 for row in rows), ran.stdout
     assert "stopped:" in ran.stderr, ran.stderr[-2000:]  # `kill %1` drained it and it said so
+
+
+def test_files_named_in_the_container_files_comments_exist():
+    """The comments of the Dockerfile and the compose files point at real files (the Dockerfile
+    once named a deploy/ci-compose.sh that never existed)."""
+    named = set()
+    for name in ("Dockerfile", "docker-compose.yml", "docker-compose.gpu.yml", "deploy/compose.ci.yml", ".ci/run"):
+        comments = [line.split("#", 1)[1] for line in (ROOT / name).read_text().splitlines() if "#" in line]
+        named |= set(re.findall(r"(?<![\w/.-])((?:\.ci|benchmarks|deploy|docs|placeenv|tests)/[\w./-]*\w)",
+                                "\n".join(comments)))
+    assert {"tests/test_compose_engine.py", "deploy/compose.ci.yml"} <= named  # the check sees them
+    assert not [path for path in named if not (ROOT / path).exists()]
