@@ -221,7 +221,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("-o", "--output", default=None, help="PNG path (default: <prefix>.png)")
     parser.add_argument("--max-failure-ratio", type=float, default=0.01, help="as the locustfile's option")
     args = parser.parse_args(argv)
-    summary = render(args.prefix, args.output or f"{args.prefix}.png", args.max_failure_ratio)
+    try:
+        summary = render(args.prefix, args.output or f"{args.prefix}.png", args.max_failure_ratio)
+    except ModuleNotFoundError as exc:
+        if exc.name != "matplotlib":
+            raise
+        parser.exit(1, "loadtest.report draws with matplotlib, which is not installed here: "
+                       "pip install 'matplotlib>=3.8' (docs/observability.md)\n")
     print(f"{summary['path']}: leak gate {summary['verdict']}, {summary['requests']} requests, "
           f"{summary['failures']} failures, {summary['leaks']:.0f} leaks")
 
