@@ -34,7 +34,7 @@ from .config import Settings
 from .core import Result, Service
 from .errors import InvalidInput, MethodNotAllowed, ServiceError, StartupError, UnsupportedMediaType, outcome
 from .fastjson import FastJSONResponse, FastJSONRoute
-from .models.base import prefix
+from .wire import prefix
 
 log = logging.getLogger(__name__)
 

@@ -39,8 +39,9 @@ from .errors import (
     outcome,
 )
 from .models import examples
-from .models.base import InputError, Model, ModelError, TensorSpec, host_inputs, prefix
+from .models.base import InputError, Model, ModelError, TensorSpec, host_inputs
 from .models.repository import BUNDLED, Entry, RepositoryError, Version, scan
+from .wire import prefix
 from .workers import Answer, PlaceChecker, WorkerPool
 
 log = logging.getLogger(__name__)

@@ -26,7 +26,7 @@ from tritonclient.grpc import service_pb2_grpc as rpc
 from . import v2, wire
 from .core import Service
 from .errors import InvalidInput, ServiceError, outcome
-from .models.base import prefix
+from .wire import prefix
 
 #: The typed field of ``InferTensorContents`` that carries each datatype (FP16 has none: raw only).
 CONTENTS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",

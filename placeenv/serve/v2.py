@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from . import wire
 from .core import Result, Service
 from .errors import InvalidInput, ServiceError, TooLarge, UnsupportedMediaType
-from .models.base import prefix
+from .wire import prefix
 
 HEADER_LENGTH = "inference-header-content-length"
 VERSION = importlib.metadata.version("placeenv")

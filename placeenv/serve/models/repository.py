@@ -27,7 +27,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from placeenv import PlaceEnv
 from placeenv import _internals as _pd
 
-from .base import DATATYPES, JIT_LOAD_LOCK, Model, ModelContext, TensorSpec, datatype_of
+from ..wire import DATATYPES, datatype_of
+from .base import JIT_LOAD_LOCK, Model, ModelContext, TensorSpec
 
 __all__ = ["BUNDLED", "Entry", "ModelConfig", "RepositoryError", "scan"]
 
