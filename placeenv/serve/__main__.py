@@ -130,8 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     from .app import create_app  # imports Paddle: after the sim set-up
 
     app = create_app(settings)
-    # Process-wide, so set by the program, not by create_app: measured in docs/benchmarks.md
-    # (the front end's ceiling), 5 ms turns cost a small model a fifth of its throughput.
+    # Process-wide, so set by the program, not by create_app: with Python's default turns a finished
+    # worker waits long for the event loop to let go of the GIL (docs/benchmarks.md, front-end ceiling).
     sys.setswitchinterval(settings.gil_switch_interval_ms / 1000)
     logging.getLogger(__name__).info("GIL switch interval %g ms", sys.getswitchinterval() * 1000)
     config = uvicorn.Config(

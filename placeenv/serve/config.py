@@ -87,8 +87,8 @@ class Settings(BaseSettings):
     )
     gil_switch_interval_ms: float = Field(
         0.5, gt=0, le=100, description="how long a thread holds the GIL while another waits for it "
-        "(sys.setswitchinterval; Python's default is 5): the event loop and the workers take turns "
-        "every few microseconds, and a worker that waits 5 ms for each turn leaves its device idle",
+        "(sys.setswitchinterval; Python's default is 5); shorter turns let a finished worker hand back "
+        "its batch sooner",
     )
 
     shutdown_delay_s: float = Field(

@@ -165,9 +165,8 @@ class Service:
     def start(self) -> None:
         self.pool.start()
         self._settle_failures()
-        # Paddle, FastAPI and the models leave ~150k long-lived objects: a full
-        # collection walks them all (~60 ms with the GIL held, a latency spike for
-        # every request in flight). Frozen, they are skipped from now on.
+        # Paddle, FastAPI and the models leave many long-lived objects that a full collection
+        # walks with the GIL held, a latency spike for every request in flight; frozen, they are skipped.
         gc.collect()
         gc.freeze()
         metrics.READY.set(1)
@@ -349,7 +348,7 @@ class Service:
         try:
             if type(template).preprocess is Model.preprocess:
                 # No preprocess of the model's own: nothing runs that could make a tensor, so no
-                # PlaceEnv('cpu') (its two Tracer switches are 5% of a small request's time).
+                # PlaceEnv('cpu'), whose two Tracer switches cost a small request time for nothing.
                 tensors = host_inputs(template.context, arrays)
             elif inline:  # small: cheaper here than two thread hand-offs
                 tensors = self._preprocess(template, arrays)

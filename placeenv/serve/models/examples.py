@@ -1,10 +1,10 @@
 """The bundled repository's examples, built reproducibly.
 
 - ``digits``: an MLP trained on scikit-learn's 8x8 digits (``train_digits.py``),
-  saved with ``paddle.jit.save`` and committed (38 KB), with a ``model.py`` for
+  saved with ``paddle.jit.save`` and committed, with a ``model.py`` for
   its JSON-friendly pre- and post-processing.
 - ``mobilenet``: MobileNetV2 (scale 0.5, 10 classes, 3x32x32) with seeded random
-  weights, a plain ``jit.save`` directory. Not committed (2.6 MB): built here at
+  weights, a plain ``jit.save`` directory. Not committed: built here at
   first start, or by ``python -m placeenv.serve.models.examples [REPOSITORY]``.
 """
 
