@@ -35,7 +35,7 @@ import tritonclient.http as triton
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_service import RESULTS, _ms, service  # noqa: E402
 
-from placeenv.serve.config import BUNDLED_REPOSITORY  # noqa: E402
+from placeenv.serve.config import BUNDLED  # noqa: E402
 
 IMAGE = np.random.default_rng(0).uniform(-1, 1, (1, 3, 32, 32)).astype(np.float32)
 
@@ -156,7 +156,7 @@ def main() -> None:
         server.stop()
 
     with tempfile.TemporaryDirectory() as tmp:
-        bundled = BUNDLED_REPOSITORY / "mobilenet" / "1"
+        bundled = BUNDLED / "mobilenet" / "1"
         (Path(tmp) / "mobilenet_jit" / "1").mkdir(parents=True)
         for name in ("model.json", "model.pdiparams"):
             shutil.copy(bundled / name, Path(tmp) / "mobilenet_jit" / "1" / name)

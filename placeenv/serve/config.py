@@ -14,8 +14,9 @@ from typing import Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-#: The bundled examples, the default repository (placeenv.serve.models.repository.BUNDLED).
-BUNDLED_REPOSITORY = Path(__file__).with_name("models") / "repository"
+#: The bundled examples' repository, the default: named here because this module imports no Paddle
+#: (placeenv.serve.models.repository re-exports it).
+BUNDLED = Path(__file__).with_name("models") / "bundled"
 
 
 class Settings(BaseSettings):
@@ -127,7 +128,7 @@ class Settings(BaseSettings):
 
     def repository_list(self) -> list[Path]:
         paths = [Path(part.strip()) for part in self.model_repository.split(",") if part.strip()]
-        return [p if p == BUNDLED_REPOSITORY else p.resolve() for p in paths] or [BUNDLED_REPOSITORY]
+        return [p if p == BUNDLED else p.resolve() for p in paths] or [BUNDLED]
 
     def wants_sim(self) -> bool:
         """Whether sim devices must be prepared before Paddle is imported."""

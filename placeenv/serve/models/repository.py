@@ -27,13 +27,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from placeenv import PlaceEnv
 from placeenv import _internals as _pd
 
+from ..config import BUNDLED
 from ..wire import DATATYPES, datatype_of
 from .base import JIT_LOAD_LOCK, Model, ModelContext, TensorSpec
 
 __all__ = ["BUNDLED", "Entry", "ModelConfig", "RepositoryError", "scan"]
-
-#: The bundled examples: the default repository (config.BUNDLED_REPOSITORY, which imports no Paddle).
-BUNDLED = Path(__file__).with_name("repository")
 
 CONFIG_FILES = ("config.yaml", "config.yml", "config.toml")
 PROGRAM_PREFIXES = ("model", "inference")
