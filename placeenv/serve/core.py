@@ -114,10 +114,11 @@ def read_repository(settings: Settings) -> tuple[dict[str, Entry], dict[str, str
     repositories = settings.repository_list()
     if BUNDLED in repositories:
         try:
-            examples.ensure_mobilenet(BUNDLED)
+            examples.ensure_mobilenet()
         except OSError as exc:
-            log.error("cannot build the bundled mobilenet into %s: %s; run python -m "
-                      "placeenv.serve.models.examples DIR and add DIR to PLACEENV_MODEL_REPOSITORY", BUNDLED, exc)
+            log.error("cannot build the bundled mobilenet into %s: %s; set XDG_CACHE_HOME to a writable "
+                      "directory, or run python -m placeenv.serve.models.examples DIR and serve DIR with "
+                      "PLACEENV_MODEL_REPOSITORY", examples.mobilenet_home(), exc)
     try:
         entries, errors = scan(repositories, settings.model_list(), max_batch_size=settings.max_batch_size,
                                max_batch_delay_ms=settings.max_batch_delay_ms)
