@@ -42,6 +42,12 @@ class DrainingServer(uvicorn.Server):
         self.app, self.settings = app, settings
         self._stop_started = False
 
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started and sockets:
+            # uvicorn names no address for sockets it is handed (bound early: bind()), so say it here.
+            print(ready_message(sockets[0], self.settings), flush=True)
+
     def handle_exit(self, sig, frame) -> None:
         if self._stop_started:
             return super().handle_exit(sig, frame)
@@ -69,6 +75,18 @@ def program_name() -> str:
     """How the user called us, for --help and messages: the console script or the module."""
     name = Path(sys.argv[0]).name
     return name if name == "placeenv-serve" else "python -m placeenv.serve"
+
+
+def address(host: str, port: int) -> str:
+    """``host:port``, an IPv6 address in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def ready_message(sock: socket.socket, settings: Settings) -> str:
+    """The line that says where the started service listens (the bound port: --port 0 picks one)."""
+    http = f"http://{address(settings.host, sock.getsockname()[1])}"
+    grpc = f"; gRPC on {address(settings.host, settings.grpc_port)}" if settings.grpc_port else ""
+    return f"placeenv.serve: ready on {http} (API docs: {http}/docs){grpc}"
 
 
 def bind(host: str, port: int) -> socket.socket:
