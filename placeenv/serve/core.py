@@ -148,6 +148,8 @@ class Service:
                 template = version.model_class()
                 template.context = version.context
                 self.templates[entry.name, number] = template
+        # Each input's datatype, for the adapters to check before they convert a request's data.
+        self.datatypes = {key: {s.name: s.datatype for s in t.context.inputs} for key, t in self.templates.items()}
         self.devices = resolve_devices(settings)
         queues = {
             d: DeviceQueue(d, settings.queue_capacity, settings.workers_per_device) for d in self.devices
@@ -247,6 +249,15 @@ class Service:
             raise UnknownModel(f"model {entry.name!r} has no version {prefix(version)}; it has "
                                f"{', '.join(str(v) for v in sorted(entry.versions))}")
         return entry.versions[number]
+
+    def input_datatypes(self, model: Any, version: str | int | None) -> Mapping[str, str]:
+        """``{input: datatype}`` of ``model``'s version, for an adapter to refuse a mismatched datatype
+        before reading data as it; empty for a model or version not served (``infer`` then says so)."""
+        try:
+            entry = self.entry(model)
+            return self.datatypes[entry.name, self.version(entry, version).number]
+        except ServiceError:
+            return {}
 
     # -- the request path --------------------------------------------------------------------
 

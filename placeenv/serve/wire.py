@@ -1,7 +1,8 @@
 """Tensors on the wire: JSON number lists and binary buffers to numpy arrays, and back.
 
-Shared by both HTTP APIs and gRPC, with the protocol's datatypes and ``prefix``; no Paddle here. Every refusal is an ``InvalidInput`` that names the
-tensor and what was expected, and quotes at most a short prefix of the input.
+Shared by both HTTP APIs and gRPC, with the protocol's datatypes and ``prefix``; no Paddle here.
+Every refusal is an ``InvalidInput`` that names the tensor and what was expected, and quotes at
+most a short prefix of the input.
 """
 
 from __future__ import annotations
@@ -52,12 +53,22 @@ def _label(tensor: str) -> str:
     return tensor if len(tensor) <= 40 else f"{tensor[:40]}... ({len(tensor)} characters)"
 
 
-def datatype(name: Any, tensor: str) -> np.dtype:
+def datatype(name: Any, tensor: str, expected: str | None = None) -> np.dtype:
+    """The dtype of datatype ``name``; refused when it is not the ``expected`` one (the model's), before
+    any data is read as ``name``: the answer then names both, not a value that does not fit."""
     dtype = DATATYPES.get(name) if isinstance(name, str) else None
     if dtype is None:
         raise InvalidInput(f"tensor {tensor!r} has datatype {prefix(name)}; the service takes "
                            f"{', '.join(DATATYPES)}")
+    if expected is not None and name != expected:
+        raise InvalidInput(f"input {tensor!r} has datatype {name}; expected {expected}, the model's datatype "
+                           f"for it: send the data as {expected}")
     return dtype
+
+
+def check_datatype(kind: Any, tensor: str, expected: str | None) -> np.dtype:
+    """``datatype`` for a tensor as the client names it (messages quote a prefix of the name)."""
+    return datatype(kind, _label(tensor), expected)
 
 
 def media_type(content_type: str | bytes) -> str:
