@@ -80,6 +80,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PATH=/opt/venv/bin:$PATH \
     PLACEENV_SIM_CACHE=/opt/placeenv/sim-cache \
+    XDG_CACHE_HOME=/opt/placeenv/cache \
     PLACEENV_HOST=0.0.0.0 \
     PLACEENV_PORT=8000
 # g++ compiles the sim device; a base that has it already (debootstrap --include=g++)
@@ -91,13 +92,14 @@ RUN command -v g++ >/dev/null \
 COPY --from=build /opt/venv /opt/venv
 WORKDIR /app
 # Unprivileged user; it owns the sim cache so a rebuild (new headers) can still write it.
-# The bundled mobilenet is built here (the package directory is root's at run time).
+# The bundled mobilenet is built here into XDG_CACHE_HOME, which the user owns too, so a
+# container starts without building it.
 # Your own models: mount a repository and set PLACEENV_MODEL_REPOSITORY (docs/models.md).
 RUN useradd --create-home --uid 10001 placeenv \
-    && mkdir -p "$PLACEENV_SIM_CACHE" \
+    && mkdir -p "$PLACEENV_SIM_CACHE" "$XDG_CACHE_HOME" \
     && python -m placeenv.sim build \
     && python -m placeenv.serve.models.examples \
-    && chown -R placeenv:placeenv "$PLACEENV_SIM_CACHE"
+    && chown -R placeenv:placeenv "$PLACEENV_SIM_CACHE" "$XDG_CACHE_HOME"
 USER placeenv
 
 EXPOSE 8000

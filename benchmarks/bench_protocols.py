@@ -35,7 +35,6 @@ import tritonclient.http as triton
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_service import RESULTS, _ms, service  # noqa: E402
 
-from placeenv.serve.config import BUNDLED_REPOSITORY  # noqa: E402
 
 IMAGE = np.random.default_rng(0).uniform(-1, 1, (1, 3, 32, 32)).astype(np.float32)
 
@@ -156,7 +155,9 @@ def main() -> None:
         server.stop()
 
     with tempfile.TemporaryDirectory() as tmp:
-        bundled = BUNDLED_REPOSITORY / "mobilenet" / "1"
+        from placeenv.serve.models.examples import mobilenet_home  # imports Paddle: only here
+
+        bundled = mobilenet_home() / "1"  # the service built it at its start above
         (Path(tmp) / "mobilenet_jit" / "1").mkdir(parents=True)
         for name in ("model.json", "model.pdiparams"):
             shutil.copy(bundled / name, Path(tmp) / "mobilenet_jit" / "1" / name)

@@ -82,7 +82,8 @@ class _InstallAfterPaddleImport(importlib.abc.MetaPathFinder):
         exec_module = spec.loader.exec_module
 
         def exec_then_install(module):
-            exec_module(module)
+            with _no_ccache_warning():
+                exec_module(module)
             _disarm()
             patch = importlib.import_module("placeenv.patch")
             try:
@@ -93,6 +94,21 @@ class _InstallAfterPaddleImport(importlib.abc.MetaPathFinder):
 
         spec.loader.exec_module = exec_then_install
         return spec
+
+
+class _no_ccache_warning:
+    """Hides Paddle's "No ccache found" UserWarning while the hook imports Paddle: it concerns building
+    C++ extensions, not placeenv's users. Only this one filter is added and then removed, so filters
+    set meanwhile (Paddle's own import adds some) stay, which ``warnings.catch_warnings`` would undo."""
+
+    def __enter__(self) -> None:
+        warnings.filterwarnings("ignore", message="No ccache found", category=UserWarning,
+                                module=r"paddle\.utils\.cpp_extension\.")
+        self.entry = warnings.filters[0]
+
+    def __exit__(self, *exc) -> None:
+        if self.entry in warnings.filters:
+            warnings.filters.remove(self.entry)
 
 
 def _disarm() -> None:

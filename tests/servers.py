@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING
 
 import httpx
 
-from placeenv.serve.config import BUNDLED_REPOSITORY
+from placeenv.serve.config import BUNDLED
 
 if TYPE_CHECKING:
     from typing import Self  # Python 3.11; annotations are not evaluated (PEP 563)
 
 #: The test-only models (faulty), served beside the bundled examples.
 TEST_REPOSITORY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "repository")
-REPOSITORIES = f"{BUNDLED_REPOSITORY},{TEST_REPOSITORY}"
+REPOSITORIES = f"{BUNDLED},{TEST_REPOSITORY}"
 
 
 def free_port() -> int:

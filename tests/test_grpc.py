@@ -97,7 +97,8 @@ def test_typed_contents_as_well_as_raw(served):
         with pytest.raises(grpc.RpcError) as caught:
             stub.ModelInfer(half)
         assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert "raw_input_contents" in caught.value.details()
+        # The datatype is checked against the model's first (tests/test_wrong_datatype.py).
+        assert "'pixels' has datatype FP16; expected FP32" in caught.value.details()
 
 
 @pytest.mark.parametrize("call, code, words", [

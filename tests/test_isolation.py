@@ -158,12 +158,11 @@ def test_a_saved_program_on_sim_keeps_its_weights_there_and_returns_cpu_outputs(
     ``paddle.jit.load`` under sim:1 puts the parameters on sim:1, but the program's kernels are Paddle's
     CPU fallbacks on a custom device without them, so its outputs are CPU tensors."""
     from placeenv import PlaceEnv
-    from placeenv.serve.models.examples import ensure_mobilenet
-    from placeenv.serve.models.repository import BUNDLED
+    from placeenv.serve.models.examples import ensure_mobilenet, mobilenet_home
 
-    ensure_mobilenet(BUNDLED)  # the service builds it at its first start; this test may come first
+    ensure_mobilenet()  # the service builds it at its first start; this test may come first
     with PlaceEnv("sim:1"):
-        layer = paddle.jit.load(str(BUNDLED / "mobilenet" / "1" / "model"))
+        layer = paddle.jit.load(str(mobilenet_home() / "1" / "model"))
         with paddle.no_grad():
             out = layer(paddle.to_tensor(np.zeros((2, 3, 32, 32), np.float32)))
     assert {placeenv.device_name(v.place) for v in layer.state_dict().values()} == {"sim:1"}

@@ -30,7 +30,7 @@ from placeenv.serve.models.base import host_tensor, move_to
 from placeenv.serve.models.train_digits import PIXEL_MAX, held_out_split
 from placeenv.serve.workers import PlaceChecker
 
-bundled.ensure_mobilenet(BUNDLED)  # what the service does at start: mobilenet is built, not committed
+bundled.ensure_mobilenet()  # what the service does at start: mobilenet is built, not committed
 ENTRIES, ERRORS = scan([BUNDLED], None, max_batch_size=8, max_batch_delay_ms=2.0)
 
 

@@ -89,10 +89,10 @@ def test_wheel_has_only_placeenv_and_the_plugin_module_at_top_level(wheel):
     assert not modules & GENERIC
     # the service moved inside the package, with its package data
     for needed in ("placeenv/serve/__init__.py", "placeenv/serve/__main__.py", "placeenv/serve/app.py",
-                   "placeenv/serve/models/repository.py", "placeenv/serve/models/repository/digits/config.yaml",
-                   "placeenv/serve/models/repository/digits/1/model.py",
-                   "placeenv/serve/models/repository/digits/1/model.json",
-                   "placeenv/serve/models/repository/digits/1/model.pdiparams",
+                   "placeenv/serve/models/repository.py", "placeenv/serve/models/bundled/digits/config.yaml",
+                   "placeenv/serve/models/bundled/digits/1/model.py",
+                   "placeenv/serve/models/bundled/digits/1/model.json",
+                   "placeenv/serve/models/bundled/digits/1/model.pdiparams",
                    "placeenv/sim/sim_device.cc", "placeenv/testing.py"):
         assert needed in names, needed
     assert not any("__pycache__" in name for name in names)

@@ -32,6 +32,7 @@ from servers import REPOSITORIES, ServiceProcess
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from placeenv import PlaceEnv
+from placeenv.serve.models.examples import mobilenet_home
 from placeenv.serve.models.repository import BUNDLED
 from placeenv.serve.models.train_digits import PIXEL_MAX, held_out_split
 
@@ -312,7 +313,7 @@ def test_mobilenet_equals_the_saved_program_on_every_device(service, client):
     def call(i):
         images = rng.uniform(0, 1, (i % 3 + 1, 3, 32, 32)).astype(np.float32)
         result = client.infer("mobilenet", [tensor("image", images, binary=True)])  # every output binary
-        (expected,) = run_locally(BUNDLED / "mobilenet" / "1" / "model", images)
+        (expected,) = run_locally(mobilenet_home() / "1" / "model", images)
         np.testing.assert_allclose(result.as_numpy("output_0"), expected, rtol=1e-4, atol=1e-5)
 
     on_every_device(service, "mobilenet", call)

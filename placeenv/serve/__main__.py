@@ -42,6 +42,12 @@ class DrainingServer(uvicorn.Server):
         self.app, self.settings = app, settings
         self._stop_started = False
 
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started and sockets:
+            # uvicorn names no address for sockets it is handed (bound early: bind()), so say it here.
+            print(ready_message(sockets[0], self.settings), flush=True)
+
     def handle_exit(self, sig, frame) -> None:
         if self._stop_started:
             return super().handle_exit(sig, frame)
@@ -69,6 +75,18 @@ def program_name() -> str:
     """How the user called us, for --help and messages: the console script or the module."""
     name = Path(sys.argv[0]).name
     return name if name == "placeenv-serve" else "python -m placeenv.serve"
+
+
+def address(host: str, port: int) -> str:
+    """``host:port``, an IPv6 address in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def ready_message(sock: socket.socket, settings: Settings) -> str:
+    """The line that says where the started service listens (the bound port: --port 0 picks one)."""
+    http = f"http://{address(settings.host, sock.getsockname()[1])}"
+    grpc = f"; gRPC on {address(settings.host, settings.grpc_port)}" if settings.grpc_port else ""
+    return f"placeenv.serve: ready on {http} (API docs: {http}/docs){grpc}"
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -130,8 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     from .app import create_app  # imports Paddle: after the sim set-up
 
     app = create_app(settings)
-    # Process-wide, so set by the program, not by create_app: measured in docs/benchmarks.md
-    # (the front end's ceiling), 5 ms turns cost a small model a fifth of its throughput.
+    # Process-wide, so set by the program, not by create_app: with Python's default turns a finished
+    # worker waits long for the event loop to let go of the GIL (docs/benchmarks.md, front-end ceiling).
     sys.setswitchinterval(settings.gil_switch_interval_ms / 1000)
     logging.getLogger(__name__).info("GIL switch interval %g ms", sys.getswitchinterval() * 1000)
     config = uvicorn.Config(

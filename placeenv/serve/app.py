@@ -34,7 +34,7 @@ from .config import Settings
 from .core import Result, Service
 from .errors import InvalidInput, MethodNotAllowed, ServiceError, StartupError, UnsupportedMediaType, outcome
 from .fastjson import FastJSONResponse, FastJSONRoute
-from .models.base import prefix
+from .wire import prefix
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,8 @@ def create_app(settings: Settings) -> FastAPI:
 
     otel = settings.opentelemetry
     app = ServiceApp(
-        # Off, FastAPI skips its per-request look-up of OpenTelemetry providers (~4% of saturated throughput).
+        # Off, FastAPI skips its per-request look-up of OpenTelemetry providers, a cost on every request
+        # (docs/benchmarks.md, "Figures behind the code's choices").
         telemetry={"tracing": otel, "metrics": otel, "logs": otel},
         title="placeenv inference service",
         version="0.1.0",
@@ -162,7 +163,7 @@ def create_app(settings: Settings) -> FastAPI:
         # that input is NaN/Infinity or holds a lone surrogate ("\ud800"): strict UTF-8
         # JSON cannot encode either. Same 422 body otherwise, each input cut to a prefix.
         # loc holds the client's keys too (an unknown field's name, an inputs key): cut them alike;
-        # and the first 10 errors only (a body of 20,000 unknown keys had 2.5 MB of answer).
+        # and the first 10 errors only, so a body of many unknown keys cannot make a huge answer.
         found = [{**e, "loc": [p if not isinstance(p, str) or len(p) <= 40 else prefix(p) for p in e["loc"]],
                   **({"input": prefix(e["input"])} if "input" in e else {})} for e in exc.errors()[:10]]
         return EscapedJSONResponse({"detail": _json_safe(jsonable_encoder(found))}, status_code=422)
@@ -463,8 +464,8 @@ class HotRoutes:
     ahead of FastAPI's per-request machinery.
 
     Six middleware layers, routing through every route, a ``Request``, dependency solving and
-    body validation by FastAPI were a third of a small request's time on the event loop (the
-    profile in docs/benchmarks.md). Here the route's own work is called directly: ``predict``
+    body validation by FastAPI were the largest share of a small request's time on the event loop
+    (the profile in docs/benchmarks.md). Here the route's own work is called directly: ``predict``
     and ``v2.infer``, which the FastAPI routes call too, with the same body limit and error
     answers. Those routes stay the documentation (OpenAPI) and the way for everything else: a
     ``/predict`` body that pydantic refuses, or one not sent as JSON, goes on to FastAPI (``app``),

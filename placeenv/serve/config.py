@@ -14,8 +14,9 @@ from typing import Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-#: The bundled examples, the default repository (placeenv.serve.models.repository.BUNDLED).
-BUNDLED_REPOSITORY = Path(__file__).with_name("models") / "repository"
+#: The bundled examples' repository, the default: named here because this module imports no Paddle
+#: (placeenv.serve.models.repository re-exports it).
+BUNDLED = Path(__file__).with_name("models") / "bundled"
 
 
 class Settings(BaseSettings):
@@ -87,8 +88,8 @@ class Settings(BaseSettings):
     )
     gil_switch_interval_ms: float = Field(
         0.5, gt=0, le=100, description="how long a thread holds the GIL while another waits for it "
-        "(sys.setswitchinterval; Python's default is 5): the event loop and the workers take turns "
-        "every few microseconds, and a worker that waits 5 ms for each turn leaves its device idle",
+        "(sys.setswitchinterval; Python's default is 5); shorter turns let a finished worker hand back "
+        "its batch sooner",
     )
 
     shutdown_delay_s: float = Field(
@@ -127,7 +128,7 @@ class Settings(BaseSettings):
 
     def repository_list(self) -> list[Path]:
         paths = [Path(part.strip()) for part in self.model_repository.split(",") if part.strip()]
-        return [p if p == BUNDLED_REPOSITORY else p.resolve() for p in paths] or [BUNDLED_REPOSITORY]
+        return [p if p == BUNDLED else p.resolve() for p in paths] or [BUNDLED]
 
     def wants_sim(self) -> bool:
         """Whether sim devices must be prepared before Paddle is imported."""

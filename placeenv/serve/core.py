@@ -39,8 +39,9 @@ from .errors import (
     outcome,
 )
 from .models import examples
-from .models.base import InputError, Model, ModelError, TensorSpec, host_inputs, prefix
+from .models.base import InputError, Model, ModelError, TensorSpec, host_inputs
 from .models.repository import BUNDLED, Entry, RepositoryError, Version, scan
+from .wire import prefix
 from .workers import Answer, PlaceChecker, WorkerPool
 
 log = logging.getLogger(__name__)
@@ -113,10 +114,11 @@ def read_repository(settings: Settings) -> tuple[dict[str, Entry], dict[str, str
     repositories = settings.repository_list()
     if BUNDLED in repositories:
         try:
-            examples.ensure_mobilenet(BUNDLED)
+            examples.ensure_mobilenet()
         except OSError as exc:
-            log.error("cannot build the bundled mobilenet into %s: %s; run python -m "
-                      "placeenv.serve.models.examples DIR and add DIR to PLACEENV_MODEL_REPOSITORY", BUNDLED, exc)
+            log.error("cannot build the bundled mobilenet into %s: %s; set XDG_CACHE_HOME to a writable "
+                      "directory, or run python -m placeenv.serve.models.examples DIR and serve DIR with "
+                      "PLACEENV_MODEL_REPOSITORY", examples.mobilenet_home(), exc)
     try:
         entries, errors = scan(repositories, settings.model_list(), max_batch_size=settings.max_batch_size,
                                max_batch_delay_ms=settings.max_batch_delay_ms)
@@ -146,6 +148,8 @@ class Service:
                 template = version.model_class()
                 template.context = version.context
                 self.templates[entry.name, number] = template
+        # Each input's datatype, for the adapters to check before they convert a request's data.
+        self.datatypes = {key: {s.name: s.datatype for s in t.context.inputs} for key, t in self.templates.items()}
         self.devices = resolve_devices(settings)
         queues = {
             d: DeviceQueue(d, settings.queue_capacity, settings.workers_per_device) for d in self.devices
@@ -164,9 +168,8 @@ class Service:
     def start(self) -> None:
         self.pool.start()
         self._settle_failures()
-        # Paddle, FastAPI and the models leave ~150k long-lived objects: a full
-        # collection walks them all (~60 ms with the GIL held, a latency spike for
-        # every request in flight). Frozen, they are skipped from now on.
+        # Paddle, FastAPI and the models leave many long-lived objects that a full collection
+        # walks with the GIL held, a latency spike for every request in flight; frozen, they are skipped.
         gc.collect()
         gc.freeze()
         metrics.READY.set(1)
@@ -246,6 +249,15 @@ class Service:
             raise UnknownModel(f"model {entry.name!r} has no version {prefix(version)}; it has "
                                f"{', '.join(str(v) for v in sorted(entry.versions))}")
         return entry.versions[number]
+
+    def input_datatypes(self, model: Any, version: str | int | None) -> Mapping[str, str]:
+        """``{input: datatype}`` of ``model``'s version, for an adapter to refuse a mismatched datatype
+        before reading data as it; empty for a model or version not served (``infer`` then says so)."""
+        try:
+            entry = self.entry(model)
+            return self.datatypes[entry.name, self.version(entry, version).number]
+        except ServiceError:
+            return {}
 
     # -- the request path --------------------------------------------------------------------
 
@@ -348,7 +360,7 @@ class Service:
         try:
             if type(template).preprocess is Model.preprocess:
                 # No preprocess of the model's own: nothing runs that could make a tensor, so no
-                # PlaceEnv('cpu') (its two Tracer switches are 5% of a small request's time).
+                # PlaceEnv('cpu'), whose two Tracer switches cost a small request time for nothing.
                 tensors = host_inputs(template.context, arrays)
             elif inline:  # small: cheaper here than two thread hand-offs
                 tensors = self._preprocess(template, arrays)

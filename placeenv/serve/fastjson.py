@@ -1,18 +1,17 @@
 """JSON on the predict path by pydantic-core (Rust) instead of the ``json`` module.
 
-Requests: FastAPI parses a JSON body with ``json.loads`` before validating it. For the
-nested number lists of a predict request, pydantic-core's parser (written in
-Rust) is about 3x faster: ~0.35 ms saved per mobilenet request on a 2-core VM.
-Anything it does not accept is handed to ``json.loads``, so error answers, and
-what is accepted, stay exactly FastAPI's.
+Requests: FastAPI parses a JSON body with ``json.loads`` before validating it; for the
+nested number lists of a predict request, pydantic-core's parser (Rust) is faster
+(docs/benchmarks.md, "Figures behind the code's choices"). Anything it does not accept
+is handed to ``json.loads``, so error answers, and what is accepted, stay exactly FastAPI's.
 
 Wired in through FastAPI's documented extension point, a custom ``APIRoute``
 whose handler sees a custom ``Request``.
 
-Responses: ``FastJSONResponse`` renders with ``pydantic_core.to_json``, 3 us
-where Starlette's ``json.dumps`` takes 18 for a digits answer; the same JSON
-(floats round-trip exactly), except that a non-finite float becomes the string
-"NaN"/"Infinity" (as in the service's 422 answers) instead of an error.
+Responses: ``FastJSONResponse`` renders with ``pydantic_core.to_json``, also faster than
+Starlette's ``json.dumps``: the same JSON (floats round-trip exactly), except that a
+non-finite float becomes the string "NaN"/"Infinity" (as in the service's 422 answers)
+instead of an error.
 """
 
 from __future__ import annotations

@@ -16,6 +16,8 @@ code (``tritonclient[grpc]``, the ``grpc`` extra).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from types import MappingProxyType
 
 import grpc
 import numpy as np
@@ -26,15 +28,17 @@ from tritonclient.grpc import service_pb2_grpc as rpc
 from . import v2, wire
 from .core import Service
 from .errors import InvalidInput, ServiceError, outcome
-from .models.base import prefix
+from .wire import prefix
 
 #: The typed field of ``InferTensorContents`` that carries each datatype (FP16 has none: raw only).
 CONTENTS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
             "INT64": "int64_contents", "UINT8": "uint_contents", "FP32": "fp32_contents", "FP64": "fp64_contents"}
 
 
-def inputs_of(request: pb.ModelInferRequest) -> dict[str, np.ndarray]:
-    """The request's input arrays, from ``raw_input_contents`` (one per input, in order) or ``contents``."""
+def inputs_of(request: pb.ModelInferRequest,
+              expected: Mapping[str, str] = MappingProxyType({})) -> dict[str, np.ndarray]:
+    """The request's input arrays, from ``raw_input_contents`` (one per input, in order) or ``contents``;
+    ``expected``: the model's datatype of each input (``Service.input_datatypes``)."""
     raw = request.raw_input_contents
     if raw and len(raw) != len(request.inputs):
         raise InvalidInput(f"raw_input_contents has {len(raw)} entries for {len(request.inputs)} inputs; "
@@ -44,6 +48,7 @@ def inputs_of(request: pb.ModelInferRequest) -> dict[str, np.ndarray]:
         if item.name in arrays:
             raise InvalidInput(f"input {prefix(item.name)} appears twice; send each input once")
         shape = tuple(item.shape)
+        wire.check_datatype(item.datatype, item.name, expected.get(item.name))  # before the data's checks
         if raw:
             arrays[item.name] = wire.from_binary(raw[i], item.datatype, item.name, shape)
             continue
@@ -100,7 +105,8 @@ class InferenceServicer(rpc.GRPCInferenceServiceServicer):
         service = self.service
         try:
             try:
-                arrays = inputs_of(request)
+                arrays = inputs_of(request, service.input_datatypes(request.model_name,
+                                                                    request.model_version or None))
             except ServiceError as exc:
                 service.refused(request.model_name, exc)  # infer counts its own refusals
                 raise

@@ -25,8 +25,8 @@ class LoopMetrics(Collector):
     """The request path's own metrics, kept as plain numbers by the event loop thread.
 
     Every request counted its answer, observed two durations and moved the in-flight gauge:
-    seven prometheus_client updates, each taking a lock and checking its arguments, about
-    12% of a small request's event-loop time. Here one thread writes and, since ``/metrics``
+    seven prometheus_client updates, each taking a lock and checking its arguments (a share of
+    a small request's event-loop time: docs/benchmarks.md). Here one thread writes and, since ``/metrics``
     is served on that same loop, the same thread reads: no lock is needed. The series are
     the same as prometheus_client's Counter, Histogram and Gauge would export.
     """

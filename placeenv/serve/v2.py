@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import importlib.metadata
 import zlib
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -29,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from . import wire
 from .core import Result, Service
 from .errors import InvalidInput, ServiceError, TooLarge, UnsupportedMediaType
-from .models.base import prefix
+from .wire import prefix
 
 HEADER_LENGTH = "inference-header-content-length"
 VERSION = importlib.metadata.version("placeenv")
@@ -88,8 +90,10 @@ def decompressed(body: bytes, encoding: str | None, limit: int) -> bytes:
     return plain
 
 
-def parse(body: bytes, header_length: str | None) -> tuple[InferenceRequest, dict[str, np.ndarray]]:
-    """The request and its input arrays, from a JSON body or a JSON header plus binary data."""
+def parse(body: bytes, header_length: str | None,
+          expected: Mapping[str, str] = MappingProxyType({})) -> tuple[InferenceRequest, dict[str, np.ndarray]]:
+    """The request and its input arrays, from a JSON body or a JSON header plus binary data;
+    ``expected``: the model's datatype of each input (``Service.input_datatypes``)."""
     if header_length is None:
         header, rest = body, b""
     else:
@@ -112,6 +116,7 @@ def parse(body: bytes, header_length: str | None) -> tuple[InferenceRequest, dic
         if item.name in arrays:
             raise InvalidInput(f"input {prefix(item.name)} appears twice; send each input once")
         shape = tuple(item.shape)
+        wire.check_datatype(item.datatype, item.name, expected.get(item.name))  # before the data's checks
         size = item.parameters.get("binary_data_size")
         if size is not None:
             if type(size) is not int or size < 0 or offset + size > len(rest):
@@ -174,7 +179,7 @@ async def infer(service: Service, settings, name: str, version: str | None, body
     try:
         check_content_type(content_type)
         body = decompressed(body, encoding, settings.max_body_bytes)
-        parsed, arrays = parse(body, header_length)
+        parsed, arrays = parse(body, header_length, service.input_datatypes(name, version))
     except ServiceError as exc:
         service.refused(name, exc)  # infer counts its own refusals
         raise

@@ -1,7 +1,8 @@
 """Tensors on the wire: JSON number lists and binary buffers to numpy arrays, and back.
 
-Shared by both HTTP APIs. Every refusal is an ``InvalidInput`` that names the
-tensor and what was expected, and quotes at most a short prefix of the input.
+Shared by both HTTP APIs and gRPC, with the protocol's datatypes and ``prefix``; no Paddle here.
+Every refusal is an ``InvalidInput`` that names the tensor and what was expected, and quotes at
+most a short prefix of the input.
 """
 
 from __future__ import annotations
@@ -13,7 +14,14 @@ from typing import Any
 import numpy as np
 
 from .errors import InvalidInput
-from .models.base import DATATYPES, prefix
+
+#: Open Inference Protocol datatype -> numpy dtype, for every datatype the service takes.
+DATATYPES: dict[str, np.dtype] = {
+    "BOOL": np.dtype(np.bool_), "UINT8": np.dtype(np.uint8), "INT8": np.dtype(np.int8),
+    "INT16": np.dtype(np.int16), "INT32": np.dtype(np.int32), "INT64": np.dtype(np.int64),
+    "FP16": np.dtype(np.float16), "FP32": np.dtype(np.float32), "FP64": np.dtype(np.float64),
+}
+_BY_NUMPY = {dtype: name for name, dtype in DATATYPES.items()}
 
 _INTEGER = frozenset({"UINT8", "INT8", "INT16", "INT32", "INT64"})
 _LEAVES = {"BOOL": {bool}, **{t: {int} for t in _INTEGER}, "FP16": {int, float}, "FP32": {int, float},
@@ -21,17 +29,46 @@ _LEAVES = {"BOOL": {bool}, **{t: {int} for t in _INTEGER}, "FP16": {int, float},
 _MAX_DEPTH = 8
 
 
+def datatype_of(dtype: Any) -> str:
+    """The protocol datatype of a numpy or Paddle dtype ('FP32' for float32 / paddle.float32)."""
+    name = str(dtype).removeprefix("paddle.")
+    try:
+        return _BY_NUMPY[np.dtype(name)]
+    except (TypeError, KeyError):
+        raise ValueError(f"dtype {dtype} has no Open Inference Protocol datatype the service takes "
+                         f"({', '.join(DATATYPES)})") from None
+
+
+def prefix(value: Any, limit: int = 40) -> str:
+    """``repr`` of a client-sent value, cut to ``limit`` characters: error messages never echo more."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int of over 4300 digits (sys.get_int_max_str_digits), alone or inside a list
+        return f"<{type(value).__name__} too large to show>"
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 def _label(tensor: str) -> str:
     """A client-sent tensor name as messages quote it: at most a short prefix."""
     return tensor if len(tensor) <= 40 else f"{tensor[:40]}... ({len(tensor)} characters)"
 
 
-def datatype(name: Any, tensor: str) -> np.dtype:
+def datatype(name: Any, tensor: str, expected: str | None = None) -> np.dtype:
+    """The dtype of datatype ``name``; refused when it is not the ``expected`` one (the model's), before
+    any data is read as ``name``: the answer then names both, not a value that does not fit."""
     dtype = DATATYPES.get(name) if isinstance(name, str) else None
     if dtype is None:
         raise InvalidInput(f"tensor {tensor!r} has datatype {prefix(name)}; the service takes "
                            f"{', '.join(DATATYPES)}")
+    if expected is not None and name != expected:
+        raise InvalidInput(f"input {tensor!r} has datatype {name}; expected {expected}, the model's datatype "
+                           f"for it: send the data as {expected}")
     return dtype
+
+
+def check_datatype(kind: Any, tensor: str, expected: str | None) -> np.dtype:
+    """``datatype`` for a tensor as the client names it (messages quote a prefix of the name)."""
+    return datatype(kind, _label(tensor), expected)
 
 
 def media_type(content_type: str | bytes) -> str:

@@ -4,7 +4,8 @@ A ``model.py`` in a repository writes ``from placeenv.serve.models import Model,
 Import after ``placeenv.sim.prepare()`` when using simulated devices: this imports Paddle.
 """
 
-from .base import DATATYPES, InputError, Model, ModelContext, TensorSpec
+from ..wire import DATATYPES
+from .base import InputError, Model, ModelContext, TensorSpec
 from .repository import BUNDLED, Entry, ModelConfig, RepositoryError, scan
 
 __all__ = ["BUNDLED", "DATATYPES", "Entry", "InputError", "Model", "ModelConfig", "ModelContext",

@@ -16,7 +16,6 @@ and ``finalize()`` runs when the worker stops. Every method has a default, so a 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -28,37 +27,9 @@ import placeenv
 from placeenv import PlaceEnv, device_name
 from placeenv.tensors import JIT_LOAD_LOCK, host_tensor, move_to
 
-__all__ = [
-    "DATATYPES", "InputError", "Model", "ModelContext", "TensorSpec", "batch_tensor", "host_tensor", "move_to", "prefix",
-]
+from ..wire import DATATYPES, datatype_of
 
-
-#: Open Inference Protocol datatype -> numpy dtype, for every datatype the service takes.
-DATATYPES: dict[str, np.dtype] = {
-    "BOOL": np.dtype(np.bool_), "UINT8": np.dtype(np.uint8), "INT8": np.dtype(np.int8),
-    "INT16": np.dtype(np.int16), "INT32": np.dtype(np.int32), "INT64": np.dtype(np.int64),
-    "FP16": np.dtype(np.float16), "FP32": np.dtype(np.float32), "FP64": np.dtype(np.float64),
-}
-_BY_NUMPY = {dtype: name for name, dtype in DATATYPES.items()}
-
-
-def datatype_of(dtype: Any) -> str:
-    """The protocol datatype of a numpy or Paddle dtype ('FP32' for float32 / paddle.float32)."""
-    name = str(dtype).removeprefix("paddle.")
-    try:
-        return _BY_NUMPY[np.dtype(name)]
-    except (TypeError, KeyError):
-        raise ValueError(f"dtype {dtype} has no Open Inference Protocol datatype the service takes "
-                         f"({', '.join(DATATYPES)})") from None
-
-
-def prefix(value: Any, limit: int = 40) -> str:
-    """``repr`` of a client-sent value, cut to ``limit`` characters: error messages never echo more."""
-    try:
-        text = repr(value)
-    except ValueError:  # an int of over 4300 digits (sys.get_int_max_str_digits), alone or inside a list
-        return f"<{type(value).__name__} too large to show>"
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+__all__ = ["InputError", "Model", "ModelContext", "TensorSpec", "batch_tensor", "host_tensor", "move_to"]
 
 
 class InputError(ValueError):
@@ -87,8 +58,12 @@ class TensorSpec:
     def check(self, array: np.ndarray) -> None:
         """``InputError`` unless ``array`` has this datatype and a shape this spec allows."""
         if array.dtype != self.dtype:
+            try:
+                sent = datatype_of(array.dtype)
+            except ValueError:
+                sent = array.dtype
             raise InputError(
-                f"input {self.name!r} has datatype {_BY_NUMPY.get(array.dtype, array.dtype)}; "
+                f"input {self.name!r} has datatype {sent}; "
                 f"expected {self.datatype}"
             )
         if len(array.shape) != len(self.shape) or any(
@@ -230,7 +205,3 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     values = logits.astype(np.float64)
     values = np.exp(values - values.max(axis=1, keepdims=True))
     return (values / values.sum(axis=1, keepdims=True)).astype(logits.dtype)
-
-
-def elements(shape: tuple[int, ...]) -> int:
-    return math.prod(shape)

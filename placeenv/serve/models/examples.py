@@ -1,15 +1,18 @@
 """The bundled repository's examples, built reproducibly.
 
 - ``digits``: an MLP trained on scikit-learn's 8x8 digits (``train_digits.py``),
-  saved with ``paddle.jit.save`` and committed (38 KB), with a ``model.py`` for
+  saved with ``paddle.jit.save`` and committed, with a ``model.py`` for
   its JSON-friendly pre- and post-processing.
 - ``mobilenet``: MobileNetV2 (scale 0.5, 10 classes, 3x32x32) with seeded random
-  weights, a plain ``jit.save`` directory. Not committed (2.6 MB): built here at
-  first start, or by ``python -m placeenv.serve.models.examples [REPOSITORY]``.
+  weights, a plain ``jit.save`` directory. Not committed: built at first start into
+  the per-user cache (``mobilenet_home()``), since an installed package may be
+  read-only; ``python -m placeenv.serve.models.examples [REPOSITORY]`` builds it
+  there, or into ``REPOSITORY/mobilenet/1`` for a repository of your own.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import shutil
@@ -21,8 +24,6 @@ import numpy as np
 import paddle
 
 from placeenv import PlaceEnv
-
-from .repository import BUNDLED
 
 MOBILENET_SEED = 0
 MOBILENET_INPUT = paddle.static.InputSpec([None, 3, 32, 32], "float32", name="image")
@@ -67,9 +68,23 @@ def save(network: paddle.nn.Layer, version_dir: Path, spec) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def ensure_mobilenet(repository: Path = BUNDLED) -> bool:
-    """Build ``<repository>/mobilenet/1`` unless it is there; whether it built."""
-    version_dir = repository / "mobilenet" / "1"
+def cache_root() -> Path:
+    """The per-user cache the built examples go to, as the sim plugin's: ``$XDG_CACHE_HOME`` or ``~/.cache``."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "placeenv" / "examples"
+
+
+def mobilenet_home() -> Path:
+    """Where the bundled mobilenet's version directories are built, keyed by this file and Paddle's
+    version: a changed example, or another Paddle, builds anew instead of serving a stale program."""
+    digest = hashlib.sha256(Path(__file__).read_bytes() + paddle.__version__.encode()).hexdigest()[:16]
+    return cache_root() / f"mobilenet-{digest}"
+
+
+def ensure_mobilenet(repository: Path | None = None) -> bool:
+    """Build mobilenet's version 1 unless it is there (in ``mobilenet_home()``, or
+    ``<repository>/mobilenet/1`` when given); whether it built."""
+    version_dir = mobilenet_home() / "1" if repository is None else repository / "mobilenet" / "1"
     if (version_dir / "model.json").is_file() and (version_dir / "model.pdiparams").is_file():
         return False
     with PlaceEnv("cpu"):
@@ -78,6 +93,7 @@ def ensure_mobilenet(repository: Path = BUNDLED) -> bool:
 
 
 if __name__ == "__main__":
-    target = Path(sys.argv[1]) if len(sys.argv) > 1 else BUNDLED
+    target = Path(sys.argv[1]) if len(sys.argv) > 1 else None
     built = ensure_mobilenet(target)
-    print(f"{target / 'mobilenet' / '1'}: {'built' if built else 'already there'}")
+    where = mobilenet_home() / "1" if target is None else target / "mobilenet" / "1"
+    print(f"{where}: {'built' if built else 'already there'}")

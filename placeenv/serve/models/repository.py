@@ -27,12 +27,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from placeenv import PlaceEnv
 from placeenv.tensors import program_signature
 
-from .base import DATATYPES, JIT_LOAD_LOCK, Model, ModelContext, TensorSpec, datatype_of
+from ..config import BUNDLED
+from ..wire import DATATYPES, datatype_of
+from . import examples
+from .base import JIT_LOAD_LOCK, Model, ModelContext, TensorSpec
 
 __all__ = ["BUNDLED", "Entry", "ModelConfig", "RepositoryError", "scan"]
 
-#: The bundled examples: the default repository (config.BUNDLED_REPOSITORY, which imports no Paddle).
-BUNDLED = Path(__file__).with_name("repository")
+#: Bundled models whose versions are built at start into the per-user cache (an installed package
+#: may be read-only): where each one's version directories are.
+BUILT_AT_START = {"mobilenet": examples.mobilenet_home}
 
 CONFIG_FILES = ("config.yaml", "config.yml", "config.toml")
 PROGRAM_PREFIXES = ("model", "inference")
@@ -193,10 +197,16 @@ def load_entry(name: str, directory: Path, max_batch_size: int, max_batch_delay_
     if not NAME.fullmatch(name):
         raise RepositoryError(name, directory, "a model name is letters, digits, '_', '.', '-' (at most 64)")
     config, config_file = read_config(name, directory)
+    home = directory
+    if directory.parent == BUNDLED and name in BUILT_AT_START:
+        home = BUILT_AT_START[name]()
     versions = {}
-    for child in sorted(directory.iterdir()):
+    for child in sorted(home.iterdir()) if home.is_dir() else ():
         if child.is_dir() and child.name.isdigit() and int(child.name) > 0 and not child.name.startswith("0"):
             versions[int(child.name)] = read_version(name, child, config)
+    if not versions and home != directory:
+        raise RepositoryError(name, home, "not built: the service builds it at start, or run "
+                              "python -m placeenv.serve.models.examples")
     if not versions:
         raise RepositoryError(name, directory, "no version directory: expected <model>/1/model.json "
                               "(paddle.jit.save(layer, '<repository>/<model>/1/model', input_spec=[...]))")
