@@ -362,14 +362,14 @@ def injections(**helpers) -> dict:
 
 
 def _current_expected_place_():
-    node = _placeenv_own()  # noqa: F821 - the override ContextVar's bound get
-    if node is None:
+    scope = _placeenv_own()  # noqa: F821 - the override ContextVar's bound get
+    if scope is None:
         # Installed, the global device is None (not chosen yet) or a concrete
         # place: placeenv.state is its only writer, and never stores the
         # generic core.Place that stock Paddle also treats as "not chosen".
         place = _global_expected_place_  # noqa: F821
         return _placeenv_init_global() if place is None else place  # noqa: F821
-    return node[0]
+    return scope[0]
 
 
 def _set_expected_place(place):
