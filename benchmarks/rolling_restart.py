@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_service import save_results  # noqa: E402
-from servers import Nginx, Prometheus, ReplicaSet  # noqa: E402
+from support.servers import Nginx, Prometheus, ReplicaSet  # noqa: E402
 
 LOCUST = str(Path(sys.executable).with_name("locust"))
 SCENARIOS = {  # name: (shutdown delay, nginx retries)

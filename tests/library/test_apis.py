@@ -15,7 +15,7 @@ import paddle
 import pytest
 
 import placeenv
-from conftest import THREAD_DEVICES, expect, on_each_device, run_threads, where
+from support import THREAD_DEVICES, expect, on_each_device, run_threads, where
 
 
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import paddle
 import pytest
-from conftest import run_threads, where
-from servers import TEST_REPOSITORY
+from support import run_threads, where
+from support.servers import TEST_REPOSITORY
 
 import placeenv
 from placeenv import PlaceEnv

@@ -12,7 +12,7 @@ import pytest
 
 import placeenv
 from placeenv import PlaceEnv
-from conftest import run_threads, where
+from support import run_threads, where
 
 
 def both_levels() -> tuple[str, str, str]:

@@ -17,10 +17,10 @@ import time
 from pathlib import Path
 
 import pytest
-from dashboards import dashboard_exprs
-from servers import Prometheus, ServiceProcess, free_port
+from support.dashboards import dashboard_exprs
+from support.servers import Prometheus, ServiceProcess, free_port
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS = shutil.which("prometheus")
 LOCUST = str(Path(sys.executable).with_name("locust"))
 

@@ -11,7 +11,7 @@ import time
 import httpx
 import numpy as np
 import pytest
-from servers import ServiceProcess
+from support.servers import ServiceProcess
 
 from placeenv.serve.models.repository import BUNDLED
 from placeenv.serve.models.train_digits import PIXEL_MAX, held_out_split

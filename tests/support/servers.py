@@ -11,26 +11,22 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import httpx
 
 from placeenv.serve.config import BUNDLED_REPOSITORY
+from placeenv.testing import free_port
+
+from .polling import WaitTimeout, wait_until
 
 if TYPE_CHECKING:
     from typing import Self  # Python 3.11; annotations are not evaluated (PEP 563)
 
 #: The test-only models (faulty), served beside the bundled examples.
-TEST_REPOSITORY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "repository")
+TEST_REPOSITORY = str(Path(__file__).resolve().parents[1] / "repository")
 REPOSITORIES = f"{BUNDLED_REPOSITORY},{TEST_REPOSITORY}"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ServiceProcess:
@@ -60,19 +56,22 @@ class ServiceProcess:
         self._drain = threading.Thread(target=self._lines.extend, args=(self.proc.stdout,), daemon=True)
         self._drain.start()
 
+    def ready(self) -> bool:
+        """Whether /readyz answers 200 now; RuntimeError if the service has exited."""
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"service exited with {self.proc.returncode}:\n{self.output()}")
+        try:
+            return httpx.get(self.url + "/readyz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
     def wait_ready(self, timeout: float = 180) -> Self:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"service exited with {self.proc.returncode}:\n{self.output()}")
-            try:
-                if httpx.get(self.url + "/readyz", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        self.kill()
-        raise RuntimeError(f"service not ready in {timeout}s:\n{self.output()}")
+        try:
+            wait_until(self.ready, timeout, lambda: f"service not ready:\n{self.output()}", interval=0.2)
+        except WaitTimeout:
+            self.kill()
+            raise
+        return self
 
     def stop(self, timeout: float = 60) -> int:
         if self.proc.poll() is None:
@@ -96,20 +95,10 @@ class ServiceProcess:
 
     def metrics(self) -> dict[tuple[str, tuple], float]:
         """Samples of /metrics: {(name, sorted label items): value}."""
-        from prometheus_client.parser import text_string_to_metric_families
-
-        text = httpx.get(self.url + "/metrics", timeout=10).text
-        samples = {}
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-        return samples
+        return scrape(self.url)
 
     def total(self, name: str, **labels) -> float:
-        return sum(
-            value for (n, items), value in self.metrics().items()
-            if n == name and all(dict(items).get(k) == v for k, v in labels.items())
-        )
+        return total(self.metrics(), name, **labels)
 
     def by_label(self, name: str, label: str, **labels) -> dict[str, float]:
         """``name``'s samples summed per value of ``label`` (e.g. leaks per stage), zeros left out."""
@@ -130,18 +119,34 @@ class ServiceProcess:
             self.kill()
 
 
+def scrape(url: str) -> dict[tuple[str, tuple], float]:
+    """The samples of ``url``/metrics (a service's, a container's): {(name, sorted label items): value}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(url + "/metrics", timeout=10).text
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+def total(samples: dict[tuple[str, tuple], float], name: str, **labels) -> float:
+    """``name``'s samples (of ``scrape``) that have ``labels``, summed."""
+    return sum(value for (n, items), value in samples.items()
+               if n == name and all(dict(items).get(k) == v for k, v in labels.items()))
+
+
 def _wait_http(url: str, proc: subprocess.Popen, what: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def answers() -> bool:
         if proc.poll() is not None:
             raise RuntimeError(f"{what} exited with {proc.returncode}: {proc.stderr.read() if proc.stderr else ''}")
         try:
-            if httpx.get(url, timeout=2).status_code < 500:
-                return
+            return httpx.get(url, timeout=2).status_code < 500
         except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"{what} did not start in {timeout}s")
+            return False
+
+    wait_until(answers, timeout, f"{what} did not start", interval=0.2)
 
 
 class ReplicaSet:
@@ -237,7 +242,7 @@ class Prometheus:
 #: Debian's nginx (in /usr/sbin, which a user's PATH may lack).
 NGINX = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.path.exists(p)), None)
 #: The nginx configuration shipped for the compose scale profile.
-NGINX_CONFIG = Path(__file__).resolve().parent.parent / "deploy" / "nginx" / "placeenv.conf"
+NGINX_CONFIG = Path(__file__).resolve().parents[2] / "deploy" / "nginx" / "placeenv.conf"
 _UPSTREAM = re.compile(r"^(\s*)server api:8000( [^;]*)?;$", re.MULTILINE)
 _LISTEN = re.compile(r"^(\s*)listen 80;$", re.MULTILINE)
 
@@ -276,15 +281,13 @@ class Nginx:
             [NGINX or "nginx", "-c", str(root / "nginx.conf"), "-p", str(root)],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"nginx exited: {self.proc.stderr.read()}")
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", self.port)) == 0:
-                    return
-            time.sleep(0.1)
-        raise RuntimeError("nginx did not start")
+        wait_until(self._listening, 20, "nginx did not start", interval=0.1)
+
+    def _listening(self) -> bool:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"nginx exited: {self.proc.stderr.read()}")
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", self.port)) == 0
 
     def errors(self) -> str:
         return (self.root / "error.log").read_text()

@@ -16,7 +16,7 @@ import pytest
 
 import placeenv
 from placeenv import _internals
-from conftest import run_threads, where
+from support import run_threads, where
 
 
 def _code_objects():

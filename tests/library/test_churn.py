@@ -16,7 +16,7 @@ import paddle
 import pytest
 
 import placeenv
-from conftest import DEVICES, run_threads, where
+from support import DEVICES, run_threads, where
 from placeenv import state
 from placeenv.testing import live_private_tracers, resident_bytes
 

@@ -28,7 +28,7 @@ import numpy as np
 import paddle
 import pytest
 import tritonclient.http as triton
-from servers import REPOSITORIES, ServiceProcess
+from support.servers import REPOSITORIES, ServiceProcess
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from placeenv import PlaceEnv

@@ -11,7 +11,7 @@ from urllib.parse import urljoin, urlparse
 import httpx
 import pytest
 
-from servers import ServiceProcess
+from support.servers import ServiceProcess
 
 DIGIT = [0, 0, 5, 13, 9, 1, 0, 0, 0, 0, 13, 15, 10, 15, 5, 0, 0, 3, 15, 2, 0, 11, 8, 0, 0, 4, 12, 0,
          0, 8, 8, 0, 0, 5, 8, 0, 0, 9, 8, 0, 0, 4, 11, 0, 1, 12, 7, 0, 0, 2, 14, 5, 10, 12, 0, 0, 0, 0,

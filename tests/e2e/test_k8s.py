@@ -30,12 +30,12 @@ import kubernetes_validate
 import pytest
 import yaml
 from prometheus_client.metrics import MetricWrapperBase
-from servers import ServiceProcess
+from support.servers import ServiceProcess
 
 import placeenv.sim as placeenv_sim
 from placeenv.serve import metrics as service_metrics
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
 SCHEMAS = K8S / "schemas"
 #: The Kubernetes version whose schemas the manifests must meet.

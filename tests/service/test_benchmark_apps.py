@@ -12,9 +12,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from servers import ServiceProcess
+from support.servers import ServiceProcess
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_service import Server, example_body, free_port  # noqa: E402
 import raw_grpc_app  # noqa: E402

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from servers import free_port
+from support.servers import free_port
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LOCUST = str(Path(sys.executable).with_name("locust"))
 
 #: Locust's own end-of-run tables have a row per request name (14 of them) in each of

@@ -35,7 +35,7 @@ import paddle
 import pytest
 
 import placeenv
-from conftest import expect, on_each_device, where
+from support import expect, on_each_device, where
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::paddle.utils.deprecated.VisibleDeprecationWarning"),  # paddle.range

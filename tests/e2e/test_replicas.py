@@ -22,10 +22,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from dashboards import dashboard_exprs
-from servers import NGINX, Nginx, Prometheus, ReplicaSet
+from support.dashboards import dashboard_exprs
+from support.servers import NGINX, Nginx, Prometheus, ReplicaSet
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LOCUST = str(Path(sys.executable).with_name("locust"))
 REPLICAS = 3
 #: Each replica: 2 sim devices, one worker each (three processes share the machine's two cores),

@@ -1,6 +1,6 @@
 """The Grafana dashboards' PromQL, for tests that run it against a real Prometheus.
 
-    from dashboards import dashboard_exprs
+    from support.dashboards import dashboard_exprs
     for expr in dashboard_exprs():          # '$__rate_interval' etc. already '1m'
         prometheus.query(expr)
 
@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD_DIR = ROOT / "deploy" / "grafana" / "dashboards"
 
 # Grafana's built-in interval variables, as $name or ${name}.

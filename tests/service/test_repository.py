@@ -27,7 +27,7 @@ import httpx
 import numpy as np
 import paddle
 import pytest
-from servers import ServiceProcess
+from support.servers import ServiceProcess
 
 import placeenv
 from placeenv import PlaceEnv

@@ -15,8 +15,8 @@ import httpx
 import numpy as np
 import paddle
 import pytest
-from conftest import DEVICES, run_threads, where
-from servers import ServiceProcess
+from support import DEVICES, run_threads, where
+from support.servers import ServiceProcess
 
 import placeenv
 from placeenv.testing import count_wrong_places

@@ -30,7 +30,7 @@ from packaging.utils import canonicalize_name
 
 import placeenv.sim
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 # What must never be packaged, and what the wheel holds.
 GENERIC = {"service", "models", "tests", "benchmarks", "loadtest"}

@@ -20,7 +20,7 @@ import pytest
 import tritonclient.grpc as tg
 import tritonclient.grpc.aio as tga
 import tritonclient.http as th
-from servers import ServiceProcess, free_port
+from support.servers import ServiceProcess, free_port
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as rpc
 from tritonclient.utils import InferenceServerException

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import time
 
 import httpx
 import numpy as np
-from servers import ServiceProcess
+from support.servers import ServiceProcess
 
 MiB = 1024 * 1024
 
@@ -79,6 +80,10 @@ async def open_loop(url: str, content: bytes, rate: float, seconds: float) -> tu
         return await asyncio.gather(*tasks), lag
 
 
+#: tests/, where ``support`` is: the child runs this file as a script.
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
 def open_loop_in_child(url: str, content: bytes, rate: float, seconds: float, on_tick) -> tuple:
     """``open_loop`` run by a fresh interpreter, so that nothing else in this test process (the
     threads and heap of earlier tests) stalls the client; ``on_tick`` runs here every 0.25 s."""
@@ -86,6 +91,7 @@ def open_loop_in_child(url: str, content: bytes, rate: float, seconds: float, on
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         child = subprocess.Popen(
             [sys.executable, __file__, url, str(rate), str(seconds)], stdin=subprocess.PIPE, stdout=out, stderr=err,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [TESTS, os.environ.get("PYTHONPATH")]))},
         )
         child.stdin.write(content)
         child.stdin.close()

@@ -23,12 +23,12 @@ import pytest
 import yaml
 from prometheus_client.metrics import MetricWrapperBase
 
-from dashboards import (
+from support.dashboards import (
     DASHBOARD_DIR, dashboard_exprs, dashboard_files, dashboard_targets, iter_panels, load_dashboard,
 )
 from placeenv.serve import metrics as service_metrics
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 COMPOSE = ROOT / "docker-compose.yml"
 COMPOSE_GPU = ROOT / "docker-compose.gpu.yml"

@@ -35,7 +35,7 @@ from hypothesis import HealthCheck, Phase, assume, event, example, given, settin
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from schemathesis.specs.openapi.checks import positive_data_acceptance
-from servers import ServiceProcess
+from support.servers import ServiceProcess
 
 import placeenv
 from placeenv.serve import wire

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _readme_commands() -> list[str]:
@@ -119,7 +119,7 @@ def _activated_env(tmp_path: Path) -> dict:
 def test_readme_service_example_runs_as_written(tmp_path):
     """The README's service example: the bash block as written (only the port differs), in an
     activated virtualenv, then the tritonclient block against the same repository."""
-    from servers import ServiceProcess, free_port
+    from support.servers import ServiceProcess, free_port
 
     text = (ROOT / "README.md").read_text()
     section = text.split("## The service\n", 1)[1].split("\n## ", 1)[0]

@@ -15,11 +15,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from servers import ServiceProcess
+from support.servers import ServiceProcess
 
 from loadtest import report
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LOCUST = str(Path(sys.executable).with_name("locust"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import bench_service  # noqa: E402

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from servers import ServiceProcess
+from support.servers import ServiceProcess
 
 BIN = Path(sys.executable).parent
 ENTRY_POINTS = {"placeenv-serve": [str(BIN / "placeenv-serve")],

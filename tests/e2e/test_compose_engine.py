@@ -27,10 +27,10 @@ import certifi
 import httpx
 import pytest
 import yaml
-from dashboards import dashboard_exprs
-from servers import free_port, prometheus_query
+from support.dashboards import dashboard_exprs
+from support.servers import free_port, prometheus_query
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DATA_ROOT = Path("/var/lib/placeenv-ci-docker")  # images survive between runs on one machine
 DEBOOTSTRAP = ["--variant=minbase", "--include=python3,python3-venv,python3-pip,g++,ca-certificates",
                "bookworm"]
