@@ -28,7 +28,8 @@ import httpx
 import pytest
 import yaml
 from support.dashboards import dashboard_exprs
-from support.servers import free_port, prometheus_query
+from support import wait_until
+from support.servers import free_port, prometheus_query, scrape, total
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA_ROOT = Path("/var/lib/placeenv-ci-docker")  # images survive between runs on one machine
@@ -84,12 +85,14 @@ def engine(tmp_path_factory):
         stdout=log, stderr=subprocess.STDOUT)
     env = {**os.environ, "DOCKER_HOST": f"unix://{socket}"}
     try:
-        deadline = time.monotonic() + 60
-        while _run(["docker", "info"], env, check=False).returncode != 0:
-            tail = (run_dir / "dockerd.log").read_text()[-3000:]
-            assert daemon.poll() is None, f"dockerd exited {daemon.returncode}: {tail}"
-            assert time.monotonic() < deadline, f"dockerd did not answer in 60 s: {tail}"
-            time.sleep(0.5)
+        def answers() -> bool:
+            assert daemon.poll() is None, f"dockerd exited {daemon.returncode}: {tail()}"
+            return _run(["docker", "info"], env, check=False).returncode == 0
+
+        def tail() -> str:
+            return (run_dir / "dockerd.log").read_text()[-3000:]
+
+        wait_until(answers, 60, lambda: f"dockerd did not answer: {tail()}", interval=0.5)
         yield env
     finally:
         daemon.send_signal(signal.SIGTERM)
@@ -187,11 +190,12 @@ def test_the_stack(stack):
     env, api, compose = stack["env"], stack["api"], stack["compose"]
 
     # 1. The api becomes healthy through the image's own HEALTHCHECK (compose's copy is removed).
-    deadline = time.monotonic() + 240
-    while (health := _inspect(stack, "api", "{{.State.Health.Status}}")) != "healthy":
+    def healthy() -> bool:
+        health = _inspect(stack, "api", "{{.State.Health.Status}}")
         assert health in ("starting", "healthy"), health
-        assert time.monotonic() < deadline, "the api did not become healthy in 240 s"
-        time.sleep(1)
+        return health == "healthy"
+
+    wait_until(healthy, 240, "the api did not become healthy", interval=1)
     healthy_s = time.monotonic() - stack["up_at"]
     image_check = _run(["docker", "image", "inspect", "-f", "{{json .Config.Healthcheck.Test}}", "placeenv:local"],
                        env).stdout.strip()
@@ -219,21 +223,31 @@ def test_the_stack(stack):
     def query(expr: str) -> list:
         return prometheus_query(stack["prometheus"], expr)
 
-    deadline = time.monotonic() + 60
-    while not query('up{job="placeenv"} == 1'):
-        assert time.monotonic() < deadline, "Prometheus does not scrape the api"
-        time.sleep(1)
-    time.sleep(12)  # rate() windows need scrapes from during the load
-    empty = [expr for expr in dashboard_exprs() if not query(expr)]
+    wait_until(lambda: query('up{job="placeenv"} == 1'), 60, "Prometheus does not scrape the api", interval=1)
+    # rate() windows need scrapes from during the load (every 5 s): until each query has them.
+    empty: list[str] = []
+
+    def every_query_has_data() -> bool:
+        empty[:] = [expr for expr in dashboard_exprs() if not query(expr)]
+        return not empty
+
+    wait_until(every_query_has_data, 60, lambda: f"dashboard queries with no data: {empty}", interval=1)
     assert not empty, empty
 
     # 5. `docker-compose stop` drains: requests in flight when it comes all get their answer,
     # and the api exits 0 after saying so.
     container = _container(stack, "api")
     memory = _run(["docker", "stats", "--no-stream", "--format", "{{.MemUsage}}", container], env).stdout.strip()
+    answered = total(scrape(api), "inference_requests_total", model="mobilenet")
+
+    def all_received() -> bool:  # each of the 32 in flight in the api, or already answered
+        samples = scrape(api)
+        return (total(samples, "inference_in_flight_requests")
+                + total(samples, "inference_requests_total", model="mobilenet") - answered) >= 32
+
     with ThreadPoolExecutor(33) as pool:  # every request in flight at once, and the stop
         futures = [pool.submit(_predict, api, "mobilenet") for _ in range(32)]
-        time.sleep(0.3)
+        wait_until(all_received, 60, "the 32 requests did not all reach the api", interval=0.02)
         stopping = time.monotonic()
         pool.submit(_run, [*compose, "stop", "api"], env).result()
         statuses = [f.result().status_code for f in futures]

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support import wait_until
 from support.dashboards import dashboard_exprs
 from support.servers import Prometheus, ServiceProcess, free_port
 
@@ -38,8 +39,13 @@ def locust(url: str, seconds: int, csv: Path) -> subprocess.CompletedProcess:
     )
 
 
-def wait_for_scrapes(prom: Prometheus, job: str, seconds: float = 4.0) -> None:
-    time.sleep(seconds)
+def wait_for_scrapes(prom: Prometheus, job: str, since: float, timeout: float = 30) -> None:
+    """Until Prometheus holds a successful scrape of ``job`` taken after ``since`` (``time.time()``): what it
+    shows is then what the service had counted by then (it scrapes every second)."""
+    def scraped_since() -> bool:
+        return any(float(s["value"][1]) > since for s in prom.query(f'timestamp(up{{job="{job}"}} == 1)'))
+
+    wait_until(scraped_since, timeout, f"prometheus is not scraping {job}", interval=0.2)
     assert prom.query(f'up{{job="{job}"}} == 1'), f"prometheus is not scraping {job}"
 
 
@@ -54,7 +60,7 @@ def test_dashboards_have_data_no_leaks_and_the_gate_can_fire(tmp_path):
             run = locust(on.url, 15, tmp_path / "on")
             assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
             assert "leak gate: PASS" in run.stdout + run.stderr
-            wait_for_scrapes(prom, "isolation_on")
+            wait_for_scrapes(prom, "isolation_on", since=time.time())
             empty = [expr for expr in exprs if not prom.query(expr)]
             assert empty == [], f"dashboard queries with no data: {empty}"
             assert prom.value('sum(placeenv_device_leaks_total{job="isolation_on"}) or vector(0)') == 0
@@ -71,7 +77,7 @@ def test_dashboards_have_data_no_leaks_and_the_gate_can_fire(tmp_path):
             # It fired for leaks during the run (not only for failed requests): the gate counts what grew.
             grown = re.search(r"(\d+) device leaks, e\.g\.", run.stdout + run.stderr)
             assert grown and int(grown.group(1)) > 0, run.stdout[-3000:] + run.stderr[-3000:]
-            wait_for_scrapes(prom, "isolation_off")
+            wait_for_scrapes(prom, "isolation_off", since=time.time())
             assert prom.value('sum(placeenv_device_leaks_total{job="isolation_off"}) or vector(0)') > 0
     finally:
         prom.stop()

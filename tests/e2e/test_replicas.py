@@ -23,6 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 from support.dashboards import dashboard_exprs
+from support import WaitTimeout, wait_until
 from support.servers import NGINX, Nginx, Prometheus, ReplicaSet
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -124,16 +125,30 @@ def test_every_replica_and_every_device_serves_with_no_leak(stack):
         assert instances == {stack.instance(i) for i in range(REPLICAS)}, expr
 
 
+def served(stack: Stack, i: int) -> float:
+    """Requests replica ``i`` (as it runs now) has answered."""
+    return stack.replicas.procs[i].total("inference_requests_total", status="ok")
+
+
+def load_reaches_every_replica(stack: Stack) -> None:
+    """Until each replica has answered requests through nginx: the load is under way everywhere."""
+    wait_until(lambda: all(served(stack, i) > 0 for i in range(REPLICAS)), 30,
+               lambda: f"the load did not reach every replica: {[served(stack, i) for i in range(REPLICAS)]}",
+               interval=0.2)
+
+
 def roll(stack: Stack, exits: list[int]) -> None:
-    """SIGTERM each replica in turn, start it again and wait until it is ready.
+    """SIGTERM each replica in turn, start it again and wait until it is ready and nginx sends it
+    requests again (it probes a returned replica after fail_timeout, 2 s).
 
     A roll takes ~30 s alone and up to ~40 s in a busy CI run, so the load around it runs 55 s.
     """
-    time.sleep(3)
+    load_reaches_every_replica(stack)
     for i in range(REPLICAS):
         exits.append(stack.replicas.terminate(i))
         stack.replicas.start(i).wait_ready()
-        time.sleep(2)  # nginx probes the returned replica again after fail_timeout (2 s)
+        wait_until(lambda: served(stack, i) > 0, 30, f"nginx sent no request to replica {i} once it was back",
+                   interval=0.2)
 
 
 def test_rolling_restart_under_load_loses_no_request(stack):
@@ -172,12 +187,21 @@ def test_sigkill_costs_a_bounded_number_of_errors_and_nginx_routes_around(stack)
     returned = {}
 
     def kill_and_return():
-        time.sleep(3)
+        load_reaches_every_replica(stack)
+        errors_before = len(stack.nginx.errors())
+        others = [i for i in range(REPLICAS) if i != victim]
+        before = sum(served(stack, i) for i in others)
         stack.replicas.kill(victim)
-        time.sleep(6)  # load goes on without it
+        # Load goes on without it: nginx found it gone, and the others served a round of requests more.
+        wait_until(lambda: stack.instance(victim) in stack.nginx.errors()[errors_before:]
+                   and sum(served(stack, i) for i in others) >= before + 8 * 8, 20,
+                   "nginx did not route around the killed replica", interval=0.2)
         stack.replicas.start(victim).wait_ready()
-        time.sleep(8)
-        returned["ok"] = stack.replicas.procs[victim].total("inference_requests_total", status="ok")
+        try:  # within the 8 s the load gave it before
+            wait_until(lambda: served(stack, victim) > 0, 8, "", interval=0.2)
+        except WaitTimeout:
+            pass  # judged below, with the assertion's own words
+        returned["ok"] = served(stack, victim)
 
     code, output = stack.locust("sigkill", 30, during=kill_and_return, max_failure_ratio=1.0)
     result = gate(output)

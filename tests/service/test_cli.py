@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from support import wait_until
 from support.servers import ServiceProcess
 
 BIN = Path(sys.executable).parent
@@ -131,5 +132,5 @@ def test_a_start_has_no_ccache_warning_and_no_access_log_by_default():
 def test_access_log_logs_each_request():
     with ServiceProcess(devices="sim:0", access_log="true") as service:
         assert httpx.get(f"{service.url}/healthz").status_code == 200
-        time.sleep(0.2)
+        wait_until(lambda: '"GET /healthz HTTP/1.1" 200' in service.output(), 10, "no access log line")
     assert '"GET /healthz HTTP/1.1" 200' in service.output()

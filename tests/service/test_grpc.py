@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import signal
 import socket
-import time
 
 import grpc
 import httpx
@@ -20,6 +19,7 @@ import pytest
 import tritonclient.grpc as tg
 import tritonclient.grpc.aio as tga
 import tritonclient.http as th
+from support import wait_until
 from support.servers import ServiceProcess, free_port
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as rpc
@@ -156,8 +156,8 @@ def test_sigterm_turns_readiness_off_then_closes_the_port():
         client = tg.InferenceServerClient(f"127.0.0.1:{port}")
         assert client.is_server_ready()
         proc.proc.send_signal(signal.SIGTERM)
-        time.sleep(0.5)
-        assert not client.is_server_ready()  # readiness off at once ...
+        # readiness off at once ...
+        wait_until(lambda: not client.is_server_ready(), 0.5, "readiness still on after SIGTERM")
         assert client.infer("digits", [pixels(DIGITS)]).as_numpy("label").shape == (3,)  # ... still serving
         assert proc.proc.wait(60) == 0
         with pytest.raises(InferenceServerException) as caught:

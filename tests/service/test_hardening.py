@@ -18,6 +18,7 @@ import time
 
 import httpx
 import numpy as np
+from support import wait_until, wait_until_async
 from support.servers import ServiceProcess
 
 MiB = 1024 * 1024
@@ -95,9 +96,8 @@ def open_loop_in_child(url: str, content: bytes, rate: float, seconds: float, on
         )
         child.stdin.write(content)
         child.stdin.close()
-        while child.poll() is None:
-            on_tick()
-            time.sleep(0.25)
+        wait_until(lambda: on_tick() or child.poll() is not None, seconds + 120,
+                   "the load child did not finish", interval=0.25)
         out.seek(0)
         err.seek(0)
         assert child.returncode == 0, err.read().decode()[-3000:]
@@ -163,14 +163,16 @@ def test_sustained_overload_sheds_load_and_recovers():
 
         # After: ready again within a few seconds, queues empty, nothing in flight.
         with httpx.Client(base_url=proc.url, timeout=10) as http:
-            while True:
-                ready = http.get("/readyz").status_code == 200
-                depth = proc.total("inference_queue_depth")
-                in_flight = proc.total("inference_in_flight_requests")
-                if ready and depth == 0 and in_flight == 0:
-                    break
-                assert time.perf_counter() - load_ended < 5, (ready, depth, in_flight, proc.output()[-6000:])
-                time.sleep(0.1)
+            seen = {}
+
+            def recovered() -> bool:
+                seen.update(ready=http.get("/readyz").status_code == 200,
+                            depth=proc.total("inference_queue_depth"),
+                            in_flight=proc.total("inference_in_flight_requests"))
+                return seen["ready"] and seen["depth"] == 0 and seen["in_flight"] == 0
+
+            wait_until(recovered, max(0.0, 5 - (time.perf_counter() - load_ended)),
+                       lambda: f"{seen} {proc.output()[-6000:]}", interval=0.1)
         recovered_in = time.perf_counter() - load_ended
         single_after = statistics.median(_sequential_latency(proc.url, content, 5))
         served = proc.total("inference_requests_total", status="ok")
@@ -242,14 +244,16 @@ def test_sustained_overload_sheds_load_and_recovers():
 def test_unusable_device_at_startup_fails_fast_by_default():
     proc = ServiceProcess(DEVICES="sim:0,sim:9")
     try:
-        deadline = time.monotonic() + 120
-        while proc.proc.poll() is None:  # never ready while it lives
-            assert time.monotonic() < deadline, "the service neither exited nor became ready"
+        def exited() -> bool:  # never ready while it lives
+            if proc.proc.poll() is not None:
+                return True
             try:
                 assert httpx.get(proc.url + "/readyz", timeout=2).status_code != 200, "became ready"
             except httpx.HTTPError:
                 pass
-            time.sleep(0.2)
+            return False
+
+        wait_until(exited, 120, "the service neither exited nor became ready", interval=0.2)
         code = proc.proc.wait(10)
         output = proc.output()
     finally:
@@ -286,6 +290,8 @@ def test_model_faults_and_a_killed_worker_do_not_touch_other_requests():
     with ServiceProcess(MODELS="digits,faulty") as proc:
         restarts_before = proc.total("worker_restarts_total")
 
+        good_answered: list[int] = []
+
         async def main():
             async with httpx.AsyncClient(base_url=proc.url, timeout=60) as http:
                 async def send(kind: str, inputs):
@@ -297,7 +303,11 @@ def test_model_faults_and_a_killed_worker_do_not_touch_other_requests():
                         return kind, type(exc).__name__, str(exc)
 
                 async def good_client(c: int):
-                    return [await send("good", [digits[(c * 7 + i) % 32]]) for i in range(25)]
+                    answers = []
+                    for i in range(25):
+                        answers.append(await send("good", [digits[(c * 7 + i) % 32]]))
+                        good_answered.append(1)
+                    return answers
 
                 async def raising_client(c: int):
                     out = []
@@ -307,7 +317,11 @@ def test_model_faults_and_a_killed_worker_do_not_touch_other_requests():
                     return out
 
                 async def killer():
-                    await asyncio.sleep(0.2)  # in the middle of the traffic
+                    # In the middle of the traffic: a quarter of the good requests answered, most to come.
+                    async def going() -> bool:
+                        return len(good_answered) >= 50
+
+                    await wait_until_async(going, 60, "the good traffic did not get going", interval=0.005)
                     return [await send("kill", [[-2.0, 0, 0, 0]])]
 
                 batches = await asyncio.gather(
@@ -318,14 +332,14 @@ def test_model_faults_and_a_killed_worker_do_not_touch_other_requests():
         results = asyncio.run(main())
 
         # The dead worker is replaced, and the service is ready again.
-        deadline = time.monotonic() + 60
-        while True:
+        def recovered() -> bool:
+            nonlocal restarts
             restarts = proc.total("worker_restarts_total") - restarts_before
-            ready = httpx.get(proc.url + "/readyz", timeout=10).status_code == 200
-            if restarts >= 1 and ready:
-                break
-            assert time.monotonic() < deadline, ("not recovered", restarts, ready, proc.output()[-6000:])
-            time.sleep(0.2)
+            return restarts >= 1 and httpx.get(proc.url + "/readyz", timeout=10).status_code == 200
+
+        restarts = 0.0
+        wait_until(recovered, 60, lambda: f"not recovered: {restarts} restarts {proc.output()[-6000:]}",
+                   interval=0.2)
         after = [httpx.post(proc.url + "/predict", json={"model": "digits", "inputs": [d]}, timeout=30)
                  for d in digits[:8]]
         workers_up = proc.total("worker_up")

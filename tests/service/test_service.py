@@ -6,11 +6,11 @@ import asyncio
 import functools
 import json
 import re
-import time
 
 import httpx
 import numpy as np
 import pytest
+from support import wait_until, wait_until_async
 from support.servers import ServiceProcess
 
 from placeenv.serve.models.repository import BUNDLED
@@ -269,10 +269,8 @@ def test_killed_worker_is_replaced_and_only_its_request_fails(service):
     with httpx.Client(base_url=service.url, timeout=60) as http:
         r = http.post("/predict", json={"model": "faulty", "inputs": [[-2, 0, 0, 0]]})
         assert r.status_code == 500 and "died" in r.text
-        deadline = time.monotonic() + 60
-        while service.total("worker_restarts_total") == restarts or http.get("/readyz").status_code != 200:
-            assert time.monotonic() < deadline, "dead worker not replaced"
-            time.sleep(0.2)
+        wait_until(lambda: service.total("worker_restarts_total") != restarts
+                   and http.get("/readyz").status_code == 200, 60, "dead worker not replaced", interval=0.2)
     results = asyncio.run(hammer(service.url, clients=8, per_client=8))
     assert {r[0] for r in results} == {200}
     assert {body["device"] for _, body, _ in results} == SIM
@@ -326,10 +324,23 @@ def test_sigterm_under_load_drops_nothing_and_exits_0():
             load = asyncio.create_task(
                 hammer(proc.url, clients=16, per_client=2000, keepalive=False, until_unreachable=True)
             )
-            await asyncio.sleep(1.5)
-            proc.proc.send_signal(__import__("signal").SIGTERM)
-            await asyncio.sleep(0.3)
             async with httpx.AsyncClient(timeout=5) as http:
+                async def answered() -> bool:
+                    text = (await http.get(proc.url + "/metrics")).text
+                    return sum(float(line.split()[-1]) for line in text.splitlines()
+                               if line.startswith("inference_requests_total{")) >= 64
+
+                async def not_ready() -> bool:
+                    try:
+                        return (await http.get(proc.url + "/readyz")).status_code != 200
+                    except httpx.HTTPError:
+                        return True
+
+                # SIGTERM once the load is in full swing (64 answered; it goes on for thousands more).
+                await wait_until_async(answered, 60, "the load did not get going")
+                proc.proc.send_signal(__import__("signal").SIGTERM)
+                # Then readyz and a prediction during the delay, once readiness is off (at once: 0.3 s).
+                await wait_until_async(not_ready, 0.3, "readyz still 200 after SIGTERM")
                 for call in (http.get(proc.url + "/readyz"),
                              http.post(proc.url + "/predict", json={"model": "digits", "inputs": [[1.0] * 64]})):
                     try:
