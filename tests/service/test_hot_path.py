@@ -22,6 +22,7 @@ from placeenv.serve import metrics
 from placeenv.serve.app import create_app
 from placeenv.serve.config import Settings
 from placeenv.serve.dispatch import DeviceQueue, Job
+from support import ManualClock, wait_until
 
 DIGIT = [0, 0, 5, 13, 9, 1, 0, 0] * 8
 V2 = {"inputs": [{"name": "pixels", "shape": [1, 64], "datatype": "FP32", "data": DIGIT}]}
@@ -134,46 +135,50 @@ def _job(loop, model: tuple[str, int] = ("m", 1)) -> Job:
                arrived=time.perf_counter(), deadline=time.perf_counter() + 60)
 
 
-def _gather(queue: DeviceQueue, delay: float, limit: int = 4) -> tuple[list, float, threading.Thread]:
-    found: list = []
-    started = time.perf_counter()
-
-    def worker():
-        found.extend(queue.take_batch({("m", 1): (limit, delay)}, wait=5))
-        found.append(time.perf_counter() - started)
-
-    thread = threading.Thread(target=worker)
-    return found, started, thread
-
-
-def _gathering(queue: DeviceQueue, limit: int = 4, delay: float = 2.0):
-    """A queue with two jobs and a worker gathering them into a batch (started)."""
+def _gathering(limit: int = 4, delay: float = 2.0):
+    """A queue on a hand-driven clock, two jobs in it, and a worker gathering them into a batch
+    (started, and waiting on the clock). Returns (queue, clock, loop, found, thread); ``found``
+    gets the batch once the worker is done."""
+    clock = ManualClock()
+    queue = DeviceQueue("cpu", 64, 1, clock=clock)
     loop = asyncio.new_event_loop()
     queue.models = {("m", 1)}
     for _ in range(2):  # two queued: the worker takes both, and gathers for more
         queue.offer(_job(loop))
-    found, _, thread = _gather(queue, delay=delay, limit=limit)
+    found: list = []
+    limits = {("m", 1): (limit, delay)}
+    thread = threading.Thread(target=lambda: found.extend(queue.take_batch(limits, wait=5)))
     thread.start()
-    deadline = time.monotonic() + 5
-    while not queue._gathering and time.monotonic() < deadline:
-        time.sleep(0.001)
-    return loop, found, thread
+    wait_until(lambda: clock.sleeping == 1, 5, "the worker did not start gathering")
+    return queue, clock, loop, found, thread
+
+
+def _went(clock: ManualClock, thread: threading.Thread) -> float:
+    """When the batch went: the end of the worker's last wait (nothing waits after it)."""
+    thread.join(5)
+    assert not thread.is_alive(), "the worker is still gathering"
+    return clock.log[-1][2]
 
 
 @pytest.mark.parametrize("jobs, full", [(4, True), (3, False)])
 def test_a_gathering_worker_wakes_when_the_queue_can_fill_its_batch(jobs, full):
-    queue = DeviceQueue("cpu", 64, 1)
-    loop, found, thread = _gathering(queue)
+    queue, clock, loop, found, thread = _gathering()
     try:
-        assert queue._gathering == [(("m", 1), 2)]  # 2 more jobs may fill it
         for _ in range(jobs - 2):
             queue.offer(_job(loop))
-        thread.join(5)
-        *batch, took = found
-        assert len(batch) == jobs
-        # Full: woken at once. Not full (the control): nothing woke it; it went after two looks
-        # (a twentieth of its 2 s delay each), the second finding that nobody had joined.
-        assert (took < 0.15) if full else (0.19 <= took < 1.0), took
+        if not full:
+            clock.advance(0.1)  # the first look: a job joined
+            clock.advance(0.1)  # the second: none did
+        took = _went(clock, thread)
+        assert len(found) == jobs
+        # Full: woken at once, by the second job (2 more may fill it; the first did not wake it), with
+        # no time passing. Not full (the control): nothing woke it; it went after two looks (a
+        # twentieth of its 2 s delay each), the second finding that nobody had joined.
+        if full:
+            assert clock.log == [("notified", 0.1, 0.0)] and took == 0.0, clock.log
+        else:
+            assert clock.log == [("timed out", 0.1, 0.1), ("timed out", 0.1, pytest.approx(0.2))], clock.log
+            assert took == pytest.approx(0.2), took
     finally:
         loop.close()
 
@@ -183,18 +188,20 @@ def test_a_batch_waits_while_requests_keep_arriving_and_goes_when_they_pause(gap
     # A job every `gap` s, 4 of them, after the first two: within a look (a twentieth of a 4 s
     # delay) they all join the batch; the control, one a second, finds the worker gone after the
     # first quiet look.
-    queue = DeviceQueue("cpu", 64, 1)
-    loop, found, thread = _gathering(queue, limit=16, delay=4.0)
+    queue, clock, loop, found, thread = _gathering(limit=16, delay=4.0)
     try:
         for _ in range(4):
-            time.sleep(gap)
+            clock.advance(gap)
             queue.offer(_job(loop))
-        thread.join(5)
-        *batch, took = found
+        clock.advance(4.0)  # the rest of the delay: the worker goes at its first quiet look
+        took = _went(clock, thread)
+        assert all(how == "timed out" for how, _, _ in clock.log), clock.log  # no offer woke it
         if gap < 0.2:
-            assert len(batch) == 6 and 0.35 <= took < 2.0, (len(batch), took)
+            # Looks at 0.2 (3 had joined), 0.4 (the 4th), 0.6 (none): it went there.
+            assert len(found) == 6 and 0.35 <= took < 2.0 and took == pytest.approx(0.6), (len(found), took)
         else:
-            assert len(batch) == 2 and len(queue) == 4 and took < 0.9, (len(batch), took)
+            assert len(found) == 2 and len(queue) == 4 and took < 0.9 and took == pytest.approx(0.2), \
+                (len(found), took)
     finally:
         loop.close()
 
@@ -203,16 +210,15 @@ def test_another_models_arrivals_do_not_keep_a_batch_waiting():
     # A job of another model every 0.05 s for 1.5 s, while a worker gathers a batch of "m" with a
     # 4 s delay (looks of 0.2 s): the batch goes at the first look that finds no "m" joined. The
     # control, counting every model's jobs as joining, held it until the arrivals stopped (1.5 s+).
-    queue = DeviceQueue("cpu", 64, 1)
-    loop, found, thread = _gathering(queue, limit=16, delay=4.0)
+    queue, clock, loop, found, thread = _gathering(limit=16, delay=4.0)
     try:
         for _ in range(30):
-            time.sleep(0.05)
+            clock.advance(0.05)
             queue.offer(_job(loop, ("other", 1)))
-        thread.join(5)
-        *batch, took = found
-        assert len(batch) == 2 and 0.19 <= took < 1.0, (len(batch), took)
-        assert all(job.model == ("m", 1) for job in batch)
+        took = _went(clock, thread)
+        assert len(found) == 2 and 0.19 <= took < 1.0 and took == pytest.approx(0.2), (len(found), took)
+        assert clock.log == [("timed out", 0.2, pytest.approx(0.2))], clock.log
+        assert all(job.model == ("m", 1) for job in found)
         assert len(queue) == 30  # the other model's jobs, untouched
     finally:
         loop.close()

@@ -8,8 +8,9 @@
 imports), so every test folder imports this package the same way.
 """
 
-from .polling import WaitTimeout, holds_for, wait_until, wait_until_async
+from .clock import ManualClock
+from .polling import WaitTimeout, wait_until, wait_until_async
 from .threads import DEVICES, THREAD_DEVICES, expect, on_each_device, run_threads, where
 
-__all__ = ["DEVICES", "THREAD_DEVICES", "WaitTimeout", "expect", "on_each_device", "run_threads",
-           "wait_until", "wait_until_async", "where", "holds_for"]
+__all__ = ["DEVICES", "THREAD_DEVICES", "ManualClock", "WaitTimeout", "expect", "on_each_device",
+           "run_threads", "wait_until", "wait_until_async", "where"]

@@ -29,21 +29,8 @@ def wait_until(predicate: Callable[[], T], timeout: float, message: str | Callab
         time.sleep(interval)
 
 
-def holds_for(predicate: Callable[[], object], seconds: float, message: str | Callable[[], str],
-              interval: float = 0.05) -> None:
-    """``predicate()`` stays true for ``seconds`` (checked every ``interval``): the other half of
-    ``wait_until``, for a state that must last (a drained replica stays out of rotation)."""
-    deadline = time.monotonic() + seconds
-    while True:
-        if not predicate():
-            raise AssertionError(message() if callable(message) else message)
-        if time.monotonic() >= deadline:
-            return
-        time.sleep(interval)
-
-
-async def wait_until_async(predicate: Callable[[], Awaitable[T]], timeout: float, message: str | Callable[[], str],
-                           interval: float = 0.05) -> T:
+async def wait_until_async(predicate: Callable[[], Awaitable[T]], timeout: float,
+                           message: str | Callable[[], str], interval: float = 0.05) -> T:
     """``wait_until`` inside an event loop: ``await predicate()`` until true; the loop runs meanwhile."""
     deadline = time.monotonic() + timeout
     while True:
