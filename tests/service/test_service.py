@@ -11,7 +11,7 @@ import httpx
 import numpy as np
 import pytest
 from support import wait_until, wait_until_async
-from support.servers import ServiceProcess
+from support.servers import ServiceProcess, workers_held
 
 from placeenv.serve.models.repository import BUNDLED
 from placeenv.serve.models.train_digits import PIXEL_MAX, held_out_split
@@ -282,15 +282,30 @@ def _mobilenet_input(c: int, i: int):
 
 
 def test_overload_gets_503_with_retry_after_and_every_request_one_answer():
-    with ServiceProcess(DEVICES="sim:0", WORKERS_PER_DEVICE=1, QUEUE_CAPACITY=2, MODELS="mobilenet",
+    """The one worker is held (``gate``) while 24 clients send 2 requests each: 2 wait in the queue,
+    the other 22 clients get 503 twice; once all 44 are refused the worker goes on, and the 2 queued
+    and their clients' second requests are served."""
+    with ServiceProcess(DEVICES="sim:0", WORKERS_PER_DEVICE=1, QUEUE_CAPACITY=2, MODELS="mobilenet,gate",
                         MAX_BATCH_SIZE=1) as proc:
-        results = asyncio.run(hammer(proc.url, clients=24, per_client=2, model="mobilenet",
-                                     make=_mobilenet_input))
+        async def main():
+            with workers_held(proc.url, 1):
+                load = asyncio.create_task(hammer(proc.url, clients=24, per_client=2, model="mobilenet",
+                                                  make=_mobilenet_input))
+
+                async def refused_the_rest() -> bool:
+                    refused = await asyncio.to_thread(proc.total, "inference_requests_total", status="overloaded")
+                    return refused >= 44
+
+                await wait_until_async(refused_the_rest, 60, "44 requests were not refused")
+            return await load
+
+        results = asyncio.run(main())
         overloaded = proc.total("inference_requests_total", status="overloaded")
     statuses = [r[0] for r in results]
     assert len(statuses) == 48 and set(statuses) <= {200, 503}
     assert statuses.count(503) > 0 and statuses.count(200) > 0
     assert statuses.count(503) == overloaded
+    assert statuses.count(503) == 44 and statuses.count(200) == 4, statuses
     for status, body, headers in results:
         if status == 200:  # a plain jit.save model: its one unnamed output, 10 logits per image
             assert [list(o) for o in body["outputs"]] == [["output_0"]] and len(body["outputs"][0]["output_0"]) == 10
@@ -299,14 +314,17 @@ def test_overload_gets_503_with_retry_after_and_every_request_one_answer():
 
 
 def test_request_timeout_is_504():
-    with ServiceProcess(DEVICES="sim:0", WORKERS_PER_DEVICE=1, QUEUE_CAPACITY=64, MODELS="mobilenet",
+    """16 requests wait behind a held worker (``gate``) for longer than the 0.3 s request timeout."""
+    with ServiceProcess(DEVICES="sim:0", WORKERS_PER_DEVICE=1, QUEUE_CAPACITY=64, MODELS="mobilenet,gate",
                         MAX_BATCH_SIZE=1, REQUEST_TIMEOUT_S=0.3) as proc:
-        results = asyncio.run(hammer(proc.url, clients=16, per_client=1, model="mobilenet",
-                                     make=_mobilenet_input))
+        with workers_held(proc.url, 1):
+            results = asyncio.run(hammer(proc.url, clients=16, per_client=1, model="mobilenet",
+                                         make=_mobilenet_input))
         ready = httpx.get(proc.url + "/readyz").status_code
     statuses = [r[0] for r in results]
     assert len(statuses) == 16 and set(statuses) <= {200, 504}
     assert statuses.count(504) > 0
+    assert statuses.count(504) == 16, statuses  # none could be served in time: the worker was held
     # The request's timer ("no answer within 0.3 s"), or a worker that found it expired in the queue
     # ("no answer within the request timeout"): whichever comes first answers it.
     assert all("no answer within" in body["detail"] for status, body, _ in results if status == 504)

@@ -17,11 +17,9 @@ program run here with ``paddle.jit.load``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import gzip
 import json
-import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -32,7 +30,7 @@ import paddle
 import pytest
 import tritonclient.http as triton
 from support import wait_until
-from support.servers import REPOSITORIES, ServiceProcess
+from support.servers import REPOSITORIES, ServiceProcess, workers_held
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from placeenv import PlaceEnv
@@ -472,30 +470,6 @@ def mobilenet_request(t: int, i: int):
     return [tensor("image", images, binary=True)], [images]
 
 
-@contextlib.contextmanager
-def every_worker_held(service: ServiceProcess, workers: int = len(SIM)):
-    """Each of the service's ``workers`` (one per device here) busy with a ``gate`` request, until the block
-    ends: what is sent meanwhile waits in the device queues, and each worker, once let go, finds its
-    queue already holding it. Yields the gate requests' futures (their answers come after the block)."""
-    with socket.create_server(("127.0.0.1", 0)) as gate, ThreadPoolExecutor(workers) as pool:
-        gate.settimeout(60)
-        port = gate.getsockname()[1]
-        body = {"inputs": [{"name": "port", "shape": [1, 1], "datatype": "FP32", "data": [port]}]}
-        answers = [pool.submit(httpx.post, f"{service.url}/v2/models/gate/infer", json=body, timeout=120)
-                   for _ in range(workers)]
-        held = []
-        try:
-            for _ in range(workers):  # a connection from each worker: every one of them is held
-                held.append(gate.accept()[0])
-            yield answers
-        finally:
-            for connection in held:  # let them go
-                connection.close()
-        for answer in answers:
-            assert answer.result().status_code == 200, answer.result().text
-            assert answer.result().json()["outputs"][0]["data"] == [port]
-
-
 def test_concurrent_async_infer_from_many_threads_is_answered_correctly_and_batched(service, repository):
     """64 requests from 8 threads at once to ``fresh``, a bare jit.save model whose first dimension is
     dynamic: every answer holds its own request's rows (the batch was split right), and forward passes
@@ -506,13 +480,14 @@ def test_concurrent_async_infer_from_many_threads_is_answered_correctly_and_batc
     passes = service.total("inference_batch_size_count", model="fresh")
     single = service.total("inference_batch_size_bucket", model="fresh", le="1.0")
     served = sum(ok_by_device(service, "fresh").values())
-    with ThreadPoolExecutor(1) as pool, every_worker_held(service):
+    with ThreadPoolExecutor(1) as pool, workers_held(service.url, len(SIM)) as gates:
         sent = pool.submit(from_threads, service.url, "fresh", fresh_request)
         queued = wait_until(lambda: sent.done() or service.total("inference_queue_depth") == 64, 60,
                             lambda: f"not all 64 queued: {service.total('inference_queue_depth')}")
         assert not sent.done(), sent.result()  # answered while every worker was held?
         assert queued and service.total("inference_queue_depth") == 64
     answers = sent.result()
+    assert [gate.result().status_code for gate in gates] == [200] * len(SIM)
     # Checked here in one run: Paddle's executor refuses concurrent runs of one loaded program.
     features, token = (np.concatenate(column) for column in zip(*(sent for sent, _ in answers.values())))
     expected = run_locally(repository / "fresh" / "2" / "model", features, token)
@@ -715,13 +690,22 @@ def test_without_isolation_the_same_v2_traffic_leaks():
 
 def test_overload_is_503_with_retry_after():
     """One device, one worker, a queue of one: concurrent mobilenet requests are refused with 503, which
-    tritonclient raises, and the answer carries Retry-After (read with httpx, on tritonclient's body)."""
+    tritonclient raises, and the answer carries Retry-After (read with httpx, on tritonclient's body).
+    Each burst of 24 comes while the worker is held (``gate``): one waits in the queue, 23 are refused,
+    then the worker goes on and serves the one."""
     images = np.random.default_rng(3).uniform(0, 1, (4, 3, 32, 32)).astype(np.float32)
     body, header = triton.InferenceServerClient.generate_request_body([tensor("image", images, binary=True)])
-    with ServiceProcess(DEVICES="sim:0", WORKERS_PER_DEVICE=1, QUEUE_CAPACITY=1, MODELS="mobilenet",
+    with ServiceProcess(DEVICES="sim:0", WORKERS_PER_DEVICE=1, QUEUE_CAPACITY=1, MODELS="mobilenet,gate",
                         MAX_BATCH_SIZE=1) as proc:
+        def refused(count: int) -> None:
+            wait_until(lambda: proc.total("inference_requests_total", status="overloaded") >= count, 60,
+                       f"{count} requests were not refused")
+
         with triton.InferenceServerClient(url=proc.url.removeprefix("http://"), concurrency=24) as client:
-            pending = [client.async_infer("mobilenet", [tensor("image", images, binary=True)]) for _ in range(24)]
+            with workers_held(proc.url, 1):
+                pending = [client.async_infer("mobilenet", [tensor("image", images, binary=True)])
+                           for _ in range(24)]
+                refused(23)
             statuses = []
             for request in pending:
                 try:
@@ -737,9 +721,14 @@ def test_overload_is_503_with_retry_after():
                     http.post("/v2/models/mobilenet/infer", content=body,
                               headers={"Inference-Header-Content-Length": str(header)}) for _ in range(24)])
 
-        answers = asyncio.run(burst())
+        with ThreadPoolExecutor(1) as pool:
+            with workers_held(proc.url, 1):
+                sent = pool.submit(asyncio.run, burst())
+                refused(23 + 23)
+            answers = sent.result()
         overloaded = proc.total("inference_requests_total", status="overloaded")
         leaks = proc.total("placeenv_device_leaks_total")
+    assert statuses.count("503") == 23 and [r.status_code for r in answers].count(503) == 23
     assert set(statuses) == {"200", "503"}, statuses
     assert {r.status_code for r in answers} == {200, 503}, [r.status_code for r in answers]
     for r in answers:

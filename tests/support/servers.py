@@ -11,6 +11,9 @@ import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -117,6 +120,31 @@ class ServiceProcess:
             self.stop()
         finally:
             self.kill()
+
+
+@contextmanager
+def workers_held(url: str, workers: int) -> Iterator[list[Future]]:
+    """Each of a service's ``workers`` busy with a request for the test model ``gate`` (serve it: the
+    service's repository includes TEST_REPOSITORY and its models ``gate``), until the block ends.
+
+    What is sent meanwhile waits in the device queues, so a test decides what is queued when the
+    workers look, instead of racing them. The block starts once every worker is held (each gate
+    request connected back to the test); leaving it lets them go. Yields the gate requests' futures
+    (httpx responses; their answers come after the block)."""
+    with socket.create_server(("127.0.0.1", 0)) as gate, ThreadPoolExecutor(workers) as pool:
+        gate.settimeout(60)
+        port = gate.getsockname()[1]
+        body = {"inputs": [{"name": "port", "shape": [1, 1], "datatype": "FP32", "data": [port]}]}
+        answers = [pool.submit(httpx.post, f"{url}/v2/models/gate/infer", json=body, timeout=120)
+                   for _ in range(workers)]
+        held = []
+        try:
+            for _ in range(workers):  # a connection from each worker: every one of them is held
+                held.append(gate.accept()[0])
+            yield answers
+        finally:
+            for connection in held:  # let them go
+                connection.close()
 
 
 def scrape(url: str) -> dict[tuple[str, tuple], float]:
