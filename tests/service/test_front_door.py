@@ -11,8 +11,6 @@ from urllib.parse import urljoin, urlparse
 import httpx
 import pytest
 
-from support.servers import ServiceProcess
-
 DIGIT = [0, 0, 5, 13, 9, 1, 0, 0, 0, 0, 13, 15, 10, 15, 5, 0, 0, 3, 15, 2, 0, 11, 8, 0, 0, 4, 12, 0,
          0, 8, 8, 0, 0, 5, 8, 0, 0, 9, 8, 0, 0, 4, 11, 0, 1, 12, 7, 0, 0, 2, 14, 5, 10, 12, 0, 0, 0, 0,
          6, 13, 10, 0, 0, 0]
@@ -20,9 +18,8 @@ LIMIT = 32  # max_examples_per_request below, under the 64 numbers of one digit
 
 
 @pytest.fixture(scope="module")
-def service():
-    with ServiceProcess(DEVICES="sim:0,sim:1", WORKERS_PER_DEVICE=1, MAX_EXAMPLES_PER_REQUEST=LIMIT) as running:
-        yield running
+def service_settings():
+    return {"DEVICES": "sim:0,sim:1", "WORKERS_PER_DEVICE": 1, "MAX_EXAMPLES_PER_REQUEST": LIMIT}
 
 
 def post(service, path: str, **kwargs) -> httpx.Response:

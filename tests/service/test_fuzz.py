@@ -35,7 +35,6 @@ from hypothesis import HealthCheck, Phase, assume, event, example, given, settin
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from schemathesis.specs.openapi.checks import positive_data_acceptance
-from support.servers import ServiceProcess
 
 import placeenv
 from placeenv.serve import wire
@@ -205,18 +204,17 @@ def near_valid_mobilenet(draw):
 
 
 @pytest.fixture(scope="module")
-def fuzzed_service():
+def service_settings():
     # 4 sim devices x 2 workers, digits only, default queue, a 1 MiB body limit. Fuzz traffic
     # is sequential, so nothing may ever be overloaded: a 503 here is a failure like any 5xx.
-    with ServiceProcess(MODELS="digits", MAX_BODY_BYTES=BODY_LIMIT) as proc:
-        yield proc
-        assert proc.proc.poll() is None, f"the service died during fuzzing:\n{proc.output()[-6000:]}"
+    # The service fixture checks that it is still running after the fuzzing.
+    return {"MODELS": "digits", "MAX_BODY_BYTES": BODY_LIMIT}
 
 
 @pytest.fixture(scope="module")
-def api_schema(fuzzed_service):
+def api_schema(service):
     # The schema the running service itself serves, not one built in-process.
-    return schemathesis.openapi.from_url(fuzzed_service.url + "/openapi.json", timeout=30)
+    return schemathesis.openapi.from_url(service.url + "/openapi.json", timeout=30)
 
 
 @pytest.fixture(autouse=True)
@@ -254,7 +252,7 @@ def four_xx_explains_itself(ctx, response, case):
 
 @schema.parametrize()
 @settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
-def test_openapi_fuzz_no_5xx_and_every_4xx_explains_itself(case, fuzzed_service):
+def test_openapi_fuzz_no_5xx_and_every_4xx_explains_itself(case, service):
     # All of schemathesis's default checks (status code documented, content type and body
     # match the documented schema, headers, negative data rejected, unsupported methods
     # answered 405, ...) except ``positive_data_acceptance``: the schema can only say
@@ -267,8 +265,8 @@ def test_openapi_fuzz_no_5xx_and_every_4xx_explains_itself(case, fuzzed_service)
             excluded_checks=[positive_data_acceptance],
         )
     except requests.ConnectionError:
-        if fuzzed_service.proc.poll() is not None:
-            pytest.fail(f"the service died:\n{fuzzed_service.output()[-6000:]}")
+        if service.proc.poll() is not None:
+            pytest.fail(f"the service died:\n{service.output()[-6000:]}")
         raise
 
 
@@ -340,15 +338,15 @@ def predict_bodies(draw):
 @example(body={"model": "digits", "inputs": {f"k{i}": 1 for i in range(5000)}})  # 5000 errors: 10 shown
 @example(body={"model": "digits", "inputs": {"x" * 5000: [[0] * 64]}})  # 400 for an unknown input
 @WIRE
-def test_predict_arbitrary_json_gets_the_validators_answer(fuzzed_service, body):
+def test_predict_arbitrary_json_gets_the_validators_answer(service, body):
     # json.dumps writes NaN/Infinity and escapes surrogates: what Python clients really send.
     content = json.dumps(body)
-    r = httpx.post(fuzzed_service.url + "/predict", content=content,
+    r = httpx.post(service.url + "/predict", content=content,
                    headers={"content-type": "application/json"}, timeout=30)
     expected = _expected_predict(body)
     event(f"expected {expected}")
     assert r.status_code == expected, (content[:300], r.status_code, r.text[:300],
-                                       fuzzed_service.output()[-3000:])
+                                       service.output()[-3000:])
     if r.status_code == 200:
         examples = body["inputs"] if isinstance(body["inputs"], list) else body["inputs"]["pixels"]
         outputs = r.json()["outputs"]
@@ -360,9 +358,9 @@ def test_predict_arbitrary_json_gets_the_validators_answer(fuzzed_service, body)
 
 
 @pytest.mark.parametrize("path, key", [("/predict", "detail"), ("/v2/models/digits/infer", "error")])
-def test_a_body_over_the_limit_is_413_and_says_the_limit(fuzzed_service, path, key):
+def test_a_body_over_the_limit_is_413_and_says_the_limit(service, path, key):
     content = json.dumps({"model": "digits", "inputs": [[0] * 64], "padding": "p" * BODY_LIMIT})
-    r = httpx.post(fuzzed_service.url + path, content=content, headers={"content-type": "application/json"},
+    r = httpx.post(service.url + path, content=content, headers={"content-type": "application/json"},
                    timeout=30)
     assert r.status_code == 413 and f"{BODY_LIMIT} bytes" in r.json()[key], r.text[:300]
     assert refusal_problem(r, key, ["p" * BODY_LIMIT]) is None
@@ -483,9 +481,9 @@ def _binary_outputs(r: httpx.Response) -> dict[str, np.ndarray]:
 @pytest.mark.parametrize("mutation", MUTATIONS)
 @given(data=st.data())
 @settings(WIRE, max_examples=15)
-def test_v2_infer_with_mutated_requests_gets_the_status_the_mutation_predicts(fuzzed_service, mutation, data):
+def test_v2_infer_with_mutated_requests_gets_the_status_the_mutation_predicts(service, mutation, data):
     path, content, headers, expected, request, sent = data.draw(v2_cases(mutation))
-    r = httpx.post(fuzzed_service.url + path, content=content, headers=headers, timeout=30)
+    r = httpx.post(service.url + path, content=content, headers=headers, timeout=30)
     event(f"{r.status_code}")  # --hypothesis-show-statistics: what the run covered
     assert r.status_code == expected, (mutation, content[:300], r.status_code, r.text[:300])
     if r.status_code != 200:
@@ -513,10 +511,10 @@ def test_v2_infer_with_mutated_requests_gets_the_status_the_mutation_predicts(fu
 @example(body=b'{"inputs": [{"name": "pixels", "shape": [1, 64], "datatype": "FP32", "data": [' + b"1" * 5000
          + b"]}]}", length=None)  # an integer too large for any parser to hold
 @WIRE
-def test_v2_infer_with_any_body_is_a_400_never_a_5xx(fuzzed_service, body, length):
+def test_v2_infer_with_any_body_is_a_400_never_a_5xx(service, body, length):
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
     headers = {"Inference-Header-Content-Length": length} if length is not None else {}
-    r = httpx.post(fuzzed_service.url + "/v2/models/digits/infer", content=content, headers=headers,
+    r = httpx.post(service.url + "/v2/models/digits/infer", content=content, headers=headers,
                    timeout=30)
     assert r.status_code == 400, (content[:300], r.status_code, r.text[:300])
     problem = refusal_problem(r, "error", client_strings(body))

@@ -30,10 +30,14 @@ DIGITS = np.arange(3 * 64, dtype=np.float32).reshape(3, 64) % 17
 
 
 @pytest.fixture(scope="module")
-def served():
-    port = free_port()
-    with ServiceProcess(GRPC_PORT=port, **SETTINGS) as proc:
-        yield proc, f"127.0.0.1:{port}"
+def service_settings():
+    return {"GRPC_PORT": free_port(), **SETTINGS}
+
+
+@pytest.fixture(scope="module")
+def served(service, service_settings):
+    """The service and its gRPC address."""
+    return service, f"127.0.0.1:{service_settings['GRPC_PORT']}"
 
 
 def pixels(array: np.ndarray) -> tg.InferInput:

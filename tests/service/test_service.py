@@ -74,9 +74,8 @@ async def hammer(url: str, clients: int, per_client: int, model: str = "digits",
 
 
 @pytest.fixture(scope="module")
-def service():
-    with ServiceProcess(MODELS="digits,faulty", MAX_BODY_BYTES=200_000) as proc:
-        yield proc
+def service_settings():
+    return {"MODELS": "digits,faulty", "MAX_BODY_BYTES": 200_000}
 
 
 def test_requests_spread_over_every_device_and_report_their_worker(service):

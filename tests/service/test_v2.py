@@ -138,11 +138,10 @@ def repository(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def service(repository):
-    with ServiceProcess(MODEL_REPOSITORY=f"{REPOSITORIES},{repository}", MODELS=",".join(MODELS),
-                        MAX_BODY_BYTES=MAX_BODY, WORKERS_PER_DEVICE=1,
-                        REQUEST_TIMEOUT_S=60) as proc:  # requests queued behind a held worker (gate) wait
-        yield proc
+def service_settings(repository):
+    return {"MODEL_REPOSITORY": f"{REPOSITORIES},{repository}", "MODELS": ",".join(MODELS),
+            "MAX_BODY_BYTES": MAX_BODY, "WORKERS_PER_DEVICE": 1,
+            "REQUEST_TIMEOUT_S": 60}  # requests queued behind a held worker (gate) wait
 
 
 @pytest.fixture(scope="module")
