@@ -19,7 +19,7 @@ from support import THREAD_DEVICES, expect, on_each_device, run_threads, where
 
 
 
-#: Creation paths tests/test_seeds.py does not cover (it covers every API with device=).
+#: Creation paths tests/library/test_seeds.py does not cover (it covers every API with device=).
 CREATORS = {
     "to_tensor": lambda: paddle.to_tensor([1.0, 2.0]),
     "Tensor(ndarray)": lambda: paddle.Tensor(np.ones(2, "float32")),

@@ -6,7 +6,7 @@
 * Broken repositories: each problem is ONE ``RepositoryError`` naming the model, the
   file and the problem (never a traceback), and ``core.read_repository`` refuses or
   skips as ``on_model_failure`` says.
-* Real services (``tests/servers.ServiceProcess``, sim devices) on a temporary
+* Real services (``support.servers.ServiceProcess``, sim devices) on a temporary
   repository: refusing to start (the default) or serving the good models and
   reporting the broken ones not ready (``skip``), and ``instance_group``.
 
