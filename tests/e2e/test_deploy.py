@@ -451,7 +451,8 @@ PROMQL_FUNCTIONS = {
 def service_series_names() -> set[str]:
     """Every series name /metrics can expose, derived from placeenv/serve/metrics.py."""
     names = set()
-    kinds = [(v._name, v._type) for v in vars(service_metrics).values() if isinstance(v, MetricWrapperBase)]
+    kinds = [(family.name, family.type) for v in vars(service_metrics).values() if isinstance(v, MetricWrapperBase)
+             for family in v.describe()]
     kinds += [(family.name, family.type) for family in service_metrics.ON_LOOP.collect()]  # the loop's own
     for name, kind in kinds:
         if kind == "counter":

@@ -317,7 +317,8 @@ def test_grace_periods_cover_the_drain():
 
 
 def _exported() -> set[str]:
-    return ({m._name for m in vars(service_metrics).values() if isinstance(m, MetricWrapperBase)}
+    return ({family.name for m in vars(service_metrics).values() if isinstance(m, MetricWrapperBase)
+             for family in m.describe()}
             | {family.name for family in service_metrics.ON_LOOP.collect()})  # the event loop's own
 
 
@@ -466,7 +467,7 @@ UNSHARE = shutil.which("unshare")
 def test_the_service_runs_on_a_read_only_root(scratch):
     """The service in a mount namespace where / is read-only and only the manifests' emptyDir
     paths are writable, as with readOnlyRootFilesystem; without them it cannot start."""
-    sim_cache = str(placeenv_sim._cache_root())  # built outside /tmp, readable in the namespace
+    sim_cache = str(placeenv_sim.cache_root())  # built outside /tmp, readable in the namespace
     subprocess.run([sys.executable, "-m", "placeenv.sim", "build"], check=True, capture_output=True,
                    env={**os.environ, "PLACEENV_SIM_CACHE": sim_cache}, timeout=300)
     home = tempfile.mkdtemp(dir="/var/tmp", prefix="placeenv-ro-home-")  # read-only, like the image's

@@ -147,13 +147,18 @@ def test_the_place_checker_counts_a_batch_on_another_device_as_a_leak():
     # Model.execute does not check where its inputs are; the worker's place checks do.
     model = replica("digits", "sim:1")
     check = PlaceChecker("test-worker", "sim:1")
-    leaks = metrics.DEVICE_LEAKS.labels("test-worker", "sim:1", "cpu", "batch")
-    before = leaks._value.get()
+    labels = {"worker": "test-worker", "expected": "sim:1", "actual": "cpu", "stage": "batch"}
+
+    def leaks() -> float:  # the counter's sample with these labels, as a scrape reads it (0 before the first)
+        return sum(sample.value for family in metrics.DEVICE_LEAKS.collect() for sample in family.samples
+                   if sample.name == "placeenv_device_leaks_total" and sample.labels == labels)
+
+    before = leaks()
     on_cpu = host_tensor(np.zeros((1, 64), np.float32))
     assert check("batch", where(move_to(on_cpu, model.place))) is True
-    assert leaks._value.get() == before
+    assert leaks() == before
     assert check("batch", where(on_cpu)) is False  # still on the CPU: a leak, counted with its labels
-    assert leaks._value.get() == before + 1
+    assert leaks() == before + 1
 
 
 # ---- preprocess ----
