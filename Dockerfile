@@ -8,7 +8,7 @@
 # Two build arguments a corporate network needs:
 #   BASE             another base image with Python >= 3.10 and venv (an internal mirror of
 #                    python:3.11-slim, or a Debian image made with debootstrap, as CI does:
-#                    tests/test_compose_engine.py makes one and passes it through deploy/compose.ci.yml)
+#                    tests/e2e/test_compose_engine.py makes one and passes it through deploy/compose.ci.yml)
 #   EXTRA_CA_CERTS   PEM text of CA certificates that pip must trust besides the usual ones
 #                    (a TLS-inspecting proxy): --build-arg EXTRA_CA_CERTS="$(cat corp-ca.pem)".
 #                    Only the build stages see it.

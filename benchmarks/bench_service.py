@@ -44,6 +44,8 @@ from pathlib import Path
 
 import httpx
 
+from placeenv.testing import free_port  # the tests' too; front_end_ceiling, peers, profile take it from here
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "results"
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -56,12 +58,6 @@ def save_results(name: str, args, **found) -> Path:
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps({"date": str(datetime.date.today()), "args": vars(args), **found}, indent=1))
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def example_body(model: str) -> str:

@@ -2,7 +2,7 @@
 
     python benchmarks/rolling_restart.py [--rounds 3] [--seconds 30] [--replicas 3]
 
-Needs Debian's ``nginx`` and ``prometheus``. The set-up of ``tests/test_replicas.py``: replicas
+Needs Debian's ``nginx`` and ``prometheus``. The set-up of ``tests/e2e/test_replicas.py``: replicas
 on 2 sim devices each, nginx running the shipped ``deploy/nginx/placeenv.conf``, Locust (8
 users) through nginx, its leak gate reading Prometheus. Each round runs every scenario, in a
 rotated order, on a fresh set of replicas:
@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_service import save_results  # noqa: E402
-from servers import Nginx, Prometheus, ReplicaSet  # noqa: E402
+from support.servers import Nginx, Prometheus, ReplicaSet  # noqa: E402
 
 LOCUST = str(Path(sys.executable).with_name("locust"))
 SCENARIOS = {  # name: (shutdown delay, nginx retries)

@@ -7,7 +7,8 @@ Paddle at module level.
 
 ``run_with_sim(code, devices=4)`` runs ``code`` with ``python -c`` in a new
 interpreter whose Paddle has ``sim:0..devices-1``; ``count_wrong_places`` is
-the leak count behind the isolation tests and ``benchmarks/leaks.py``.
+the leak count behind the isolation tests and ``benchmarks/leaks.py``;
+``free_port`` is the one the tests and the benchmarks start their servers on.
 """
 
 from __future__ import annotations
@@ -15,11 +16,19 @@ from __future__ import annotations
 import gc
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
 import threading
 from dataclasses import dataclass
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (the kernel's pick)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def count_wrong_places(devices, iterations: int, timeout: float = 120) -> dict[str, int]:

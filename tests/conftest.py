@@ -2,12 +2,22 @@
 
 Every test runs real Paddle on real (simulated) devices. Fixtures give each
 test the patched state (default) or stock Paddle (negative controls).
+
+The tests live in three rooms, and each test is marked with its room's name
+(markers registered in pyproject.toml):
+
+- ``library/``: placeenv itself (``pytest tests/library`` or ``-m library``);
+- ``service/``: the inference service, in process and as one real uvicorn process;
+- ``e2e/``: Docker, nginx, Prometheus, Locust, Kubernetes files, packaging
+  (``-m "not e2e"`` leaves them out).
+
+Shared helpers are in ``support/`` (``from support import run_threads, wait_until``).
 """
 
 from __future__ import annotations
 
 import sys
-import threading
+from pathlib import Path
 
 import placeenv.sim
 
@@ -18,7 +28,19 @@ import pytest  # noqa: E402
 
 import placeenv  # noqa: E402
 
-DEVICES = [f"sim:{i}" for i in range(4)]
+ROOMS = ("library", "service", "e2e")
+HERE = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(config, items):
+    """Each test gets its room's marker (the folder under tests/ it lives in)."""
+    for item in items:
+        try:
+            room = item.path.resolve().relative_to(HERE).parts[0]
+        except ValueError:
+            continue
+        if room in ROOMS:
+            item.add_marker(room)
 
 
 @pytest.fixture(autouse=True)
@@ -55,59 +77,3 @@ def fast_switching():
     sys.setswitchinterval(1e-6)
     yield
     sys.setswitchinterval(old)
-
-
-def run_threads(*targets, timeout: float = 120):
-    """Start one thread per target, join them all, re-raise the first error."""
-    errors = []
-
-    def guard(fn):
-        def run():
-            try:
-                fn()
-            except BaseException as exc:  # noqa: BLE001 - reported to the test
-                errors.append(exc)
-        return run
-
-    threads = [threading.Thread(target=guard(t)) for t in targets]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout)
-        assert not t.is_alive(), "thread did not finish"
-    if errors:
-        raise errors[0]
-
-
-def where(tensor) -> str:
-    """'sim:1', 'cpu', ...: the device a tensor lives on."""
-    return placeenv.device_name(tensor.place)
-
-
-#: The lock-step thread checks' devices: one thread each.
-THREAD_DEVICES = ("cpu", "sim:1", "sim:2", "sim:3")
-
-
-def on_each_device(check, rounds: int):
-    """Run ``check(device)`` in 4 threads (one per device), in lock-step; returns failures."""
-    barrier = threading.Barrier(len(THREAD_DEVICES))
-    failures = []
-
-    def worker(device):
-        paddle.set_device(device)
-        for _ in range(rounds):
-            barrier.wait()  # everyone has set a device: stock Paddle now has the last one
-            problem = check(device)
-            if problem:
-                failures.append((device, problem))
-
-    run_threads(*[lambda d=d: worker(d) for d in THREAD_DEVICES])
-    return failures
-
-
-def expect(mode, failures):
-    """With placeenv: no failure; on stock Paddle (the negative control): the check caught the leak."""
-    if mode == "placeenv":
-        assert failures == []
-    else:
-        assert failures, "the check did not catch stock Paddle's leak"

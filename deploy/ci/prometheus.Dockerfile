@@ -1,5 +1,5 @@
 # Prometheus from Debian's package, standing in for prom/prometheus where no registry can be
-# reached (tests/test_compose_engine.py). Same paths and default command as the official image.
+# reached (tests/e2e/test_compose_engine.py). Same paths and default command as the official image.
 ARG BASE
 FROM ${BASE}
 RUN apt-get update \

@@ -93,18 +93,37 @@ def _settle_all(settled: list) -> None:
 QUIET_STEPS = 20
 
 
+class Clock:
+    """The time a queue reads and waits by: ``time.perf_counter`` and a condition's own timed wait.
+
+    A test passes its own (same two methods) to drive a batch's delay and looks by hand instead of
+    racing the scheduler."""
+
+    @staticmethod
+    def now() -> float:
+        return time.perf_counter()
+
+    @staticmethod
+    def wait(condition: threading.Condition, timeout: float) -> bool:
+        """``condition.wait(timeout)``: called with ``condition`` held; True if notified."""
+        return condition.wait(timeout)
+
+
+REAL_CLOCK = Clock()
+
+
 class DeviceQueue:
     """Bounded FIFO of jobs for one device, shared by that device's workers."""
 
-    def __init__(self, device: str, capacity: int, workers: int) -> None:
+    def __init__(self, device: str, capacity: int, workers: int, clock: Clock = REAL_CLOCK) -> None:
         self.device, self.capacity, self.workers = device, capacity, workers
+        self.clock = clock  # what a batch's delay and an idle worker's wait are timed by
         self.models: set[tuple[str, int]] = set()  # what some worker of this device holds
         self.uniform = True  # every worker holds every model: one wake-up per job is enough
         self._jobs: collections.deque[Job] = collections.deque()
         # One lock, two kinds of waiter: workers with nothing to do (woken by each job) and workers
-        # holding a part-full batch for its delay (woken only once enough is queued to fill it).
-        # Waking a batching worker for every job that arrives costs a futex wake-up and a GIL
-        # hand-off per request, 7% of a small request's event-loop time, for nothing.
+        # holding a part-full batch for its delay (woken only once enough is queued to fill it): waking
+        # it for every job costs the event loop a wake-up per request (docs/benchmarks.md, Front-end ceiling).
         self._cond = threading.Condition()
         self._more = threading.Condition(self._cond._lock)  # type: ignore[attr-defined]
         self._idle = 0  # workers waiting on _cond
@@ -158,7 +177,7 @@ class DeviceQueue:
                     return None
                 self._idle += 1
                 try:
-                    self._cond.wait(wait)
+                    self.clock.wait(self._cond, wait)
                 finally:
                     self._idle -= 1
                 first = self._first_of(limits)
@@ -168,7 +187,7 @@ class DeviceQueue:
             batch, examples = [first], first.examples
             # Wait for more only under load (others were queued too): an idle
             # service answers a lone request at once instead of paying the delay.
-            until = time.perf_counter() + (max_delay if self._jobs else 0.0)
+            until = self.clock.now() + (max_delay if self._jobs else 0.0)
             joined = None  # jobs of this model ever offered at the last look; None before the first wait
             while examples < max_examples:
                 nxt = self._next_of(first.model, max_examples - examples)
@@ -176,21 +195,19 @@ class DeviceQueue:
                     batch.append(nxt)
                     examples += nxt.examples
                     continue
-                left = until - time.perf_counter()
+                left = until - self.clock.now()
                 if left <= 0 or self.closed:
                     break
                 if joined == self.offered[first.model]:
-                    # A look with no job of this model joining: the burst that made this batch is
-                    # over, and clients waiting for these answers send nothing more until they get
-                    # them; holding the batch for the rest of its delay would leave the device
-                    # idle (docs/benchmarks.md, "Batch delay").
+                    # No job of this model joined since the last look: the burst is over, and holding
+                    # the batch longer would leave the device idle (docs/benchmarks.md, "Batch delay").
                     break
                 joined = self.offered[first.model]
                 # Jobs are 1+ examples each: this many queued may fill the batch.
                 gathering = (first.model, len(self._jobs) + max_examples - examples)
                 self._gathering.append(gathering)
                 try:
-                    self._more.wait(min(left, max_delay / QUIET_STEPS))
+                    self.clock.wait(self._more, min(left, max_delay / QUIET_STEPS))
                 finally:
                     self._gathering.remove(gathering)
             self.busy += len(batch)

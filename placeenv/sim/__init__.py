@@ -25,7 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-__all__ = ["DEVICE_TYPE", "build", "environment", "prepare", "SimSetupError"]
+__all__ = ["DEVICE_TYPE", "build", "cache_root", "environment", "prepare", "SimSetupError"]
 
 DEVICE_TYPE = "sim"
 DEFAULT_DEVICES = 4
@@ -54,7 +54,9 @@ def _paddle_include() -> Path:
     return include
 
 
-def _cache_root() -> Path:
+def cache_root() -> Path:
+    """Where built plugins are kept: ``$PLACEENV_SIM_CACHE``, else ``$XDG_CACHE_HOME`` or ``~/.cache``,
+    then ``placeenv/sim``."""
     if os.environ.get("PLACEENV_SIM_CACHE"):
         return Path(os.environ["PLACEENV_SIM_CACHE"])
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
@@ -73,7 +75,7 @@ def build(force: bool = False) -> Path:
     include = _paddle_include()
     header = (include / "paddle/phi/backends/device_ext.h").read_bytes()
     digest = hashlib.sha256(SOURCE.read_bytes() + header).hexdigest()[:16]
-    directory = _cache_root() / digest
+    directory = cache_root() / digest
     library = directory / LIBRARY_NAME
     if library.is_file() and not force:
         return directory

@@ -1,0 +1,95 @@
+"""The load test when nothing answers: a failure per request, a log line per interval, and a verdict.
+
+Locust runs as users run it (``locust -f loadtest/``, the repository's locust.conf)
+against a port where nothing listens, with and without ``--prometheus``, and
+against a server that cuts every answer off in the body (a service dying mid-drain).
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from support.servers import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+LOCUST = str(Path(sys.executable).with_name("locust"))
+
+#: Locust's own end-of-run tables have a row per request name (14 of them) in each of
+#: three tables, about 66 lines in all; our part is the warning every 5 s and the verdict.
+#: The bound leaves room for a few more request names and a second warning, while a
+#: traceback per failed request (the old behaviour) gives thousands of lines in 4 s.
+MAX_LINES = 100
+
+
+def run_locust(tmp_path: Path, host: str, *options: str) -> tuple[subprocess.CompletedProcess, str]:
+    command = [LOCUST, "-f", "loadtest/", "--host", host, "-u", "8", "-r", "8", "-t", "4s",
+               "--csv", str(tmp_path / "run"), "--html", str(tmp_path / "run.html"), *options]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    return result, result.stdout + result.stderr
+
+
+def assert_one_failure_per_request_and_a_verdict(result, output: str, verdict: str) -> None:
+    lines = output.splitlines()
+    assert result.returncode != 0, output[-3000:]
+    assert re.search(verdict, output), output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    assert len(lines) <= MAX_LINES, f"{len(lines)} lines:\n" + "\n".join(lines[:60])
+    # Every request failed, each counted once, and the log said so once per interval.
+    requests, failures = map(int, re.search(r"requests (\d+), failures (\d+)", output).groups())
+    assert requests > 0 and failures == requests
+    assert 1 <= len(re.findall(r"service unreachable at .* requests without an answer", output)) <= 2
+
+
+@pytest.mark.parametrize("prometheus", [False, True], ids=["service", "prometheus"])
+def test_locust_with_nothing_listening_fails_once_with_a_verdict(tmp_path: Path, prometheus: bool):
+    host = f"http://127.0.0.1:{free_port()}"
+    source, options = host, []
+    if prometheus:
+        source = f"http://127.0.0.1:{free_port()}"
+        options = ["--prometheus", source, "--prometheus-settle-s", "0"]
+    result, output = run_locust(tmp_path, host, *options)
+    what = "Prometheus" if prometheus else "service"
+    assert_one_failure_per_request_and_a_verdict(
+        result, output, rf"leak gate: FAIL: {what} unreachable at {re.escape(source)} \(.*refused")
+
+
+@pytest.fixture
+def cut_off_server():
+    """Sends a status line, headers and 6 of 1000 promised bytes, then closes: every answer is cut off."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:  # the 0.2 s timeout: look at stop again
+                continue
+            with conn:
+                try:
+                    conn.recv(65536)
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                                 b"Content-Length: 1000\r\n\r\n{\"outp")
+                except OSError:
+                    pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    stop.set()
+    thread.join()
+    listener.close()
+
+
+def test_locust_with_answers_cut_off_fails_once_with_a_verdict(tmp_path: Path, cut_off_server: str):
+    result, output = run_locust(tmp_path, cut_off_server)
+    assert_one_failure_per_request_and_a_verdict(
+        result, output, rf"leak gate: FAIL: service unreachable at {re.escape(cut_off_server)} \(")

@@ -1,0 +1,136 @@
+"""The service's command line and start-up, as a user meets them; each run is a fresh interpreter."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from support import wait_until
+from support.servers import ServiceProcess
+
+BIN = Path(sys.executable).parent
+ENTRY_POINTS = {"placeenv-serve": [str(BIN / "placeenv-serve")],
+                "python -m placeenv.serve": [sys.executable, "-m", "placeenv.serve"]}
+
+
+def _env() -> dict:
+    return {k: v for k, v in os.environ.items() if not k.startswith("PLACEENV_")}
+
+
+def _options(help_text: str) -> dict[str, str]:
+    """argparse's option list: flag -> its description, without the '(default: ...) [env: ...]' appended."""
+    body = help_text.split("options:", 1)[1]
+    entries = re.split(r"\n  (?=-)", "\n" + body)
+    options = {}
+    for entry in entries[1:]:
+        flag = re.match(r"(--[\w-]+|-h)", entry)[1]
+        text = " ".join(entry.split()[1:])
+        # The metavar, or a yes/no flag's --no-x.
+        text = re.sub(r"^(--no-[\w-]+|\{[^}]*\}|[A-Z_]+|str|int|float|bool)\s*", "", text)
+        text = re.sub(r"\(default: .*?\)( \[env: [A-Z_]+\])?$", "", text)
+        options[flag] = text.strip()
+    return options
+
+
+@pytest.mark.parametrize("program", ENTRY_POINTS)
+def test_help_names_the_program_and_describes_every_flag_in_plain_text(program):
+    result = subprocess.run([*ENTRY_POINTS[program], "--help"], capture_output=True, text=True, env=_env(),
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    text = result.stdout
+    assert text.startswith(f"usage: {program} "), text[:200]
+    options = _options(text)
+    assert len(options) > 20 and "--port" in options and "--access-log" in options, sorted(options)
+    undescribed = [flag for flag, description in options.items() if not description]
+    assert not undescribed, undescribed
+    for markup in ("``", ":class:", ":func:", "429"):
+        assert markup not in text, markup
+    # A yes/no setting is a bare flag: "--access-log", not "--access-log true".
+    assert "[--access-log | --no-access-log]" in text
+    # Each flag names its variable; the first are where to listen.
+    assert re.search(r"\(default: 8000\)\s+\[env: PLACEENV_PORT\]", text)
+    assert list(options)[1:4] == ["--host", "--port", "--grpc-port"]
+
+
+def test_sim_help_is_plain_and_names_the_python_to_run_it_with():
+    texts = {}
+    for command in ("", "env", "build"):
+        result = subprocess.run([sys.executable, "-m", "placeenv.sim", *command.split(), "--help"],
+                                capture_output=True, text=True, env=_env(), timeout=60)
+        assert result.returncode == 0, result.stderr
+        texts[command] = text = " ".join(result.stdout.split())
+        assert text.startswith(" ".join(["usage: python -m placeenv.sim", *command.split(), "[-h]"])), text
+        assert "``" not in text and ":class:" not in text
+        # The usual mistake is another Python, where placeenv or Paddle is missing.
+        assert 'eval "$(.venv/bin/python -m placeenv.sim env --devices 4)"' in text, text
+    assert "--devices N how many sim devices, 1 to 64 (default: 4)" in texts["env"]
+
+
+def test_access_log_is_a_bare_flag_and_an_environment_variable():
+    code = ("from placeenv.serve.config import Settings; "
+            "print(Settings(_cli_parse_args=['--access-log']).access_log, "
+            "Settings(_cli_parse_args=[]).access_log)")
+    flag = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(),
+                          timeout=60)
+    assert flag.stdout.split() == ["True", "False"], flag.stderr
+    code = "from placeenv.serve.config import Settings; print(Settings(_cli_parse_args=[]).access_log)"
+    env = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**_env(), "PLACEENV_ACCESS_LOG": "true"}, timeout=60)
+    assert env.stdout.split() == ["True"], env.stderr
+
+
+def test_a_port_in_use_is_refused_before_any_model_loads():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        started = time.monotonic()
+        result = subprocess.run([*ENTRY_POINTS["placeenv-serve"], "--port", str(port), "--devices", "sim:0"],
+                                capture_output=True, text=True, env=_env(), timeout=120)
+        elapsed = time.monotonic() - started
+    assert result.returncode == 2, result.stderr[-3000:]
+    # One line and nothing else: no traceback, and nothing loaded or served (the old start-up
+    # imported Paddle, loaded the models and logged "serving ..." first).
+    message = (f"placeenv-serve: cannot listen on 127.0.0.1:{port}: the port is already in use (another "
+               "server?); choose another with --port or PLACEENV_PORT")
+    assert result.stderr.strip() == message, result.stderr[-3000:]
+    assert elapsed < 5, elapsed  # a hang guard: the lone line above is what shows nothing loaded
+    print(f"refused in {elapsed:.2f} s")
+
+
+def test_a_grpc_port_in_use_is_refused_before_any_model_loads():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run([*ENTRY_POINTS["python -m placeenv.serve"], "--port", "0",
+                                 "--grpc-port", str(port), "--devices", "sim:0"],
+                                capture_output=True, text=True, env=_env(), timeout=120)
+    assert result.returncode == 2, result.stderr[-3000:]
+    message = (f"python -m placeenv.serve: cannot listen on 127.0.0.1:{port}: the port is already in use "
+               "(another server?); choose another with --grpc-port or PLACEENV_GRPC_PORT")
+    assert result.stderr.strip() == message, result.stderr[-3000:]
+
+
+def test_a_start_has_no_ccache_warning_and_no_access_log_by_default():
+    with ServiceProcess(devices="sim:0") as service:
+        assert httpx.get(f"{service.url}/healthz").status_code == 200
+    output = service.output()
+    assert "serving digits" in output  # the log was read
+    assert "No ccache found" not in output
+    assert '"GET /healthz HTTP/1.1" 200' not in output
+
+
+def test_access_log_logs_each_request():
+    with ServiceProcess(devices="sim:0", access_log="true") as service:
+        assert httpx.get(f"{service.url}/healthz").status_code == 200
+        wait_until(lambda: '"GET /healthz HTTP/1.1" 200' in service.output(), 10, "no access log line")
+    assert '"GET /healthz HTTP/1.1" 200' in service.output()

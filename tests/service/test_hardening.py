@@ -1,0 +1,367 @@
+"""Hardening: sustained overload, devices that fail at start-up, faults amid good traffic.
+
+Real ``python -m placeenv.serve`` processes on 127.0.0.1 (sim devices), real HTTP clients.
+Every load loop is bounded in request count and in time; the whole file stays
+well under two minutes on a small, shared machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import httpx
+import numpy as np
+from support import wait_until, wait_until_async
+from support.servers import ServiceProcess
+
+MiB = 1024 * 1024
+
+
+def rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS")
+
+
+def percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else 0.0
+
+
+async def _one(http: httpx.AsyncClient, content: bytes) -> tuple:
+    """(status or exception name, client latency in s, headers, body)."""
+    started = time.perf_counter()
+    try:
+        r = await http.post("/predict", content=content, headers={"content-type": "application/json"})
+    except Exception as exc:  # noqa: BLE001 - any client-side failure is a finding, reported by the test
+        return type(exc).__name__, time.perf_counter() - started, {}, str(exc)
+    return r.status_code, time.perf_counter() - started, dict(r.headers), r.text
+
+
+async def closed_loop(url: str, content: bytes, clients: int, seconds: float, max_requests: int) -> tuple:
+    """``clients`` back-to-back senders for ``seconds`` (at most ``max_requests``): (results, elapsed)."""
+    results: list[tuple] = []
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        start = time.perf_counter()
+
+        async def client():
+            while time.perf_counter() - start < seconds and len(results) < max_requests:
+                results.append(await _one(http, content))
+
+        await asyncio.gather(*[client() for _ in range(clients)])
+        return results, time.perf_counter() - start
+
+
+async def open_loop(url: str, content: bytes, rate: float, seconds: float) -> tuple:
+    """Requests at a fixed ``rate`` per second for ``seconds``, whatever the answers: offered load.
+
+    Each request is its own concurrent client. Returns
+    (results, lag): lag is how late the last request left, i.e. whether this client kept pace.
+    """
+    count = int(rate * seconds)
+    async with httpx.AsyncClient(
+        base_url=url, timeout=30, limits=httpx.Limits(max_connections=None, max_keepalive_connections=64)
+    ) as http:
+        loop = asyncio.get_running_loop()
+        start, tasks = loop.time(), []
+        for i in range(count):
+            delay = start + i / rate - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(_one(http, content)))
+        lag = loop.time() - (start + (count - 1) / rate)
+        return await asyncio.gather(*tasks), lag
+
+
+#: tests/, where ``support`` is: the child runs this file as a script.
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def open_loop_in_child(url: str, content: bytes, rate: float, seconds: float, on_tick) -> tuple:
+    """``open_loop`` run by a fresh interpreter, so that nothing else in this test process (the
+    threads and heap of earlier tests) stalls the client; ``on_tick`` runs here every 0.25 s."""
+    # Answers go to files, not pipes: a child blocked on a full pipe would never exit.
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        child = subprocess.Popen(
+            [sys.executable, __file__, url, str(rate), str(seconds)], stdin=subprocess.PIPE, stdout=out, stderr=err,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [TESTS, os.environ.get("PYTHONPATH")]))},
+        )
+        child.stdin.write(content)
+        child.stdin.close()
+        wait_until(lambda: on_tick() or child.poll() is not None, seconds + 120,
+                   "the load child did not finish", interval=0.25)
+        out.seek(0)
+        err.seek(0)
+        assert child.returncode == 0, err.read().decode()[-3000:]
+        found = json.load(out)
+    return [tuple(r) for r in found["results"]], found["lag"]
+
+
+def _mobilenet_body(seed: int = 0) -> bytes:
+    image = np.random.default_rng(seed).uniform(-1, 1, (3, 32, 32)).round(4)
+    return json.dumps({"model": "mobilenet", "inputs": [image.tolist()]}).encode()
+
+
+def _sequential_latency(url: str, content: bytes, n: int) -> list[float]:
+    latencies = []
+    with httpx.Client(base_url=url, timeout=30) as http:
+        for _ in range(n):
+            started = time.perf_counter()
+            r = http.post("/predict", content=content, headers={"content-type": "application/json"})
+            latencies.append(time.perf_counter() - started)
+            assert r.status_code == 200, r.text
+    return latencies
+
+
+# ---------------------------------------------------------------------------------------------
+# Overload at ~5x capacity (at most 100 requests/s)
+# ---------------------------------------------------------------------------------------------
+
+OVERLOAD_SECONDS = 10.0
+TIMEOUT_S = 5.0
+
+
+def test_sustained_overload_sheds_load_and_recovers():
+    proc = ServiceProcess(DEVICES="sim:0,sim:1", WORKERS_PER_DEVICE=1, QUEUE_CAPACITY=4, MODELS="mobilenet",
+                          MAX_BATCH_SIZE=1, REQUEST_TIMEOUT_S=TIMEOUT_S)
+    with proc:
+        pid = proc.proc.pid
+        content = _mobilenet_body()
+
+        # Before: single-request latency (after a warm-up), then capacity with 4 clients -- enough
+        # to keep both devices busy, never more than the queues hold, so nothing is refused.
+        _sequential_latency(proc.url, content, 3)
+        single_before = statistics.median(_sequential_latency(proc.url, content, 5))
+        measured, elapsed = asyncio.run(
+            closed_loop(proc.url, content, clients=4, seconds=3.0, max_requests=400)
+        )
+        assert {r[0] for r in measured} == {200}, {r[0] for r in measured}
+        capacity = len(measured) / elapsed  # requests per second
+        # ~5x what it can serve, at most 100/s: on a 2-core machine this client (httpx, ~1 ms of CPU a
+        # request) and the service's event loop share the cores with the workers, and from ~130/s of
+        # 26 KB bodies they, not the service's queues, now and then set the latency (requests wait
+        # unread in socket buffers for seconds). The service's own clock is checked as well, below.
+        rate = min(5 * capacity, 100.0)
+
+        rss_before = rss_bytes(pid)
+        rss_samples: list[tuple[float, int]] = []
+        t0 = time.perf_counter()
+        results, lag = open_loop_in_child(
+            proc.url, content, rate, OVERLOAD_SECONDS,
+            on_tick=lambda: rss_samples.append((time.perf_counter() - t0, rss_bytes(pid))),
+        )
+        rss_samples.append((time.perf_counter() - t0, rss_bytes(pid)))
+        load_ended = time.perf_counter()
+
+        # After: ready again within a few seconds, queues empty, nothing in flight.
+        with httpx.Client(base_url=proc.url, timeout=10) as http:
+            seen = {}
+
+            def recovered() -> bool:
+                seen.update(ready=http.get("/readyz").status_code == 200,
+                            depth=proc.total("inference_queue_depth"),
+                            in_flight=proc.total("inference_in_flight_requests"))
+                return seen["ready"] and seen["depth"] == 0 and seen["in_flight"] == 0
+
+            wait_until(recovered, max(0.0, 5 - (time.perf_counter() - load_ended)),
+                       lambda: f"{seen} {proc.output()[-6000:]}", interval=0.1)
+        recovered_in = time.perf_counter() - load_ended
+        single_after = statistics.median(_sequential_latency(proc.url, content, 5))
+        served = proc.total("inference_requests_total", status="ok")
+        overloaded = proc.total("inference_requests_total", status="overloaded")
+        others = {
+            status: proc.total("inference_requests_total", status=status)
+            for status in ("timeout", "error", "invalid", "draining", "not_found", "not_ready")
+        }
+        rss_after = rss_bytes(pid)
+        server_slow = (proc.total("inference_request_duration_seconds_count")
+                       - proc.total("inference_request_duration_seconds_bucket", le="2.5"))
+
+    statuses = [r[0] for r in results]
+    ok = [r for r in results if r[0] == 200]
+    shed = [r for r in results if r[0] in (503, 429)]
+    accepted_p99 = percentile([r[1] for r in ok], 99)
+    shed_p50, shed_p99 = percentile([r[1] for r in shed], 50), percentile([r[1] for r in shed], 99)
+    peak = max(s for _, s in rss_samples)
+    report = (
+        f"capacity {capacity:.1f}/s, offered {rate:.1f}/s for {OVERLOAD_SECONDS:g}s: "
+        f"{len(results)} requests, {len(ok)} ok, {len(shed)} shed; "
+        f"accepted p50 {percentile([r[1] for r in ok], 50) * 1000:.0f} p99 {accepted_p99 * 1000:.0f} ms; "
+        f"shed p50 {shed_p50 * 1000:.0f} p99 {shed_p99 * 1000:.0f} ms; client lag {lag:.2f}s; "
+        f"single {single_before * 1000:.0f} -> {single_after * 1000:.0f} ms; "
+        f"RSS {rss_before / MiB:.0f} -> max {peak / MiB:.0f} -> {rss_after / MiB:.0f} MiB; "
+        f"recovered in {recovered_in:.2f}s; served in over 2.5 s by the service's clock: {server_slow:g}"
+    )
+    print(report)
+
+    # The load was really offered at that rate (the client kept pace).
+    assert lag < 2.0, report
+    # Every request exactly one HTTP answer, and only "served" or "come back later".
+    assert len(results) == int(rate * OVERLOAD_SECONDS)
+    assert set(statuses) <= {200, 503, 429}, (
+        {s: statuses.count(s) for s in set(statuses)},
+        [r for r in results if r[0] not in (200, 503, 429)][:3],
+        report,
+    )
+    assert ok and shed, report  # it served and it shed: the overload was real
+    for status, _, headers, body in shed:
+        assert headers.get("retry-after") == "1", (status, dict(headers), body)
+        assert json.loads(body)["detail"]
+    # The service counted each answer once: the overload's, plus the before/after singles and capacity run.
+    assert served == len(ok) + len(measured) + 3 + 5 + 5, report
+    assert overloaded == len(shed), report
+    assert not any(others.values()), others
+
+    # Accepted requests were answered within the request timeout: queues bound the wait.
+    # Refusals come at once (typically ~10 ms; the median is bounded loosely, since this
+    # machine is shared and a stall of a second or two now and then is not the service's).
+    assert accepted_p99 < TIMEOUT_S, report
+    assert server_slow == 0, report  # by the service's clock, from arrival to answer
+    assert shed_p50 < 0.25 and shed_p99 < TIMEOUT_S, report
+
+    # Memory: bounded growth, and not still climbing at the end of the overload.
+    assert peak - rss_before < 300 * MiB, report
+    half = [s for t, s in rss_samples if t >= OVERLOAD_SECONDS / 2]
+    assert half and half[-1] - half[0] < 100 * MiB, report
+
+    # Recovered: as fast as before the overload (same machine, same request).
+    assert single_after < 3 * single_before + 0.2, report
+
+
+# ---------------------------------------------------------------------------------------------
+# A device that cannot start
+# ---------------------------------------------------------------------------------------------
+
+
+def test_unusable_device_at_startup_fails_fast_by_default():
+    proc = ServiceProcess(DEVICES="sim:0,sim:9")
+    try:
+        def exited() -> bool:  # never ready while it lives
+            if proc.proc.poll() is not None:
+                return True
+            try:
+                assert httpx.get(proc.url + "/readyz", timeout=2).status_code != 200, "became ready"
+            except httpx.HTTPError:
+                pass
+            return False
+
+        wait_until(exited, 120, "the service neither exited nor became ready", interval=0.2)
+        code = proc.proc.wait(10)
+        output = proc.output()
+    finally:
+        proc.kill()
+    assert code != 0, output[-3000:]
+    assert "sim:9" in output, output[-3000:]
+    assert "available devices: cpu, sim:0, sim:1, sim:2, sim:3" in output, output[-3000:]
+    assert "cannot be used" in output, output[-3000:]
+
+
+def test_unusable_device_is_skipped_when_asked():
+    with ServiceProcess(DEVICES="sim:0,sim:9", ON_DEVICE_FAILURE="skip") as proc:
+        with httpx.Client(base_url=proc.url, timeout=30) as http:
+            assert http.get("/v1/models").json()["devices"] == ["sim:0"]
+            ready = http.get("/readyz").json()
+            assert ready["ready"] and set(ready["workers"]) == {"sim:0/0", "sim:0/1"}
+            r = http.post("/predict", json={"model": "digits", "inputs": [[0] * 64, [16] * 64]})
+            assert r.status_code == 200, r.text
+            assert r.json()["device"] == "sim:0" and len(r.json()["outputs"]) == 2
+        assert proc.total("worker_up") == 2
+    text = proc.output()[-20000:]
+    assert "skipping device 'sim:9'" in text and "available devices: cpu, sim:0" in text, text
+
+
+# ---------------------------------------------------------------------------------------------
+# Faults amid good traffic
+# ---------------------------------------------------------------------------------------------
+
+
+def test_model_faults_and_a_killed_worker_do_not_touch_other_requests():
+    rng = np.random.default_rng(0)
+    digits = [rng.integers(0, 17, 64).tolist() for _ in range(32)]
+
+    with ServiceProcess(MODELS="digits,faulty") as proc:
+        restarts_before = proc.total("worker_restarts_total")
+
+        good_answered: list[int] = []
+
+        async def main():
+            async with httpx.AsyncClient(base_url=proc.url, timeout=60) as http:
+                async def send(kind: str, inputs):
+                    try:
+                        model = "digits" if kind == "good" else "faulty"
+                        r = await http.post("/predict", json={"model": model, "inputs": inputs})
+                        return kind, r.status_code, r.text
+                    except Exception as exc:  # noqa: BLE001
+                        return kind, type(exc).__name__, str(exc)
+
+                async def good_client(c: int):
+                    answers = []
+                    for i in range(25):
+                        answers.append(await send("good", [digits[(c * 7 + i) % 32]]))
+                        good_answered.append(1)
+                    return answers
+
+                async def raising_client(c: int):
+                    out = []
+                    for i in range(10):
+                        out.append(await send("raise", [[-1.0, 0.25 * (i % 4), 0, c / 8]]))
+                        await asyncio.sleep(0.01)
+                    return out
+
+                async def killer():
+                    # In the middle of the traffic: a quarter of the good requests answered, most to come.
+                    async def going() -> bool:
+                        return len(good_answered) >= 50
+
+                    await wait_until_async(going, 60, "the good traffic did not get going", interval=0.005)
+                    return [await send("kill", [[-2.0, 0, 0, 0]])]
+
+                batches = await asyncio.gather(
+                    *[good_client(c) for c in range(8)], *[raising_client(c) for c in range(3)], killer()
+                )
+                return [r for batch in batches for r in batch]
+
+        results = asyncio.run(main())
+
+        # The dead worker is replaced, and the service is ready again.
+        def recovered() -> bool:
+            nonlocal restarts
+            restarts = proc.total("worker_restarts_total") - restarts_before
+            return restarts >= 1 and httpx.get(proc.url + "/readyz", timeout=10).status_code == 200
+
+        restarts = 0.0
+        wait_until(recovered, 60, lambda: f"not recovered: {restarts} restarts {proc.output()[-6000:]}",
+                   interval=0.2)
+        after = [httpx.post(proc.url + "/predict", json={"model": "digits", "inputs": [d]}, timeout=30)
+                 for d in digits[:8]]
+        workers_up = proc.total("worker_up")
+        errors = proc.total("inference_requests_total", status="error")
+        ok = proc.total("inference_requests_total", status="ok")
+
+    kinds = {kind: [r for r in results if r[0] == kind] for kind in ("good", "raise", "kill")}
+    assert [len(kinds[k]) for k in ("good", "raise", "kill")] == [200, 30, 1]  # one answer each
+    bad_good = [r for r in kinds["good"] if r[1] != 200]
+    assert not bad_good, bad_good[:5]
+    assert all(r[1] == 500 and "failed on this request" in r[2] for r in kinds["raise"]), kinds["raise"]
+    # A raising request shares a forward pass only with other faulty requests; if the killer
+    # was one of them, it died with the worker. Otherwise it is the model's own error.
+    assert all("injected model failure" in r[2] or "died" in r[2] for r in kinds["raise"])
+    (kill,) = kinds["kill"]
+    assert kill[1] == 500 and "died" in kill[2], kill
+    assert restarts == 1
+    assert all(r.status_code == 200 for r in after)
+    assert workers_up == 8
+    assert errors == 31 and ok == 200 + 8
+
+
+if __name__ == "__main__":  # open_loop_in_child: URL RATE SECONDS, the body on stdin
+    found, late = asyncio.run(open_loop(sys.argv[1], sys.stdin.buffer.read(), float(sys.argv[2]), float(sys.argv[3])))
+    json.dump({"results": found, "lag": late}, sys.stdout)
