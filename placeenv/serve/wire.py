@@ -111,9 +111,9 @@ def from_json(data: Any, kind: str, tensor: str, shape: tuple[int, ...] | None =
     dtype = datatype(kind, tensor)
     if not isinstance(data, list):
         raise InvalidInput(f"tensor {tensor!r}: data must be a list of values, got {type(data).__name__}")
-    array = _fast(data, kind, dtype)
+    array = fast_array(data, kind, dtype)
     if array is None:
-        array = _diagnose(data, kind, dtype, tensor)
+        array = checked_array(data, kind, dtype, tensor)
     if shape is not None:
         if any(d < 0 for d in shape):
             raise InvalidInput(f"tensor {tensor!r} has shape {prefix(list(shape))}; dimensions are >= 0")
@@ -124,7 +124,7 @@ def from_json(data: Any, kind: str, tensor: str, shape: tuple[int, ...] | None =
     return array
 
 
-def _fast(data: list, kind: str, dtype: np.dtype) -> np.ndarray | None:
+def fast_array(data: list, kind: str, dtype: np.dtype) -> np.ndarray | None:
     """The common case, checked by C loops: regular nesting of the right leaf type; else None."""
     try:
         # Integers are probed as float64, to see their range before the cast; the rest are made
@@ -155,7 +155,7 @@ def _ints_fit(probe: np.ndarray, dtype: np.dtype) -> bool:
     return not probe.size or (info.min <= probe.min() and probe.max() <= info.max)
 
 
-def _diagnose(data: list, kind: str, dtype: np.dtype, tensor: str) -> np.ndarray:
+def checked_array(data: list, kind: str, dtype: np.dtype, tensor: str) -> np.ndarray:
     """The slow path, for anything unusual: walks the values to name the exact problem."""
     allowed = _LEAVES[kind]
     what = {"BOOL": "true/false", "FP16": "numbers", "FP32": "numbers", "FP64": "numbers"}.get(kind, "integers")

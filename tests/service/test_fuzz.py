@@ -701,13 +701,13 @@ def test_from_json_on_any_value_gives_an_array_of_the_datatype_or_invalid_input(
 @example(data=[[2**53 + 1, 1.0]], kind="FP64")
 @PROPERTY
 def test_the_fast_path_agrees_with_the_cell_by_cell_path(data, kind):
-    # _fast takes vectorised C loops for well-formed data; _diagnose walks every value to name a
+    # fast_array takes vectorised C loops for well-formed data; checked_array walks every value to name a
     # problem. Whenever the fast path answers, the slow one gives the same array.
     assume(isinstance(data, list))
     dtype = DATATYPES[kind]
-    fast = wire._fast(data, kind, dtype)
+    fast = wire.fast_array(data, kind, dtype)
     try:
-        slow = wire._diagnose(data, kind, dtype, "x")
+        slow = wire.checked_array(data, kind, dtype, "x")
     except InvalidInput:
         assert fast is None, (data, kind)
         return
