@@ -13,22 +13,17 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 
 import pytest
+from support import wait_until
 from support.servers import ServiceProcess, free_port
 
 CCACHE = "No ccache found"
 
 
 def _wait_for(service: ServiceProcess, text: str, timeout: float = 30) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        output = service.output()
-        if text in output:
-            return output
-        time.sleep(0.1)
-    raise AssertionError(f"{text!r} not printed in {timeout}s:\n{service.output()[-3000:]}")
+    return wait_until(lambda: text in service.output() and service.output(), timeout,
+                      lambda: f"{text!r} not printed:\n{service.output()[-3000:]}")
 
 
 def test_a_started_service_says_where_it_listens_http_and_grpc():
