@@ -205,3 +205,21 @@ def test_the_figure_scanner_catches_them(source):
 
 def test_the_figure_scanner_leaves_code_and_plain_numbers_alone():
     assert figures_in("# up to 32 examples a batch, HTTP 413\ntimeout_ms = 250  # a setting\n") == []
+
+
+# -- tests wait for conditions, not for time --------------------------------
+
+#: The poll helpers: the only places a test sleeps (between looks at a condition, or a clock's tick).
+SLEEPERS = {"tests/support/polling.py", "tests/support/clock.py"}
+TIME_SLEEP = re.compile(r"\btime\.sleep\(|^\s*from\s+time\s+import\s+[^\n]*\bsleep\b", re.MULTILINE)
+
+
+def test_no_test_sleeps_outside_the_poll_helpers():
+    offenders = [relative(path) for path in python_files("tests")
+                 if relative(path) not in SLEEPERS and path != SELF and TIME_SLEEP.search(path.read_text())]
+    assert offenders == []
+
+
+@pytest.mark.parametrize("source", ["time.sleep(0.2)  # let the worker start\n", "from time import sleep\n"])
+def test_the_sleep_scanner_catches_them(source):
+    assert TIME_SLEEP.search(source)
