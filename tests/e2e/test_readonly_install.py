@@ -20,7 +20,7 @@ import httpx
 import pytest
 from support.servers import ServiceProcess
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _env(**extra: str) -> dict[str, str]:
