@@ -360,7 +360,6 @@ def injections(**helpers) -> dict:
     return names
 
 
-
 def _current_expected_place_():
     scope = _placeenv_own()  # noqa: F821 - the override ContextVar's bound get
     if scope is None:

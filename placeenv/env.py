@@ -60,7 +60,7 @@ class PlaceEnv:
         if inspect.isasyncgenfunction(fn):
             @functools.wraps(fn)
             async def async_gen_wrapper(*args, **kwargs):
-                agen, carry = fn(*args, **kwargs), [place]
+                agen, carry = fn(*args, **kwargs), [(place, None, state.RETARGET)]
                 try:
                     value, error = None, None
                     while True:
@@ -83,7 +83,7 @@ class PlaceEnv:
         if inspect.iscoroutinefunction(fn):
             @functools.wraps(fn)
             async def coroutine_wrapper(*args, **kwargs):
-                return await _step([place], fn(*args, **kwargs))
+                return await _step([(place, None, state.RETARGET)], fn(*args, **kwargs))
 
             return coroutine_wrapper
 
@@ -91,7 +91,7 @@ class PlaceEnv:
             @functools.wraps(fn)
             def generator_wrapper(*args, **kwargs):
                 gen = fn(*args, **kwargs)
-                return (yield from _stepped([place], gen))
+                return (yield from _stepped([(place, None, state.RETARGET)], gen))
 
             return generator_wrapper
 
@@ -109,25 +109,26 @@ class PlaceEnv:
 def _stepped(carry, gen):
     """Drive ``gen`` with its device active during each step and inactive between steps.
 
-    ``carry[0]`` is the body's device: each step pushes it and pops it, so a
+    ``carry[0]`` is the body's own scope (its base is the decorator's, with no
+    outer scope): each step resumes it and pops back to the consumer's, so a
     ``paddle.set_device`` or an open ``with PlaceEnv`` inside the body carries
     to its next step, never to the consumer.
     """
     send, throw = gen.send, gen.throw
     value, error = None, None
     while True:
-        token = state.push(carry[0])
+        token = state.push(carry[0][0], resume=carry[0])
         try:
             item = throw(error) if error is not None else send(value)
         except StopIteration as stop:
             return stop.value
         finally:
-            carry[0] = state.current()
+            carry[0] = state.scope()
             state.pop(token)
         try:
             value, error = (yield item), None
         except GeneratorExit:
-            token = state.push(carry[0])  # the body's finally blocks run on its device
+            token = state.push(carry[0][0], resume=carry[0])  # the body's finally blocks run on its device
             try:
                 gen.close()
             finally:

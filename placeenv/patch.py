@@ -22,8 +22,8 @@ _guard_tokens: ContextVar = ContextVar("placeenv_guards", default=None)
 
 
 def _guard_push(place):
-    """A scope for Paddle's own guards: on the bare main thread they move the global device, as stock."""
-    return state.push(canonical(place), global_on_main=True)
+    """A scope for Paddle's own guards (see ``state.push``'s ``guard``)."""
+    return state.push(canonical(place), guard=True)
 
 
 def _guard_enter(self):

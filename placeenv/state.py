@@ -12,8 +12,9 @@ The model, in two lines:
 
 Every way in and out of a scope is one pair, :func:`push` and :func:`pop`, as
 OpenTelemetry's attach/detach: ``PlaceEnv``, Paddle's own guards, decorated
-generators and coroutines (once per step), and ``paddle.set_device`` off the
-bare main thread (a push that is never popped). ``paddle.set_device`` on the
+generators and coroutines (each step resumes the body's own scope), and
+``paddle.set_device`` off the bare main thread (a push that is never popped;
+inside a scope it changes that scope's device). ``paddle.set_device`` on the
 main thread outside any scope moves the global device (stock behaviour).
 
 Nothing here names a Paddle internal: :mod:`placeenv._internals` does.
@@ -31,8 +32,9 @@ from .places import canonical
 
 #: A scope, and the token that ends it: the tuple ``(place, outer, undo)``.
 #: ``place`` is its device; ``outer`` the scope :func:`pop` returns to (None:
-#: follow the main thread); ``undo`` what else :func:`pop` does: :data:`KEPT`,
-#: :data:`RETARGET`, or else the global device to put back (None or a place).
+#: follow the main thread; :data:`UNSCOPED`: none was changed); ``undo`` what
+#: else :func:`pop` does: :data:`KEPT`, :data:`RETARGET`, or else the global
+#: device to put back (None or a place).
 #: A plain tuple: frozen, and the cheapest object to make on the hot path.
 Token = tuple
 
@@ -43,6 +45,8 @@ override: ContextVar = ContextVar("placeenv_override", default=None)
 KEPT = object()
 #: ``undo``: leaving the scope re-aims the thread's Tracer at the outer device.
 RETARGET = object()
+#: ``outer`` of a token that changed no scope: a guard that moved the global device.
+UNSCOPED = object()
 _MAIN = threading.main_thread().ident
 
 #: True while installed. Uninstalled, a scope does what Paddle's own guard does
@@ -122,27 +126,41 @@ def own_place():
 # -- scopes ------------------------------------------------------------------
 
 
-def push(place, *, global_on_main: bool = False) -> Token:
+def push(place, *, guard: bool = False, resume: Token | None = None) -> Token:
     """Make ``place`` (canonical) the calling context's device until :func:`pop` of the token returned.
 
-    ``global_on_main``: on the bare main thread, move the global device instead,
-    as stock Paddle's guards do (``paddle.disable_static`` holds one open for
-    the whole program, and threads that follow the main thread follow it).
+    ``guard``: for Paddle's own guards. On the bare main thread they move the
+    global device instead, as stock Paddle's do (``paddle.disable_static``
+    holds one open for the whole program, and threads that follow the main
+    thread follow it); elsewhere they always re-aim the Tracer, since Paddle
+    may have just switched the thread to a fresh Tracer of its own
+    (``dygraph.guard``).
+
+    ``resume``: a suspended body's scope (:func:`scope` at the end of its last
+    step; its device is ``place``), installed as it was, inner scopes and all,
+    instead of a new one: how decorated generators and coroutines step.
     """
     outer = override.get()
     if not enabled:  # stock Paddle: every scope swaps the one global device
         previous = _pd.current_expected_place()
         _pd.set_expected_place(place)
+        if guard:
+            return (place, UNSCOPED, previous)
         token = (place, outer, previous)
-        if not global_on_main:
-            override.set(token)
+        override.set(token)
         return token
+    if resume is not None:
+        override.set(resume)
+        sync_tracer(place)
+        return (place, outer, RETARGET)
     if outer is None and get_ident() == _MAIN:
-        if global_on_main:
-            token = (place, None, _pd.global_place())
+        if guard:
+            token = (place, UNSCOPED, _pd.global_place())
             set_global(place)
             return token
         undo = KEPT if place is _pd.global_place() else RETARGET
+    elif guard:
+        undo = RETARGET
     else:
         # A child thread that follows the main thread has no device of its own to keep.
         undo = KEPT if outer is not None and place is outer[0] else RETARGET
@@ -161,19 +179,38 @@ def pop(token: Token) -> None:
     its scope cleanly: the token says how to undo itself.
     """
     _, outer, undo = token
+    if outer is UNSCOPED:  # a guard that moved the global device, and no scope
+        _restore_global(undo)
+        return
     unchanged = override.get() is token
     override.set(outer)
     if undo is KEPT:
         if unchanged:
             return
-        # The scope kept the device it found, but a set_device or a generator's
-        # step changed it since: re-aim the Tracer below.
+        # The scope kept the device it found, but a set_device changed it since:
+        # re-aim the Tracer below.
     elif undo is not RETARGET:  # the scope moved the global device: put it back
-        if enabled:
-            set_global(undo)
-        else:
-            _pd.set_expected_place(undo)
+        _restore_global(undo)
     sync_tracer(None if outer is None else outer[0])
+
+
+def scope() -> Token | None:
+    """The calling context's innermost scope: what a suspended body resumes at its next step.
+
+    Stock Paddle keeps no scopes, only the global device: uninstalled, a scope of just that.
+    """
+    if not enabled:
+        return (_pd.current_expected_place(), None, RETARGET)
+    return override.get()
+
+
+def _restore_global(place) -> None:
+    # Installed, or the device was not chosen yet: placeenv's setter (stock's would aim a
+    # Tracer at None); uninstalled, stock Paddle's own.
+    if enabled or place is None:
+        set_global(place)
+    else:
+        _pd.set_expected_place(place)
 
 
 def set_place(place) -> None:
@@ -208,8 +245,9 @@ def set_global(place) -> None:
 
 def sync_tracer(place) -> None:
     """Aim the calling thread's C++ Tracer at ``place`` (None: the main thread's device)."""
-    if not enabled:
-        place = None  # stock Paddle: every thread on a Tracer of Paddle's own
+    if not enabled:  # stock Paddle: every thread on a Tracer of Paddle's own
+        restore_thread()
+        return
     thread = _current_record()
     if place is not None and place is _pd.global_place() and get_ident() == _MAIN:
         # The main thread's own Tracer carries the global device, and only the

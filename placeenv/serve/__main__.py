@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
             return refuse(program, settings.host, settings.grpc_port, error, "--grpc-port",
                           "PLACEENV_GRPC_PORT")
     # Paddle warns at import that ccache is missing: it matters to people who build Paddle's
-    # C++ extensions, not to a server, and it was the first line of every start.
+    # C++ extensions, not to a server.
     warnings.filterwarnings("ignore", message="No ccache found", category=UserWarning,
                             module="paddle.utils.cpp_extension.extension_utils")
     if settings.wants_sim():

@@ -139,7 +139,3 @@ def test_leak_stress_both_paths(mode, path, fast_switching):
         assert counts[path] == 0, counts
     else:
         assert counts[path] > 0, counts
-
-
-# ---------------------------------------------------------------------------------------------
-# The service with a repository model: the negative control the model repository needs

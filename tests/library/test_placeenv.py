@@ -263,6 +263,64 @@ def test_body_set_device_on_the_consumers_device_does_not_move_the_consumers_tra
         assert paddle.get_device() == "sim:1"
 
 
+def test_a_with_block_left_open_across_a_yield_ends_in_the_bodys_own_scope():
+    @PlaceEnv("sim:1")
+    def gen():
+        with PlaceEnv("sim:2"):
+            yield both_levels()
+            with PlaceEnv("sim:3"):
+                yield both_levels()
+            yield both_levels()
+        yield both_levels()
+
+    with PlaceEnv("cpu"):
+        body = gen()
+        for expected in ("sim:2", "sim:3", "sim:2", "sim:1"):
+            assert next(body) == on(expected)
+            assert both_levels() == on("cpu")
+
+
+def test_with_blocks_left_open_across_awaits_end_in_the_coroutines_own_scopes():
+    @PlaceEnv("sim:1")
+    async def work():
+        seen = []
+        with PlaceEnv("sim:2"):
+            with PlaceEnv("sim:3"):
+                await asyncio.sleep(0)
+                seen.append(both_levels())
+            await asyncio.sleep(0)
+            seen.append(both_levels())
+        await asyncio.sleep(0)
+        seen.append(both_levels())
+        return seen
+
+    async def main():
+        with PlaceEnv("cpu"):
+            seen = await work()
+            return seen, both_levels()
+
+    seen, after = asyncio.run(main())
+    assert seen == [on("sim:3"), on("sim:2"), on("sim:1")]
+    assert after == on("cpu")
+
+
+def test_a_with_block_left_open_across_an_async_generators_yield():
+    @PlaceEnv("sim:1")
+    async def agen():
+        with PlaceEnv("sim:2"):
+            yield both_levels()
+            yield both_levels()
+        yield both_levels()
+
+    async def main():
+        with PlaceEnv("cpu"):
+            return [item async for item in agen()], both_levels()
+
+    items, after = asyncio.run(main())
+    assert items == [on("sim:2"), on("sim:2"), on("sim:1")]
+    assert after == on("cpu")
+
+
 def test_async_generator_device_only_while_body_runs():
     @PlaceEnv("sim:3")
     async def agen(n):
@@ -404,6 +462,23 @@ def test_paddle_dygraph_guard_inside_a_scope(in_thread):
     run_threads(body) if in_thread else body()
     assert seen == {"inside": on("sim:2"), "after": on("sim:0"), "shared": True}
     assert paddle.base.framework._dygraph_tracer_ is shared  # new threads still start on it
+
+
+@pytest.mark.parametrize("in_thread", [False, True], ids=["main", "child"])
+def test_paddle_dygraph_guard_on_the_scopes_own_device_lands_tensors_there(in_thread):
+    """dygraph.guard(place) switches to a fresh Tracer, then enters a place guard: on the scope's own
+    device, that guard must still aim the thread's Tracer (both levels agree inside it)."""
+    seen = {}
+
+    def body():
+        paddle.ones([1])
+        with PlaceEnv("sim:1"):
+            with paddle.base.dygraph.guard(paddle.CustomPlace("sim", 1)):
+                seen["inside"] = both_levels()
+            seen["after"] = both_levels()
+
+    run_threads(body) if in_thread else body()
+    assert seen == {"inside": on("sim:1"), "after": on("sim:1")}
 
 
 def test_place_objects_share_one_private_tracer_per_device():

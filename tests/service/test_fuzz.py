@@ -46,7 +46,7 @@ AVAILABLE = "available devices: cpu, sim:0, sim:1, sim:2, sim:3"
 DEVICES = {"cpu", "sim:0", "sim:1", "sim:2", "sim:3"}
 BODY_LIMIT = 1024 * 1024
 MAX_EXAMPLES = 32  # the service's default max_examples_per_request
-ECHO = 41  # an echo quotes at most 40 characters of what the client sent (models.base.prefix)
+ECHO = 41  # an echo quotes at most 40 characters of what the client sent (wire.prefix)
 
 ensure_mobilenet()  # what the service does at start: mobilenet is built, not committed
 ENTRIES, _ = scan([BUNDLED], None, max_batch_size=8, max_batch_delay_ms=2.0)
