@@ -12,6 +12,8 @@ from .places import device_name, to_place
 
 __all__ = ["PlaceEnv", "bind", "current_place"]
 
+_push, _pop, _innermost = state.push, state.pop, state.override.get  # bound once: hot on request paths
+
 
 def current_place():
     """The Paddle place of the calling thread or asyncio task."""
@@ -46,13 +48,13 @@ class PlaceEnv:
         return f"PlaceEnv({device_name(self.place)!r})"
 
     def __enter__(self):
-        state.push(self.place)
+        _push(self.place)
         return self.place
 
     def __exit__(self, exc_type, exc, tb):
         # The innermost scope is this block's token, or what a set_device
         # inside the block made of it: the instance keeps nothing per use.
-        state.pop(state.override.get())
+        _pop(_innermost())
         return False
 
     def __call__(self, fn):
@@ -97,11 +99,11 @@ class PlaceEnv:
 
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
-            token = state.push(place)
+            _push(place)
             try:
                 return fn(*args, **kwargs)
             finally:
-                state.pop(token)
+                _pop(_innermost())  # as __exit__
 
         return wrapper
 
@@ -117,7 +119,7 @@ def _stepped(carry, gen):
     send, throw = gen.send, gen.throw
     value, error = None, None
     while True:
-        token = state.push(carry[0][0], resume=carry[0])
+        token = state.push(carry[0][0], carry[0])
         try:
             item = throw(error) if error is not None else send(value)
         except StopIteration as stop:
@@ -128,7 +130,7 @@ def _stepped(carry, gen):
         try:
             value, error = (yield item), None
         except GeneratorExit:
-            token = state.push(carry[0][0], resume=carry[0])  # the body's finally blocks run on its device
+            token = state.push(carry[0][0], carry[0])  # the body's finally blocks run on its device
             try:
                 gen.close()
             finally:

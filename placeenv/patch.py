@@ -22,8 +22,8 @@ _guard_tokens: ContextVar = ContextVar("placeenv_guards", default=None)
 
 
 def _guard_push(place):
-    """A scope for Paddle's own guards (see ``state.push``'s ``guard``)."""
-    return state.push(canonical(place), guard=True)
+    """A scope for Paddle's own guards (see ``state.push``'s ``GUARD``)."""
+    return state.push(canonical(place), state.GUARD)
 
 
 def _guard_enter(self):

@@ -47,6 +47,8 @@ KEPT = object()
 RETARGET = object()
 #: ``outer`` of a token that changed no scope: a guard that moved the global device.
 UNSCOPED = object()
+#: ``push(place, GUARD)``: a scope for Paddle's own guards.
+GUARD = object()
 _MAIN = threading.main_thread().ident
 
 #: True while installed. Uninstalled, a scope does what Paddle's own guard does
@@ -126,71 +128,77 @@ def own_place():
 # -- scopes ------------------------------------------------------------------
 
 
-def push(place, *, guard: bool = False, resume: Token | None = None) -> Token:
+def push(place, via=None) -> Token:
     """Make ``place`` (canonical) the calling context's device until :func:`pop` of the token returned.
 
-    ``guard``: for Paddle's own guards. On the bare main thread they move the
-    global device instead, as stock Paddle's do (``paddle.disable_static``
-    holds one open for the whole program, and threads that follow the main
-    thread follow it); elsewhere they always re-aim the Tracer, since Paddle
-    may have just switched the thread to a fresh Tracer of its own
-    (``dygraph.guard``).
+    ``via`` says who asks, when it is not a plain scope (``PlaceEnv``, ``set_device``):
 
-    ``resume``: a suspended body's scope (:func:`scope` at the end of its last
-    step; its device is ``place``), installed as it was, inner scopes and all,
-    instead of a new one: how decorated generators and coroutines step.
+    * :data:`GUARD`, Paddle's own guards. On the bare main thread they move the
+      global device instead, as stock Paddle's do (``paddle.disable_static``
+      holds one open for the whole program, and threads that follow the main
+      thread follow it); elsewhere they always re-aim the Tracer, since Paddle
+      may have just switched the thread to a fresh Tracer of its own
+      (``dygraph.guard``).
+    * a suspended body's scope (:func:`scope` at the end of its last step; its
+      device is ``place``), installed as it was, inner scopes and all, instead
+      of a new one: how decorated generators and coroutines step.
+
+    ``via`` is positional, and the plain scope is checked first: this is every
+    ``with PlaceEnv``'s way in.
     """
     outer = override.get()
     if not enabled:  # stock Paddle: every scope swaps the one global device
         previous = _pd.current_expected_place()
         _pd.set_expected_place(place)
-        if guard:
+        if via is GUARD:
             return (place, UNSCOPED, previous)
         token = (place, outer, previous)
         override.set(token)
         return token
-    if resume is not None:
-        override.set(resume)
-        sync_tracer(place)
-        return (place, outer, RETARGET)
-    if outer is None and get_ident() == _MAIN:
-        if guard:
+    if via is None:
+        if outer is None:
+            # A child thread that follows the main thread has no device of its own to keep.
+            kept = get_ident() == _MAIN and place is _pd.global_place()
+        else:
+            kept = place is outer[0]
+        if kept:
+            token = (place, outer, KEPT)
+            override.set(token)
+            return token
+    elif via is GUARD:
+        if outer is None and get_ident() == _MAIN:
             token = (place, UNSCOPED, _pd.global_place())
             set_global(place)
             return token
-        undo = KEPT if place is _pd.global_place() else RETARGET
-    elif guard:
-        undo = RETARGET
-    else:
-        # A child thread that follows the main thread has no device of its own to keep.
-        undo = KEPT if outer is not None and place is outer[0] else RETARGET
-    token = (place, outer, undo)
-    override.set(token)
-    if undo is RETARGET:
+    else:  # resume a body's scope
+        override.set(via)
         sync_tracer(place)
+        return (place, outer, RETARGET)
+    token = (place, outer, RETARGET)
+    override.set(token)
+    sync_tracer(place)
     return token
 
 
 def pop(token: Token) -> None:
     """End the scope ``token`` opened: the context returns to the scope it had before.
 
-    Like ``ContextVar.reset``, this restores the outer scope whatever was pushed
-    since, so a token kept across ``install()`` or ``uninstall()`` still ends
-    its scope cleanly: the token says how to undo itself.
+    ``token`` is the context's innermost scope (a ``paddle.set_device`` inside
+    a scope replaces its token: pop the replacement, as ``PlaceEnv`` does), or
+    the token of a resumed step. A token kept across ``install()`` or
+    ``uninstall()`` still ends its scope cleanly: it says how to undo itself.
     """
     _, outer, undo = token
+    if undo is KEPT:
+        override.set(outer)
+        return
     if outer is UNSCOPED:  # a guard that moved the global device, and no scope
         _restore_global(undo)
         return
-    unchanged = override.get() is token
-    override.set(outer)
-    if undo is KEPT:
-        if unchanged:
-            return
-        # The scope kept the device it found, but a set_device changed it since:
-        # re-aim the Tracer below.
-    elif undo is not RETARGET:  # the scope moved the global device: put it back
-        _restore_global(undo)
+    else:
+        override.set(outer)
+        if undo is not RETARGET:  # the scope moved the global device: put it back
+            _restore_global(undo)
     sync_tracer(None if outer is None else outer[0])
 
 
