@@ -59,8 +59,8 @@ def cases(other: str | None):
 
     table = {
         "a": ("`with PlaceEnv` vs `with paddle.device.device`, main thread, current device",
-              "speed-up", 4.0, 20000, same(enter_exit(device_cm), enter_exit(env))),
-        "b-main": ("`_current_expected_place()`, main thread", "ratio", 1.10, 200000, same(_current, _current)),
+              "speed-up", 5.0, 20000, same(enter_exit(device_cm), enter_exit(env))),
+        "b-main": ("`_current_expected_place()`, main thread", "ratio", 1.05, 200000, same(_current, _current)),
         "b-child": ("`_current_expected_place()`, child thread", "ratio", 1.30, 200000,
                     {0: in_child(_current), 1: in_child(_current)}),
         "c": ("`paddle.ones([2])`, main thread", "ratio", 1.03, 20000, same(ones, ones)),
