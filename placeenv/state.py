@@ -195,10 +195,9 @@ def pop(token: Token) -> None:
     if outer is UNSCOPED:  # a guard that moved the global device, and no scope
         _restore_global(undo)
         return
-    else:
-        override.set(outer)
-        if undo is not RETARGET:  # the scope moved the global device: put it back
-            _restore_global(undo)
+    override.set(outer)
+    if undo is not RETARGET:  # the scope moved the global device: put it back
+        _restore_global(undo)
     sync_tracer(None if outer is None else outer[0])
 
 
