@@ -273,7 +273,8 @@ def started(make_server, stop_signal: signal.Signals, group: bool) -> Running:
 
 
 def start_ours(devices: list[str]) -> Running:
-    return started(lambda: service(devices, MODEL), signal.SIGTERM, group=False)
+    # The service makes 4 sim devices unless told: sim:4 and up need the count.
+    return started(lambda: service(devices, MODEL, SIM_DEVICES=len(devices)), signal.SIGTERM, group=False)
 
 
 def start_per_device(devices: list[str]) -> Several:
@@ -281,7 +282,8 @@ def start_per_device(devices: list[str]) -> Several:
     parts: list[Running] = []
     try:
         for device in devices:
-            parts.append(started(lambda d=device: service([d], MODEL), signal.SIGTERM, group=False))
+            parts.append(started(lambda d=device: service([d], MODEL, SIM_DEVICES=len(devices)),
+                                 signal.SIGTERM, group=False))
     except BaseException:
         Several(parts).stop()
         raise
