@@ -69,9 +69,8 @@ def install() -> None:
         if _saved is not None:
             return
         _disarm_import_hook()
-        _saved = saved = {"code": {}, "methods": {}, "aliases": {}}
-        for path in _pd.CODE_TARGETS:
-            saved["code"][path] = _pd.code_owner(path).__code__
+        # The stock code objects need no saving: _pd.stock's copies, made at resolve, hold them.
+        _saved = saved = {"methods": {}, "aliases": {}}
         injected = saved["injected"] = _injected()
         for path in _pd.CODE_TARGETS:
             owner = _pd.code_owner(path)
@@ -141,9 +140,9 @@ def uninstall() -> None:
         state.enabled = False
         try:
             state.restore_thread()
-            for path, code in saved["code"].items():
+            for path, stock in _pd.stock.items():
                 owner = _pd.code_owner(path)
-                owner.__code__ = code
+                owner.__code__ = stock.__code__
                 for name in saved["injected"]:
                     owner.__globals__.pop(name, None)
             for (cls, name), method in saved["methods"].items():
