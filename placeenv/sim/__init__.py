@@ -25,7 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-__all__ = ["DEVICE_TYPE", "build", "cache_root", "environment", "prepare", "SimSetupError"]
+__all__ = ["DEVICE_TYPE", "build", "cache_root", "environment", "prepare", "SimSetupError", "user_cache"]
 
 DEVICE_TYPE = "sim"
 DEFAULT_DEVICES = 4
@@ -54,13 +54,17 @@ def _paddle_include() -> Path:
     return include
 
 
+def user_cache() -> Path:
+    """placeenv's per-user cache: ``$XDG_CACHE_HOME/placeenv``, or ``~/.cache/placeenv``."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "placeenv"
+
+
 def cache_root() -> Path:
-    """Where built plugins are kept: ``$PLACEENV_SIM_CACHE``, else ``$XDG_CACHE_HOME`` or ``~/.cache``,
-    then ``placeenv/sim``."""
+    """Where built plugins are kept: ``$PLACEENV_SIM_CACHE``, else ``sim`` in :func:`user_cache`."""
     if os.environ.get("PLACEENV_SIM_CACHE"):
         return Path(os.environ["PLACEENV_SIM_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "placeenv" / "sim"
+    return user_cache() / "sim"
 
 
 def _compiler() -> str:

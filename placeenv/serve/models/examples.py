@@ -24,6 +24,7 @@ import numpy as np
 import paddle
 
 from placeenv import PlaceEnv
+from placeenv.sim import user_cache
 
 MOBILENET_SEED = 0
 MOBILENET_INPUT = paddle.static.InputSpec([None, 3, 32, 32], "float32", name="image")
@@ -69,9 +70,8 @@ def save(network: paddle.nn.Layer, version_dir: Path, spec) -> None:
 
 
 def cache_root() -> Path:
-    """The per-user cache the built examples go to, as the sim plugin's: ``$XDG_CACHE_HOME`` or ``~/.cache``."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "placeenv" / "examples"
+    """The per-user cache the built examples go to, beside the sim plugin's."""
+    return user_cache() / "examples"
 
 
 def mobilenet_home() -> Path:
