@@ -90,6 +90,7 @@ def install() -> None:
         state.set_global(_pd.global_place())
         _make_custom_device_generators()
         state.enabled = True
+        _make_custom_device_event_pools()
 
 
 def _make_custom_device_generators() -> None:
@@ -106,6 +107,32 @@ def _make_custom_device_generators() -> None:
     for kind in _pd.custom_device_types() or ():
         for index in range(_pd.custom_device_count(kind)):
             _pd.custom_device_generator(_pd.CustomPlace(kind, index))
+
+
+def _double(x):
+    return x * 2
+
+
+def _make_custom_device_event_pools() -> None:
+    """Create every custom device type's event pool now, in one thread.
+
+    A compiled program's first run (``paddle.jit.load``ed or ``to_static``) makes
+    the pool of its device type, for all its devices, in a static map with no
+    lock (``CustomDeviceEventResourcePool::Instance``). Two threads first running
+    programs at once see the type's entry before it is filled and fail with
+    ``Device id is out of range, device id shall be less than 0``, or corrupt
+    the heap. One tiny program run per type makes the pools; uninstall() leaves
+    them, as it would leave pools made by use. In static mode nothing runs (a
+    to_static call there would add ops to the user's program).
+    """
+    paddle = _pd.paddle
+    kinds = [kind for kind in _pd.custom_device_types() or () if _pd.custom_device_count(kind)]
+    if not kinds or not paddle.in_dynamic_mode():
+        return
+    run = paddle.jit.to_static(_double, full_graph=True)
+    for kind in kinds:
+        with PlaceEnv(f"{kind}:0"), paddle.no_grad():
+            run(paddle.ones([1]))
 
 
 def uninstall() -> None:

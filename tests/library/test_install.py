@@ -397,3 +397,33 @@ def test_placeenv_after_uninstall_acts_like_paddles_own_guard(stock):
 
     assert list(gen()) == ["sim:2"]
     assert paddle.get_device() == "sim:0"
+
+
+def test_install_runs_its_event_pool_program_only_in_dynamic_mode(sim_run):
+    # install() runs one tiny compiled program per custom device type, so that two threads' first
+    # program runs do not race in Paddle's unlocked event-pool map (benchmarks/first_run_race.py
+    # measures that race). It must leave no trace a user sees: the mode, the device, the
+    # static programs; in static mode it must not run (it would add ops to the user's program).
+    out = sim_run(
+        """
+        import json, paddle
+        paddle.enable_static()
+        main, startup = paddle.static.default_main_program(), paddle.static.default_startup_program()
+        before = [len(main.global_block().ops), len(startup.global_block().ops)]
+        import placeenv
+        static = [len(main.global_block().ops), len(startup.global_block().ops), paddle.in_dynamic_mode()]
+        print(json.dumps([placeenv.installed(), before, static]))
+        """
+    ).json()
+    assert out == [True, [0, 0], [0, 0, False]]
+    out = sim_run(
+        """
+        import json, paddle
+        device = paddle.get_device()
+        main = paddle.static.default_main_program()
+        import placeenv
+        print(json.dumps([paddle.in_dynamic_mode(), paddle.get_device() == device,
+                          len(main.global_block().ops), paddle.static.default_main_program() is main]))
+        """
+    ).json()
+    assert out == [True, True, 0, True]
