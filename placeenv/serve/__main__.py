@@ -52,11 +52,11 @@ class DrainingServer(uvicorn.Server):
         if self._stop_started:
             return super().handle_exit(sig, frame)
         self._stop_started = True
-        service = getattr(self.app.state, "service", None)
-        if service is None:  # still starting: nothing accepted yet
+        gateway = getattr(self.app.state, "gateway", None)
+        if gateway is None:  # still starting: nothing accepted yet
             self.should_exit = True
             return
-        service.begin_stopping()
+        gateway.begin_stopping()
         threading.Thread(target=self._close_after_delay, daemon=True).start()
 
     def _close_after_delay(self) -> None:

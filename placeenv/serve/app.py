@@ -1,14 +1,16 @@
 """The FastAPI application: the simple JSON API (``POST /predict``), the Open Inference
-Protocol (``/v2``, see v2.py) and the operational endpoints, over one domain layer (core.py).
+Protocol (``/v2``, see v2.py) and the operational endpoints, over one gateway (gateway.py).
 
-Request path: body size limit (before parsing) -> parse into typed tensors ->
-``Service.infer`` (model lookup, checks, CPU preprocessing under ``@PlaceEnv('cpu')``,
-least-loaded device queue, a worker pinned to that device) -> render.
+Request path: arrival stamped -> body size limit (before parsing) -> parse into an
+``InferRequest`` -> ``Gateway.infer`` (checks against the catalog; then the engine:
+CPU preprocessing under ``@PlaceEnv('cpu')``, least-loaded device queue, a worker
+pinned to that device) -> render. Paddle is imported only where the engine runs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import logging
 import math
@@ -31,7 +33,8 @@ import placeenv
 
 from . import v2, wire
 from .config import Settings
-from .core import Result, Service
+from .gateway import Gateway
+from .request import InferRequest, Result
 from .errors import InvalidInput, MethodNotAllowed, ServiceError, StartupError, UnsupportedMediaType, outcome
 from .fastjson import FastJSONResponse, FastJSONRoute
 from .wire import prefix
@@ -89,35 +92,35 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
-def create_app(settings: Settings) -> FastAPI:
-    """The complete app: routes, error handlers and the request body limit."""
-    if settings.isolation == "off":
-        placeenv.uninstall()  # the stock-Paddle demonstration
-    else:
-        placeenv.install()
+def create_app(settings: Settings, connect=None) -> FastAPI:
+    """The complete app: routes, error handlers and the request body limit.
+
+    ``connect``: an async context manager factory giving the ``Gateway`` (a front end's, whose
+    engine is another process); by default the engine runs in this process (``--frontends 0``).
+    """
+    if connect is None:
+        # Paddle installs its own SIGTERM handler (a fatal error) when it is imported: import it now,
+        # so that uvicorn's, installed when it starts serving, is the one that stays.
+        importlib.import_module("placeenv.serve.core")
+        connect = local_engine
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         try:
-            service = Service(settings)
-            app.state.service = service
-            await asyncio.to_thread(service.start)
+            async with connect(settings) as gateway:
+                app.state.gateway = gateway
+                async with serve_grpc(gateway, settings) as close_grpc:
+                    app.state.close_grpc = close_grpc
+                    catalog = gateway.catalog
+                    log.info("serving %s on %s (isolation %s)", ", ".join(catalog.models),
+                             ", ".join(catalog.devices), settings.isolation)
+                    yield
         except StartupError as exc:
             # Said once, as it is (it names the model, file or device); QuietStartupFailure keeps
             # Starlette from repeating it as a traceback of our own frames.
             log.error("cannot start: %s", exc)
             app.state.startup_error = exc
             raise
-        grpc_server = await start_grpc(service, settings) if settings.grpc_port else None
-        app.state.close_grpc = None if grpc_server is None else _closer(grpc_server, settings.shutdown_grace_s)
-        log.info("serving %s on %s (isolation %s)", ", ".join(service.entries), ", ".join(service.devices),
-                 settings.isolation)
-        try:
-            yield
-        finally:
-            if grpc_server is not None:  # already closing when the shutdown delay ended (__main__)
-                await grpc_server.stop(settings.shutdown_grace_s)
-            await asyncio.to_thread(service.stop)
 
     otel = settings.opentelemetry
     app = ServiceApp(
@@ -195,8 +198,8 @@ def create_app(settings: Settings) -> FastAPI:
     @app.post("/predict", response_model=PredictResponse, responses=errors)
     async def predict_route(body: PredictRequest, request: Request) -> Response:
         size = request.headers.get("content-length", "")
-        return await predict(request.app.state.service, body, int(size) if size.isdigit() else 1 << 62,
-                             time.perf_counter())
+        return await predict(request.app.state.gateway, body, int(size) if size.isdigit() else 1 << 62,
+                             arrival(request.scope))
 
     @app.get("/", summary="Index of the endpoints")
     async def index() -> dict[str, Any]:
@@ -205,9 +208,9 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.get("/v1/models")
     async def list_models(request: Request) -> dict[str, Any]:
-        service: Service = request.app.state.service
-        return {"models": [e.describe() for e in service.entries.values()], "devices": service.devices,
-                "not_ready": service.skipped}
+        catalog = request.app.state.gateway.catalog
+        return {"models": [m.describe() for m in catalog.models.values()], "devices": catalog.devices,
+                "not_ready": catalog.skipped}
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
@@ -215,11 +218,8 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.get("/readyz", responses={503: {"model": Error}})
     async def readyz(request: Request):
-        service: Service = request.app.state.service
-        workers = {w.name: w.alive() and w.ready.is_set() for w in service.pool.workers}
-        ready = service.ready()
-        body = {"ready": ready, "stopping": service.stopping, "workers": workers}
-        return JSONResponse(body, status_code=200 if ready else 503)
+        status = await request.app.state.gateway.status()
+        return JSONResponse(status, status_code=200 if status["ready"] else 503)
 
     @app.get("/metrics", response_class=Response)
     async def prometheus_metrics() -> Response:
@@ -312,32 +312,60 @@ def method_not_allowed(request: Request, exc: StarletteHTTPException) -> MethodN
 
 def count_refusal(request: Request, error: ServiceError) -> None:
     """Count a request refused before it named its model (in ``inference_requests_total``, as "unknown")."""
-    service = getattr(request.app.state, "service", None)
-    if service is not None:  # None until started
-        service.refused(None, error)
+    gateway = getattr(request.app.state, "gateway", None)
+    if gateway is not None:  # None until started
+        gateway.refused(None, error)
 
 
-def _closer(server, grace: float):
-    """A function any thread may call to close ``server``'s listener (running RPCs get ``grace``)."""
-    loop = asyncio.get_running_loop()
-    return lambda: asyncio.run_coroutine_threadsafe(server.stop(grace), loop)
+def arrival(scope) -> float:
+    """When the request arrived: stamped once, as the app received it (``ServiceApp``)."""
+    return scope.get(ARRIVED) or time.perf_counter()
 
 
-async def start_grpc(service: Service, settings: Settings):
-    """The gRPC endpoint (grpc_v2), started on the running loop."""
+#: The ASGI scope key of a request's arrival time (``time.perf_counter()``).
+ARRIVED = "placeenv.arrived"
+
+
+@asynccontextmanager
+async def local_engine(settings: Settings):
+    """The engine in this process (``--frontends 0``): the models, devices and workers, and its gateway."""
+    from .core import Service  # imports Paddle: only where the engine runs
+    from .gateway import LocalEngine
+
+    if settings.isolation == "off":
+        placeenv.uninstall()  # the stock-Paddle demonstration
+    else:
+        placeenv.install()
+    service = Service(settings)
+    await asyncio.to_thread(service.start)
+    try:
+        yield Gateway(settings, LocalEngine(service))
+    finally:
+        await asyncio.to_thread(service.stop)
+
+
+@asynccontextmanager
+async def serve_grpc(gateway: Gateway, settings: Settings):
+    """The gRPC endpoint (grpc_v2) when ``grpc_port`` is set, started on the running loop; gives a
+    function any thread may call to close its listener (running RPCs get the shutdown grace), or None."""
+    if not settings.grpc_port:
+        yield None
+        return
     try:
         from . import grpc_v2
     except ImportError as exc:
-        service.stop()
         raise StartupError(f"PLACEENV_GRPC_PORT is set but {exc.name} is not installed: "
                            "pip install 'placeenv[grpc]', or unset it") from None
     try:
-        server = await grpc_v2.start(service, settings)
+        server = await grpc_v2.start(gateway, settings)
     except RuntimeError as exc:  # grpc.aio: the port is taken or the address does not bind
-        service.stop()
         raise StartupError(f"cannot serve gRPC on {settings.host}:{settings.grpc_port}: {exc}") from None
     log.info("Open Inference Protocol over gRPC on %s:%d", settings.host, settings.grpc_port)
-    return server
+    loop, grace = asyncio.get_running_loop(), settings.shutdown_grace_s
+    try:
+        yield lambda: asyncio.run_coroutine_threadsafe(server.stop(grace), loop)
+    finally:  # already closing when the shutdown delay ended (__main__)
+        await server.stop(grace)
 
 
 def refusal(exc: ServiceError, path: str, settings: Settings) -> Response:
@@ -349,16 +377,15 @@ def refusal(exc: ServiceError, path: str, settings: Settings) -> Response:
     return EscapedJSONResponse({error_key(path): str(exc)}, status_code=found.status, headers=headers)
 
 
-async def predict(service: Service, body: PredictRequest, size: int, arrived: float) -> Response:
-    """``POST /predict`` (a body of ``size`` bytes): the examples as input arrays, ``Service.infer``,
+async def predict(gateway: Gateway, body: PredictRequest, size: int, arrived: float) -> Response:
+    """``POST /predict`` (a body of ``size`` bytes): the examples as input arrays, ``Gateway.infer``,
     one output dict per example."""
     try:
-        inputs = predict_inputs(service, body)
+        inputs = predict_inputs(gateway, body)
     except ServiceError as exc:
-        service.refused(body.model, exc)  # infer counts its own refusals
+        gateway.refused(body.model, exc)  # infer counts its own refusals
         raise
-    result = await service.infer(body.model, body.version, inputs, arrived=arrived,
-                                 inline=size <= service.settings.inline_preprocess_bytes)
+    result = await gateway.infer(InferRequest(body.model, body.version, inputs, None, arrived, size))
     # A response object, not a dict: the payload is built here to PredictResponse's
     # shape (the route's response_model documents it), and skipping FastAPI's
     # re-validation of every output saves a measurable share of a small request.
@@ -374,10 +401,11 @@ def error_key(path: str) -> str:
     return "error" if path.startswith("/v2") else "detail"
 
 
-def predict_inputs(service: Service, body: PredictRequest) -> dict:
+def predict_inputs(gateway: Gateway, body: PredictRequest) -> dict:
     """``/predict``'s examples as the model's input arrays: a list for a one-input model, else by name."""
-    entry = service.entry(body.model)
-    version = service.version(entry, body.version)
+    catalog = gateway.catalog
+    entry = catalog.model(body.model)
+    version = catalog.version(entry, body.version)
     specs = version.inputs
     if isinstance(body.inputs, list):
         if len(specs) != 1:
@@ -390,7 +418,7 @@ def predict_inputs(service: Service, body: PredictRequest) -> dict:
     if unknown:
         raise InvalidInput(f"unknown input {prefix(unknown[0])}; model {entry.name!r} takes "
                            f"{', '.join(s.name for s in specs)}")
-    limit = service.settings.max_examples_per_request
+    limit = catalog.max_examples
     arrays = {}
     for spec in specs:
         examples = given.get(spec.name)
@@ -453,9 +481,11 @@ class ServiceApp(FastAPI):
     hot: HotRoutes
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["method"] == "POST" and HotRoutes.serves(scope["path"]):
-            scope["app"] = self  # as Starlette sets it
-            return await self.hot(scope, receive, send)
+        if scope["type"] == "http":
+            scope[ARRIVED] = time.perf_counter()  # the one arrival time every route reads
+            if scope["method"] == "POST" and HotRoutes.serves(scope["path"]):
+                scope["app"] = self  # as Starlette sets it
+                return await self.hot(scope, receive, send)
         return await super().__call__(scope, receive, send)
 
 
@@ -483,14 +513,14 @@ class HotRoutes:
     async def __call__(self, scope, receive, send):
         path = scope["path"]
         route = self._predict if path == "/predict" else self._infer
-        service = getattr(scope["app"].state, "service", None)
-        if service is None:  # not started
+        gateway = getattr(scope["app"].state, "gateway", None)
+        if gateway is None:  # not started
             return await self.app(scope, receive, send)
         body = await self.limit.read(scope, receive, send)
         if body is None:  # the client left, or 413 answered
             return None
         try:
-            response = await route(service, scope, body)
+            response = await route(gateway, scope, body)
         except ServiceError as exc:
             response = refusal(exc, path, self.settings)
         except Exception as exc:
@@ -503,17 +533,16 @@ class HotRoutes:
         return await response(scope, receive, send)
 
     @staticmethod
-    async def _predict(service: Service, scope, body: bytes) -> Response | None:
-        arrived = time.perf_counter()
+    async def _predict(gateway: Gateway, scope, body: bytes) -> Response | None:
         if not wire.is_json(header(scope, b"content-type")):
             return None  # FastAPI reads only JSON content types as JSON: its 415 for the rest
         try:
             request = PredictRequest.model_validate_json(body)
         except ValueError:  # pydantic's ValidationError: FastAPI words the 422
             return None
-        return await predict(service, request, len(body), arrived)
+        return await predict(gateway, request, len(body), scope[ARRIVED])
 
-    async def _infer(self, service: Service, scope, body: bytes) -> Response | None:
+    async def _infer(self, gateway: Gateway, scope, body: bytes) -> Response | None:
         parts = scope["path"][len("/v2/models/"):-len("/infer")].split("/")
         if len(parts) == 1 and parts[0]:
             name, version = parts[0], None
@@ -522,7 +551,7 @@ class HotRoutes:
         else:
             return None
         encoding, length, kind = headers(scope, (b"content-encoding", _HEADER_LENGTH, b"content-type"))
-        return await v2.infer(service, self.settings, name, version, body, encoding, length, kind)
+        return await v2.infer(gateway, self.settings, name, version, body, encoding, length, kind, scope[ARRIVED])
 
 
 def header(scope, name: bytes) -> bytes | None:

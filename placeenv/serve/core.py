@@ -1,10 +1,11 @@
-"""The domain layer: ``Service.infer(model, version, tensors) -> Result``. No HTTP, no JSON.
+"""The engine: ``Service.run(work, arrays) -> Result`` on the devices. No HTTP, no JSON.
 
-One path for every protocol: look the model up, check the tensors against what
-it takes, preprocess on the CPU under ``PlaceEnv('cpu')``, queue on the
-least-loaded device that holds the model, let a pinned worker batch and run it,
-and return the outputs as host arrays. Every failure is a ``ServiceError``
-(``errors.py``); every accepted request gets exactly one answer.
+A request arrives checked against the catalog (``request.Catalog.check``, done by
+the gateway in whichever process received it). Here it is preprocessed on the
+CPU under ``PlaceEnv('cpu')``, queued on the least-loaded device that holds the
+model, batched and run by a worker thread pinned to that device, and answered
+with host arrays. Every failure is a ``ServiceError`` (``errors.py``); every
+accepted request gets exactly one answer.
 """
 
 from __future__ import annotations
@@ -14,9 +15,8 @@ import dataclasses
 import gc
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import numpy as np
 
@@ -27,39 +27,20 @@ from . import metrics
 from .config import Settings
 from .dispatch import DeviceQueue, Dispatcher, Job
 from .errors import (
-    OK_LABEL,
     Draining,
     InvalidInput,
     ModelFailed,
-    NotReady,
     Overloaded,
     ServiceError,
     StartupError,
-    UnknownModel,
-    outcome,
 )
 from .models import examples
-from .models.base import InputError, Model, ModelError, TensorSpec, host_inputs
+from .models.base import InputError, Model, ModelError, host_inputs
 from .models.repository import BUNDLED, Entry, RepositoryError, Version, scan
-from .wire import prefix
+from .request import Catalog, ModelInfo, Result, VersionInfo, Work
 from .workers import Answer, PlaceChecker, WorkerPool
 
 log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True)
-class Result:
-    """One answered request."""
-
-    model: str
-    version: int
-    outputs: dict[str, np.ndarray]  # host arrays, in the model's output order (or the order asked for)
-    specs: dict[str, TensorSpec]
-    device: str  # the worker's device
-    worker: str
-    batch_size: int  # examples in the forward pass this request shared
-    batched: bool  # the outputs' first dimension is the request's examples
-    timings: dict[str, float]  # milliseconds: preprocess, queue, compute, total
 
 
 @dataclasses.dataclass
@@ -86,6 +67,11 @@ class Stats:
                 "compute_infer": pair(self.success, self.compute_ns), "compute_output": pair(self.success, 0),
             },
         }
+
+
+def platform(version: Version) -> str:
+    """The Open Inference Protocol's platform of a version: a model.py of its own, or a saved program."""
+    return "paddle_python" if version.model_class.__module__.startswith("placeenv_repository") else "paddle_jit"
 
 
 def resolve_devices(settings: Settings) -> list[str]:
@@ -226,77 +212,50 @@ class Service:
     def model_ready(self, name: str) -> bool:
         return self.ready() and name in self.entries
 
-    # -- lookups -----------------------------------------------------------------------------
+    # -- what front ends read ------------------------------------------------------------------
 
-    def entry(self, name: str) -> Entry:
-        """The entry named ``name``; ``UnknownModel`` or ``NotReady`` naming what exists."""
-        entry = self.entries.get(name) if isinstance(name, str) else None
-        if entry is not None:
-            return entry
-        if isinstance(name, str) and name in self.skipped:
-            raise NotReady(f"model {name!r} is not ready: it failed to load at start (see the service log)")
-        raise UnknownModel(f"unknown model {prefix(name)}; available: {', '.join(self.entries)}")
+    def catalog(self) -> Catalog:
+        """The served models, as front ends check requests against them (after ``start``)."""
+        models = {}
+        for entry in self.entries.values():
+            versions = {n: VersionInfo(n, v.inputs, v.outputs, platform(v)) for n, v in entry.versions.items()}
+            models[entry.name] = ModelInfo(
+                entry.name, versions, entry.max_batch_size, entry.max_batch_delay_ms, entry.config.description,
+                entry.config.model_dump(mode="json", exclude={"inputs", "outputs"}))
+        return Catalog(models, dict(self.skipped), list(self.devices), self.settings.max_examples_per_request)
 
-    def version(self, entry: Entry, version: str | int | None) -> Version:
-        if version is None or version == "":
-            return entry.default
-        number = version if isinstance(version, int) else None
-        if isinstance(version, str) and version.isascii() and version.isdigit() and len(version) <= 18:
-            number = int(version)  # not "²" (isdigit, but int() refuses it), nor 4300+ digits (int() refuses)
-            if str(number) != version:  # "01": as the repository, which serves only directories named "1"
-                number = None
-        if number is None or number not in entry.versions:
-            raise UnknownModel(f"model {entry.name!r} has no version {prefix(version)}; it has "
-                               f"{', '.join(str(v) for v in sorted(entry.versions))}")
-        return entry.versions[number]
+    def status(self) -> dict:
+        """Readiness, as ``/readyz`` shows it: each worker started and alive."""
+        return {"ready": self.ready(), "stopping": self.stopping,
+                "workers": {w.name: w.alive() and w.ready.is_set() for w in self.pool.workers}}
 
-    def input_datatypes(self, model: Any, version: str | int | None) -> Mapping[str, str]:
-        """``{input: datatype}`` of ``model``'s version, for an adapter to refuse a mismatched datatype
-        before reading data as it; empty for a model or version not served (``infer`` then says so)."""
-        try:
-            entry = self.entry(model)
-            return self.datatypes[entry.name, self.version(entry, version).number]
-        except ServiceError:
-            return {}
+    def statistics(self, model: str | None = None, version: int | None = None) -> list[dict]:
+        """Triton's statistics of every served version, of ``model``'s, or of one version."""
+        return [stats.describe(name, number) for (name, number), stats in self.stats.items()
+                if name in self.entries and model in (None, name) and version in (None, number)]
 
     # -- the request path --------------------------------------------------------------------
 
-    async def infer(
-        self, model: str, version: str | int | None, inputs: Mapping[str, np.ndarray], *,
-        outputs: Sequence[str] | None = None, inline: bool = False, arrived: float | None = None,
-    ) -> Result:
-        """Run ``inputs`` through ``model``; ``inline``: preprocess on the calling (event loop) thread."""
-        arrived = time.perf_counter() if arrived is None else arrived
+    async def run(self, work: Work, arrays: Mapping[str, np.ndarray]) -> Result:
+        """Run a checked request (``Catalog.check``): preprocess, queue, batch, answer."""
+        key = (work.model, work.version)
         self.received += 1  # event-loop thread only
-        label = model if isinstance(model, str) and model in self.entries else "unknown"
-        key = None
         try:
             if self.draining:
                 raise Draining("the service is shutting down")
-            entry = self.entry(model)
-            chosen = self.version(entry, version)
-            key = (entry.name, chosen.number)
-            arrays, examples = self._check_inputs(entry, chosen, inputs)
-            wanted = self._check_outputs(chosen, outputs)
             if not self.dispatcher.has_room(key):  # refuse before spending CPU on preprocessing
                 raise Overloaded("every device queue serving this model is full; retry later")
-            metrics.ON_LOOP.in_flight += 1
-            try:
-                result = await self._run(entry, chosen, arrays, examples, wanted, inline, arrived)
-            finally:
-                metrics.ON_LOOP.in_flight -= 1
-        except ServiceError as exc:
-            self.refused(model, exc, getattr(exc, "device", "none"))
+            result = await self._run(self.entries[work.model], self.entries[work.model].versions[work.version],
+                                     arrays, work.examples, work.outputs, work.inline, work.arrived)
+        except ServiceError:
             stats = self.stats.get(key)
             if stats is not None:
                 stats.fail += 1
-                stats.fail_ns += int((time.perf_counter() - arrived) * 1e9)
+                stats.fail_ns += int((time.perf_counter() - work.arrived) * 1e9)
             raise
         finally:
             self.answered += 1
-        metrics.ON_LOOP.count(label, result.device, OK_LABEL)
-        metrics.ON_LOOP.observe(metrics.ON_LOOP.durations, (label, result.device), result.timings["total_ms"] / 1000)
-        stats = self.stats[result.model, result.version]
+        stats = self.stats[key]
         timings = result.timings
         stats.success += 1
         stats.success_ns += int(timings["total_ms"] * 1e6)
@@ -305,53 +264,6 @@ class Service:
         stats.preprocess_ns += int(timings["preprocess_ms"] * 1e6)
         stats.last_inference_ms = int(time.time() * 1000)
         return result
-
-    def refused(self, model: Any, error: ServiceError, device: str = "none") -> None:
-        """Count a request answered with ``error``; also for adapters refusing one before ``infer``
-        (a body that does not parse). The model label is a served model's name or "unknown"."""
-        label = model if isinstance(model, str) and model in self.entries else "unknown"
-        metrics.ON_LOOP.count(label, device, outcome(error).label)
-
-    def _check_inputs(self, entry: Entry, version: Version, inputs: Mapping[str, np.ndarray]):
-        specs = {spec.name: spec for spec in version.inputs}
-        unknown = [name for name in inputs if name not in specs]
-        if unknown:
-            raise InvalidInput(f"unknown input {prefix(unknown[0])}; model {entry.name!r} takes "
-                               + ", ".join(f"{s.name} ({s.datatype} {list(s.shape)})" for s in version.inputs))
-        missing = [name for name in specs if name not in inputs]
-        if missing:
-            raise InvalidInput(f"missing input {missing[0]!r} ({specs[missing[0]].datatype} "
-                               f"{list(specs[missing[0]].shape)}); model {entry.name!r} takes "
-                               f"{', '.join(specs)}")
-        arrays = {}
-        for spec in version.inputs:
-            array = inputs[spec.name]
-            try:
-                spec.check(array)
-            except InputError as exc:
-                raise InvalidInput(str(exc)) from None
-            arrays[spec.name] = array
-        if entry.max_batch_size == 0:
-            return arrays, 1
-        rows = {int(a.shape[0]) for a in arrays.values()}
-        if len(rows) != 1:
-            raise InvalidInput(f"inputs differ in their first (batch) dimension: "
-                               f"{ {n: int(a.shape[0]) for n, a in arrays.items()} }; send the same number of rows")
-        (examples,) = rows
-        limit = self.settings.max_examples_per_request
-        if examples == 0 or examples > limit:
-            raise InvalidInput(f"batch of {examples} examples in one request; send 1 to {limit}")
-        return arrays, examples
-
-    @staticmethod
-    def _check_outputs(version: Version, outputs: Sequence[str] | None) -> list[str]:
-        names = [spec.name for spec in version.outputs]
-        if outputs is None:
-            return names
-        for name in outputs:
-            if name not in names:
-                raise InvalidInput(f"unknown output {prefix(name)}; the model's outputs are {', '.join(names)}")
-        return list(dict.fromkeys(outputs))
 
     async def _run(self, entry: Entry, version: Version, arrays, examples: int, wanted: list[str],
                    inline: bool, arrived: float) -> Result:
@@ -392,10 +304,11 @@ class Service:
         finally:
             timer.cancel()
         done = time.perf_counter()
-        specs = {spec.name: spec for spec in version.outputs}
+        datatypes = {spec.name: spec.datatype for spec in version.outputs}
         return Result(
             model=entry.name, version=version.number,
-            outputs={name: answer.outputs[name] for name in wanted}, specs=specs,
+            outputs={name: answer.outputs[name] for name in wanted},
+            datatypes={name: datatypes[name] for name in wanted},
             device=answer.device, worker=answer.worker, batch_size=answer.batch_size,
             batched=entry.max_batch_size > 0,
             timings={

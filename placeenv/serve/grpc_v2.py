@@ -16,6 +16,7 @@ code (``tritonclient[grpc]``, the ``grpc`` extra).
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Mapping
 from types import MappingProxyType
 
@@ -26,7 +27,8 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as rpc
 
 from . import v2, wire
-from .core import Service
+from .gateway import Gateway
+from .request import InferRequest
 from .errors import InvalidInput, ServiceError, outcome
 from .wire import prefix
 
@@ -38,7 +40,7 @@ CONTENTS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_conte
 def inputs_of(request: pb.ModelInferRequest,
               expected: Mapping[str, str] = MappingProxyType({})) -> dict[str, np.ndarray]:
     """The request's input arrays, from ``raw_input_contents`` (one per input, in order) or ``contents``;
-    ``expected``: the model's datatype of each input (``Service.input_datatypes``)."""
+    ``expected``: the model's datatype of each input (``Catalog.input_datatypes``)."""
     raw = request.raw_input_contents
     if raw and len(raw) != len(request.inputs):
         raise InvalidInput(f"raw_input_contents has {len(raw)} entries for {len(request.inputs)} inputs; "
@@ -62,8 +64,8 @@ def inputs_of(request: pb.ModelInferRequest,
 
 
 class InferenceServicer(rpc.GRPCInferenceServiceServicer):
-    def __init__(self, service: Service, settings) -> None:
-        self.service, self.settings = service, settings
+    def __init__(self, gateway: Gateway, settings) -> None:
+        self.gateway, self.settings = gateway, settings
 
     async def _fail(self, context: grpc.aio.ServicerContext, error: ServiceError):
         await context.abort(grpc.StatusCode[outcome(error).grpc], str(error))
@@ -72,21 +74,22 @@ class InferenceServicer(rpc.GRPCInferenceServiceServicer):
         return pb.ServerLiveResponse(live=True)
 
     async def ServerReady(self, request, context):
-        return pb.ServerReadyResponse(ready=self.service.ready())
+        return pb.ServerReadyResponse(ready=await self.gateway.ready())
 
     async def ServerMetadata(self, request, context):
         return json_format.ParseDict(v2.server_metadata(), pb.ServerMetadataResponse())
 
     def _lookup(self, name: str, version: str):
-        entry = self.service.entry(name)
-        return entry, self.service.version(entry, version or None)
+        catalog = self.gateway.catalog
+        model = catalog.model(name)
+        return model, catalog.version(model, version or None)
 
     async def ModelReady(self, request, context):
         try:
             entry, _ = self._lookup(request.name, request.version)
         except ServiceError as exc:
             await self._fail(context, exc)
-        return pb.ModelReadyResponse(ready=self.service.model_ready(entry.name))
+        return pb.ModelReadyResponse(ready=await self.gateway.model_ready(entry.name))
 
     async def ModelMetadata(self, request, context):
         try:
@@ -96,34 +99,35 @@ class InferenceServicer(rpc.GRPCInferenceServiceServicer):
         return json_format.ParseDict(v2.model_metadata(entry, chosen), pb.ModelMetadataResponse())
 
     async def RepositoryIndex(self, request, context):
-        rows = v2.repository_rows(self.service)
+        rows = await v2.repository_rows(self.gateway)
         if request.ready:
             rows = [r for r in rows if r["state"] == "READY"]
         return json_format.ParseDict({"models": rows}, pb.RepositoryIndexResponse())
 
     async def ModelInfer(self, request, context):
-        service = self.service
+        arrived = time.perf_counter()
+        gateway = self.gateway
         try:
             try:
-                arrays = inputs_of(request, service.input_datatypes(request.model_name,
-                                                                    request.model_version or None))
+                arrays = inputs_of(request, gateway.catalog.input_datatypes(request.model_name,
+                                                                            request.model_version or None))
             except ServiceError as exc:
-                service.refused(request.model_name, exc)  # infer counts its own refusals
+                gateway.refused(request.model_name, exc)  # infer counts its own refusals
                 raise
             outputs = [o.name for o in request.outputs] or None
-            size = sum(len(b) for b in request.raw_input_contents)
-            result = await service.infer(request.model_name, request.model_version or None, arrays,
-                                         outputs=outputs, inline=size <= self.settings.inline_preprocess_bytes)
+            # The message's size, typed contents included: what preprocessing inline or on a thread weighs.
+            result = await gateway.infer(InferRequest(request.model_name, request.model_version or None, arrays,
+                                                      outputs, arrived, request.ByteSize()))
         except ServiceError as exc:
             await self._fail(context, exc)
         response = pb.ModelInferResponse(model_name=result.model, model_version=str(result.version), id=request.id)
         for name, array in result.outputs.items():
-            response.outputs.add(name=name, datatype=result.specs[name].datatype, shape=array.shape)
+            response.outputs.add(name=name, datatype=result.datatypes[name], shape=array.shape)
             response.raw_output_contents.append(wire.to_binary(array))
         return response
 
 
-async def start(service: Service, settings) -> grpc.aio.Server:
+async def start(gateway: Gateway, settings) -> grpc.aio.Server:
     """A started grpc.aio server on ``settings.grpc_port``, on the running event loop."""
     limit = settings.max_body_bytes + 64 * 1024  # the HTTP body limit, plus the message's own fields
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", limit),
@@ -131,7 +135,7 @@ async def start(service: Service, settings) -> grpc.aio.Server:
                                       # A taken port is an error, as for HTTP, not a port shared
                                       # with another process (gRPC's default SO_REUSEPORT).
                                       ("grpc.so_reuseport", 0)])
-    rpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(service, settings), server)
+    rpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(gateway, settings), server)
     server.add_insecure_port(f"{settings.host}:{settings.grpc_port}")
     await server.start()
     return server

@@ -18,6 +18,7 @@ way.
 from __future__ import annotations
 
 import importlib.metadata
+import time
 import zlib
 from collections.abc import Mapping
 from types import MappingProxyType
@@ -29,7 +30,8 @@ from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from . import wire
-from .core import Result, Service
+from .gateway import Gateway
+from .request import InferRequest, Result
 from .errors import InvalidInput, ServiceError, TooLarge, UnsupportedMediaType
 from .wire import prefix
 
@@ -139,7 +141,7 @@ def render(result: Result, request: InferenceRequest) -> Response:
     asked = {o.name: o.parameters for o in request.outputs or []}
     outputs, blobs = [], []
     for name, array in result.outputs.items():
-        entry = {"name": name, "datatype": result.specs[name].datatype, "shape": list(array.shape)}
+        entry = {"name": name, "datatype": result.datatypes[name], "shape": list(array.shape)}
         if asked.get(name, {}).get("binary_data", everything):
             blob = wire.to_binary(array)
             entry["parameters"] = {"binary_data_size": len(blob)}
@@ -173,19 +175,19 @@ def check_content_type(content_type: str | None) -> None:
         f"<bytes of the JSON header> before the binary tensor data; got {wire.sent_type(content_type)}")
 
 
-async def infer(service: Service, settings, name: str, version: str | None, body: bytes,
-                encoding: str | None, header_length: str | None, content_type: str | None) -> Response:
-    """``POST /v2/models/{name}[/versions/{version}]/infer``: parse, ``Service.infer``, render."""
+async def infer(gateway: Gateway, settings, name: str, version: str | None, body: bytes,
+                encoding: str | None, header_length: str | None, content_type: str | None,
+                arrived: float) -> Response:
+    """``POST /v2/models/{name}[/versions/{version}]/infer``: parse, ``Gateway.infer``, render."""
     try:
         check_content_type(content_type)
         body = decompressed(body, encoding, settings.max_body_bytes)
-        parsed, arrays = parse(body, header_length, service.input_datatypes(name, version))
+        parsed, arrays = parse(body, header_length, gateway.catalog.input_datatypes(name, version))
     except ServiceError as exc:
-        service.refused(name, exc)  # infer counts its own refusals
+        gateway.refused(name, exc)  # infer counts its own refusals
         raise
     outputs = [o.name for o in parsed.outputs] if parsed.outputs else None
-    result = await service.infer(name, version, arrays, outputs=outputs,
-                                 inline=len(body) <= settings.inline_preprocess_bytes)
+    result = await gateway.infer(InferRequest(name, version, arrays, outputs, arrived, len(body)))
     return render(result, parsed)
 
 
@@ -193,21 +195,20 @@ def server_metadata() -> dict[str, Any]:
     return {"name": "placeenv", "version": VERSION, "extensions": ["binary_tensor_data", "model_repository", "statistics"]}
 
 
-def model_metadata(entry, chosen) -> dict[str, Any]:
-    """A model version's metadata, for HTTP and gRPC alike."""
+def model_metadata(model, chosen) -> dict[str, Any]:
+    """A model version's metadata (``request.ModelInfo``, ``VersionInfo``), for HTTP and gRPC alike."""
     return {
-        "name": entry.name, "versions": [str(v) for v in sorted(entry.versions)],
-        "platform": "paddle_python" if chosen.model_class.__module__.startswith("placeenv_repository")
-        else "paddle_jit",
+        "name": model.name, "versions": [str(v) for v in sorted(model.versions)], "platform": chosen.platform,
         "inputs": [s.describe() for s in chosen.inputs], "outputs": [s.describe() for s in chosen.outputs],
     }
 
 
-def repository_rows(service: Service) -> list[dict[str, str]]:
+async def repository_rows(gateway: Gateway) -> list[dict[str, str]]:
     """The repository index: every served version, and every model that could not be loaded."""
-    rows = [{"name": e.name, "version": str(v), "state": "READY" if service.model_ready(e.name) else "UNAVAILABLE"}
-            for e in service.entries.values() for v in sorted(e.versions)]
-    rows += [{"name": name, "state": "UNAVAILABLE", "reason": why[:300]} for name, why in service.skipped.items()]
+    catalog, ready = gateway.catalog, await gateway.ready()
+    rows = [{"name": m.name, "version": str(v), "state": "READY" if ready else "UNAVAILABLE"}
+            for m in catalog.models.values() for v in sorted(m.versions)]
+    rows += [{"name": name, "state": "UNAVAILABLE", "reason": why[:300]} for name, why in catalog.skipped.items()]
     return sorted(rows, key=lambda r: r["name"])
 
 
@@ -215,8 +216,8 @@ def router(settings) -> APIRouter:
     api = APIRouter(prefix="/v2", tags=["Open Inference Protocol (v2)"])
     failed = {"model": ErrorBody}
 
-    def service_of(request: Request) -> Service:
-        return request.app.state.service
+    def gateway_of(request: Request) -> Gateway:
+        return request.app.state.gateway
 
     api.add_api_route("", server_metadata, methods=["GET"], summary="Server metadata")
 
@@ -226,51 +227,49 @@ def router(settings) -> APIRouter:
 
     @api.get("/health/ready", summary="Server readiness", responses={503: failed})
     async def ready(request: Request) -> Response:
-        ok = service_of(request).ready()
+        ok = await gateway_of(request).ready()
         return json_response({"ready": ok}, 200 if ok else 503)
 
     def lookup(request: Request, name: str, version: str | None):
-        service = service_of(request)
-        entry = service.entry(name)
-        return service, entry, service.version(entry, version)
+        gateway = gateway_of(request)
+        model = gateway.catalog.model(name)
+        return gateway, model, gateway.catalog.version(model, version)
 
     async def metadata(request: Request, name: str, version: str | None = None) -> Response:
-        _, entry, chosen = lookup(request, name, version)
-        return json_response(model_metadata(entry, chosen))
+        _, model, chosen = lookup(request, name, version)
+        return json_response(model_metadata(model, chosen))
 
     async def model_ready(request: Request, name: str, version: str | None = None) -> Response:
-        service, entry, chosen = lookup(request, name, version)
-        ok = service.model_ready(entry.name)
-        return json_response({"name": entry.name, "version": str(chosen.number), "ready": ok}, 200 if ok else 503)
+        gateway, model, chosen = lookup(request, name, version)
+        ok = await gateway.model_ready(model.name)
+        return json_response({"name": model.name, "version": str(chosen.number), "ready": ok}, 200 if ok else 503)
 
     async def model_config(request: Request, name: str, version: str | None = None) -> Response:
         _, entry, chosen = lookup(request, name, version)
         # The config file's fields first: the effective values below replace its unset (None) ones.
-        return json_response({**entry.config.model_dump(exclude={"inputs", "outputs"}),
+        return json_response({**entry.config,
                               "name": entry.name, "max_batch_size": entry.max_batch_size,
                               "max_batch_delay_ms": entry.max_batch_delay_ms,
                               "input": [s.describe() for s in chosen.inputs],
                               "output": [s.describe() for s in chosen.outputs]})
 
     async def statistics(request: Request, name: str, version: str | None = None) -> Response:
-        service, entry, chosen = lookup(request, name, version)
-        numbers = [chosen.number] if version is not None else sorted(entry.versions)
-        return json_response({"model_stats": [service.stats[entry.name, n].describe(entry.name, n)
-                                              for n in numbers]})
+        gateway, model, chosen = lookup(request, name, version)
+        found = await gateway.engine.statistics(model.name, chosen.number if version is not None else None)
+        return json_response({"model_stats": found})
 
     # The documented route; app.HotRoutes calls infer() itself.
     async def infer_route(request: Request, name: str, version: str | None = None) -> Response:
-        return await infer(service_of(request), settings, name, version, await request.body(),
+        return await infer(gateway_of(request), settings, name, version, await request.body(),
                            request.headers.get("content-encoding"), request.headers.get(HEADER_LENGTH),
-                           request.headers.get("content-type"))
+                           request.headers.get("content-type"),
+                           request.scope.get("placeenv.arrived") or time.perf_counter())
 
     # Before /models/{name}, which would take "stats" for a model name: Triton's statistics of every
     # model (what tritonclient's get_inference_statistics() asks for when no model is named).
     @api.get("/models/stats", summary="Statistics of every model")
     async def every_statistics(request: Request) -> Response:
-        service = service_of(request)
-        return json_response({"model_stats": [service.stats[e.name, n].describe(e.name, n)
-                                              for e in service.entries.values() for n in sorted(e.versions)]})
+        return json_response({"model_stats": await gateway_of(request).engine.statistics()})
 
     for path, suffix in (("/models/{name}", ""), ("/models/{name}/versions/{version}", " (a version)")):
         api.add_api_route(path, metadata, methods=["GET"], summary="Model metadata" + suffix,
@@ -288,7 +287,7 @@ def router(settings) -> APIRouter:
 
     @api.post("/repository/index", summary="Repository index (read-only)")
     async def repository_index(request: Request) -> list[dict[str, str]]:
-        return repository_rows(service_of(request))
+        return await repository_rows(gateway_of(request))
 
     return api
 

@@ -27,52 +27,13 @@ import placeenv
 from placeenv import PlaceEnv, device_name
 from placeenv.tensors import JIT_LOAD_LOCK, host_tensor, move_to
 
-from ..wire import DATATYPES, datatype_of
+from ..request import InputError, TensorSpec
 
 __all__ = ["InputError", "Model", "ModelContext", "TensorSpec", "batch_tensor", "host_tensor", "move_to"]
 
 
-class InputError(ValueError):
-    """A request's inputs are invalid; the message names the tensor and what was expected."""
-
-
 class ModelError(RuntimeError):
     """A model broke its contract (the request's failure, not the client's)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class TensorSpec:
-    """One input or output: its name, protocol datatype and shape (-1 for a dynamic dimension)."""
-
-    name: str
-    datatype: str
-    shape: tuple[int, ...]
-
-    @property
-    def dtype(self) -> np.dtype:
-        return DATATYPES[self.datatype]
-
-    def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
-
-    def check(self, array: np.ndarray) -> None:
-        """``InputError`` unless ``array`` has this datatype and a shape this spec allows."""
-        if array.dtype != self.dtype:
-            try:
-                sent = datatype_of(array.dtype)
-            except ValueError:
-                sent = array.dtype
-            raise InputError(
-                f"input {self.name!r} has datatype {sent}; "
-                f"expected {self.datatype}"
-            )
-        if len(array.shape) != len(self.shape) or any(
-            want not in (-1, got) for want, got in zip(self.shape, array.shape)
-        ):
-            raise InputError(
-                f"input {self.name!r} has shape {list(array.shape)}; expected {list(self.shape)} "
-                "(-1: any size)"
-            )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,219 @@
+"""One request for every protocol, and what a front end knows of the models: no Paddle, no HTTP.
+
+Every adapter (``/predict``, v2 REST JSON and binary, v2 gRPC) builds one
+``InferRequest`` and hands it to its ``Gateway`` (gateway.py). The gateway checks it
+against the ``Catalog`` (the served models' names, versions, tensor specs and
+batching), then the engine runs it: in this process (``--frontends 0``) or across
+a link to the engine process. The answer is a ``Result``, or a ``ServiceError``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from .errors import InvalidInput, NotReady, UnknownModel
+from .wire import DATATYPES, datatype_of, prefix
+
+__all__ = ["Catalog", "InferRequest", "ModelInfo", "Result", "TensorSpec", "VersionInfo", "Work"]
+
+
+class InputError(ValueError):
+    """A request's inputs are invalid; the message names the tensor and what was expected."""
+
+
+class TensorSpec(msgspec.Struct, frozen=True, array_like=True):
+    """One input or output: its name, protocol datatype and shape (-1 for a dynamic dimension)."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+
+    @property
+    def dtype(self) -> np.dtype:
+        return DATATYPES[self.datatype]
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+
+    def check(self, array: np.ndarray) -> None:
+        """``InputError`` unless ``array`` has this datatype and a shape this spec allows."""
+        if array.dtype != self.dtype:
+            try:
+                sent = datatype_of(array.dtype)
+            except ValueError:
+                sent = array.dtype
+            raise InputError(f"input {self.name!r} has datatype {sent}; expected {self.datatype}")
+        if len(array.shape) != len(self.shape) or any(
+            want not in (-1, got) for want, got in zip(self.shape, array.shape)
+        ):
+            raise InputError(
+                f"input {self.name!r} has shape {list(array.shape)}; expected {list(self.shape)} "
+                "(-1: any size)"
+            )
+
+
+@dataclasses.dataclass(slots=True)
+class InferRequest:
+    """A request as every protocol gives it: what the client sent, and when it arrived (timed once)."""
+
+    model: Any  # the client's model name (a str, unless a JSON body sent something else)
+    version: str | int | None  # None: the default (highest) version
+    inputs: Mapping[str, np.ndarray]
+    outputs: list[str] | None = None  # None: every output, in the model's order
+    arrived: float = 0.0  # time.perf_counter() when the adapter received it (a system-wide clock)
+    size: int = 0  # bytes of the request body: a small one is preprocessed without a thread hand-off
+
+
+class Work(msgspec.Struct, array_like=True):
+    """A checked request, as the engine takes it; its arrays travel beside it (link.py)."""
+
+    model: str
+    version: int
+    examples: int  # rows; 1 for a model that does not batch
+    outputs: list[str]  # the outputs to answer, in order
+    arrived: float
+    inline: bool  # preprocess on the engine's event loop thread: a small request
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Result:
+    """One answered request."""
+
+    model: str
+    version: int
+    outputs: dict[str, np.ndarray]  # host arrays, in the model's output order (or the order asked for)
+    datatypes: dict[str, str]  # each output's protocol datatype
+    device: str  # the worker's device
+    worker: str
+    batch_size: int  # examples in the forward pass this request shared
+    batched: bool  # the outputs' first dimension is the request's examples
+    timings: dict[str, float]  # milliseconds: preprocess, queue, compute, total
+
+
+class VersionInfo(msgspec.Struct, frozen=True):
+    number: int
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    platform: str  # "paddle_jit", or "paddle_python" for a version with a model.py
+
+
+class ModelInfo(msgspec.Struct, frozen=True):
+    """What the protocols say of a model: its versions' tensors, its batching and its config file."""
+
+    name: str
+    versions: dict[int, VersionInfo]
+    max_batch_size: int
+    max_batch_delay_ms: float
+    description: str = ""
+    config: dict[str, Any] = {}  # the config file's fields (inputs/outputs overrides left out)
+
+    @property
+    def default(self) -> VersionInfo:
+        return self.versions[max(self.versions)]
+
+    def describe(self) -> dict[str, Any]:
+        version = self.default
+        return {
+            "name": self.name, "versions": [str(v) for v in sorted(self.versions)],
+            "description": self.description, "max_batch_size": self.max_batch_size,
+            "inputs": [s.describe() for s in version.inputs], "outputs": [s.describe() for s in version.outputs],
+        }
+
+
+class Catalog(msgspec.Struct):
+    """The served models, those that failed to load (with why), and the devices: the engine's, as a
+    front end needs them to check a request and answer metadata without asking the engine."""
+
+    models: dict[str, ModelInfo]
+    skipped: dict[str, str]
+    devices: list[str]
+    max_examples: int  # examples in one request (--max-examples-per-request)
+
+    def model(self, name: Any) -> ModelInfo:
+        """The model named ``name``; ``UnknownModel`` or ``NotReady`` naming what exists."""
+        found = self.models.get(name) if isinstance(name, str) else None
+        if found is not None:
+            return found
+        if isinstance(name, str) and name in self.skipped:
+            raise NotReady(f"model {name!r} is not ready: it failed to load at start (see the service log)")
+        raise UnknownModel(f"unknown model {prefix(name)}; available: {', '.join(self.models)}")
+
+    @staticmethod
+    def version(model: ModelInfo, version: str | int | None) -> VersionInfo:
+        if version is None or version == "":
+            return model.default
+        number = version if isinstance(version, int) else None
+        if isinstance(version, str) and version.isascii() and version.isdigit() and len(version) <= 18:
+            number = int(version)  # not "²" (isdigit, but int() refuses it), nor 4300+ digits (int() refuses)
+            if str(number) != version:  # "01": as the repository, which serves only directories named "1"
+                number = None
+        if number is None or number not in model.versions:
+            raise UnknownModel(f"model {model.name!r} has no version {prefix(version)}; it has "
+                               f"{', '.join(str(v) for v in sorted(model.versions))}")
+        return model.versions[number]
+
+    def input_datatypes(self, model: Any, version: str | int | None) -> Mapping[str, str]:
+        """``{input: datatype}`` of ``model``'s version, for an adapter to refuse a mismatched datatype
+        before reading data as it; empty for a model or version not served (the check then says so)."""
+        found = self.models.get(model) if isinstance(model, str) else None
+        if found is None:
+            return {}
+        try:
+            chosen = self.version(found, version)
+        except UnknownModel:
+            return {}
+        return {s.name: s.datatype for s in chosen.inputs}
+
+    def check(self, request: InferRequest, inline_bytes: int) -> tuple[Work, dict[str, np.ndarray]]:
+        """The request as the engine takes it, and its arrays in the model's input order; ``InvalidInput``,
+        ``UnknownModel`` or ``NotReady`` naming what is wrong and what to send."""
+        model = self.model(request.model)
+        version = self.version(model, request.version)
+        arrays, examples = self._inputs(model, version, request.inputs)
+        return Work(model.name, version.number, examples, self._outputs(version, request.outputs),
+                    request.arrived, request.size <= inline_bytes), arrays
+
+    def _inputs(self, model: ModelInfo, version: VersionInfo, inputs: Mapping[str, np.ndarray]):
+        specs = {spec.name: spec for spec in version.inputs}
+        unknown = [name for name in inputs if name not in specs]
+        if unknown:
+            raise InvalidInput(f"unknown input {prefix(unknown[0])}; model {model.name!r} takes "
+                               + ", ".join(f"{s.name} ({s.datatype} {list(s.shape)})" for s in version.inputs))
+        missing = [name for name in specs if name not in inputs]
+        if missing:
+            raise InvalidInput(f"missing input {missing[0]!r} ({specs[missing[0]].datatype} "
+                               f"{list(specs[missing[0]].shape)}); model {model.name!r} takes "
+                               f"{', '.join(specs)}")
+        arrays = {}
+        for spec in version.inputs:
+            array = inputs[spec.name]
+            try:
+                spec.check(array)
+            except InputError as exc:
+                raise InvalidInput(str(exc)) from None
+            arrays[spec.name] = array
+        if model.max_batch_size == 0:
+            return arrays, 1
+        rows = {int(a.shape[0]) for a in arrays.values()}
+        if len(rows) != 1:
+            raise InvalidInput(f"inputs differ in their first (batch) dimension: "
+                               f"{ {n: int(a.shape[0]) for n, a in arrays.items()} }; send the same number of rows")
+        (examples,) = rows
+        if examples == 0 or examples > self.max_examples:
+            raise InvalidInput(f"batch of {examples} examples in one request; send 1 to {self.max_examples}")
+        return arrays, examples
+
+    @staticmethod
+    def _outputs(version: VersionInfo, outputs: list[str] | None) -> list[str]:
+        names = [spec.name for spec in version.outputs]
+        if outputs is None:
+            return names
+        for name in outputs:
+            if name not in names:
+                raise InvalidInput(f"unknown output {prefix(name)}; the model's outputs are {', '.join(names)}")
+        return list(dict.fromkeys(outputs))
