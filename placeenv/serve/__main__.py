@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import signal
 import socket
 import sys
 import threading
@@ -37,18 +38,29 @@ class DrainingServer(uvicorn.Server):
     A second signal during the delay skips the rest of it.
     """
 
-    def __init__(self, config: uvicorn.Config, app, settings: Settings) -> None:
+    def __init__(self, config: uvicorn.Config, app, settings: Settings, supervised: bool = False) -> None:
         super().__init__(config)
         self.app, self.settings = app, settings
+        # A front end: the supervisor says where the service listens, and when to stop (runtime.STOP).
+        self.supervised = supervised
         self._stop_started = False
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.supervised:
+            from . import runtime
+
+            signal.signal(runtime.STOP, lambda sig, frame: self.handle_exit(signal.SIGTERM, frame, True))
         await super().startup(sockets=sockets)
-        if self.started and sockets:
+        if self.started and sockets and not self.supervised:
             # uvicorn names no address for sockets it is handed (bound early: bind()), so say it here.
             print(ready_message(sockets[0], self.settings), flush=True)
 
-    def handle_exit(self, sig, frame) -> None:
+    def handle_exit(self, sig, frame, told: bool = False) -> None:
+        if self.supervised and not told:
+            from . import runtime
+
+            if runtime.supervised():  # the whole group's signal: the supervisor tells each process in turn
+                return None
         if self._stop_started:
             return super().handle_exit(sig, frame)
         self._stop_started = True
@@ -137,6 +149,11 @@ def main(argv: list[str] | None = None) -> int:
             sock.close()
             return refuse(program, settings.host, settings.grpc_port, error, "--grpc-port",
                           "PLACEENV_GRPC_PORT")
+    if settings.frontend_count():
+        from .supervisor import Supervisor  # imports neither Paddle nor the app
+
+        args = sys.argv[1:] if argv is None else argv
+        return Supervisor(settings, sock, args, lambda: ready_message(sock, settings)).serve()
     # Paddle warns at import that ccache is missing: it matters to people who build Paddle's
     # C++ extensions, not to a server.
     warnings.filterwarnings("ignore", message="No ccache found", category=UserWarning,

@@ -92,11 +92,12 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
-def create_app(settings: Settings, connect=None) -> FastAPI:
+def create_app(settings: Settings, connect=None, shared_ports: bool = False) -> FastAPI:
     """The complete app: routes, error handlers and the request body limit.
 
     ``connect``: an async context manager factory giving the ``Gateway`` (a front end's, whose
     engine is another process); by default the engine runs in this process (``--frontends 0``).
+    ``shared_ports``: the gRPC port is shared with the other front ends (SO_REUSEPORT).
     """
     if connect is None:
         # Paddle installs its own SIGTERM handler (a fatal error) when it is imported: import it now,
@@ -109,7 +110,7 @@ def create_app(settings: Settings, connect=None) -> FastAPI:
         try:
             async with connect(settings) as gateway:
                 app.state.gateway = gateway
-                async with serve_grpc(gateway, settings) as close_grpc:
+                async with serve_grpc(gateway, settings, shared_ports) as close_grpc:
                     app.state.close_grpc = close_grpc
                     catalog = gateway.catalog
                     log.info("serving %s on %s (isolation %s)", ", ".join(catalog.models),
@@ -345,7 +346,7 @@ async def local_engine(settings: Settings):
 
 
 @asynccontextmanager
-async def serve_grpc(gateway: Gateway, settings: Settings):
+async def serve_grpc(gateway: Gateway, settings: Settings, shared: bool = False):
     """The gRPC endpoint (grpc_v2) when ``grpc_port`` is set, started on the running loop; gives a
     function any thread may call to close its listener (running RPCs get the shutdown grace), or None."""
     if not settings.grpc_port:
@@ -357,7 +358,7 @@ async def serve_grpc(gateway: Gateway, settings: Settings):
         raise StartupError(f"PLACEENV_GRPC_PORT is set but {exc.name} is not installed: "
                            "pip install 'placeenv[grpc]', or unset it") from None
     try:
-        server = await grpc_v2.start(gateway, settings)
+        server = await grpc_v2.start(gateway, settings, shared)
     except RuntimeError as exc:  # grpc.aio: the port is taken or the address does not bind
         raise StartupError(f"cannot serve gRPC on {settings.host}:{settings.grpc_port}: {exc}") from None
     log.info("Open Inference Protocol over gRPC on %s:%d", settings.host, settings.grpc_port)

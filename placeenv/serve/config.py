@@ -38,6 +38,16 @@ class Settings(BaseSettings):
         "GRPCInferenceService; Triton uses 8001) on this port, on the same host; unset: HTTP only. "
         "Needs the grpc extra: pip install 'placeenv[grpc]'",
     )
+    frontends: str = Field(
+        "0", pattern=r"^\s*(auto|[0-9]{1,2})\s*$",
+        description="front-end processes that serve HTTP and gRPC (parse, check, render) beside one engine "
+        "process that owns the devices and models; 0: everything in one process; 'auto': chosen from the "
+        "machine's cores (docs/deploy.md)",
+    )
+    restart: Literal["always", "never"] = Field(
+        "always", description="with front ends: restart the engine or a front end that dies; 'never': the "
+        "service exits non-zero when the engine dies (for an orchestrator that restarts it)",
+    )
 
     devices: str = Field(
         "auto",
@@ -129,6 +139,15 @@ class Settings(BaseSettings):
     def repository_list(self) -> list[Path]:
         paths = [Path(part.strip()) for part in self.model_repository.split(",") if part.strip()]
         return [p if p == BUNDLED else p.resolve() for p in paths] or [BUNDLED]
+
+    def frontend_count(self) -> int:
+        """Front-end processes to start; 'auto': none on a machine of 2 cores or fewer, where one process
+        serves as much, else one per 2 cores beyond the engine's first two, at most 8."""
+        value = self.frontends.strip()
+        if value != "auto":
+            return int(value)
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        return 0 if cores <= 2 else min(8, max(1, (cores - 2) // 2))
 
     def wants_sim(self) -> bool:
         """Whether sim devices must be prepared before Paddle is imported."""

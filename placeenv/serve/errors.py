@@ -59,6 +59,10 @@ class NotReady(ServiceError):
     """The model is in the repository but could not be loaded (skipped at start)."""
 
 
+class EngineUnavailable(ServiceError):
+    """The engine process is not there (it died and is restarting): the request may be sent again."""
+
+
 class Timeout(ServiceError):
     """No answer within the request timeout."""
 
@@ -85,6 +89,7 @@ OUTCOMES: dict[type[ServiceError], Outcome] = {
     Overloaded: Outcome(503, "overloaded", True, "UNAVAILABLE"),
     Draining: Outcome(503, "draining", True, "UNAVAILABLE"),
     NotReady: Outcome(503, "not_ready", True, "UNAVAILABLE"),
+    EngineUnavailable: Outcome(503, "engine_unavailable", True, "UNAVAILABLE"),
     Timeout: Outcome(504, "timeout", False, "DEADLINE_EXCEEDED"),
     ModelFailed: Outcome(500, "error", False, "INTERNAL"),
 }

@@ -54,10 +54,11 @@ class LocalEngine:
 
 
 class Gateway:
-    def __init__(self, settings, engine: Engine, peers_ready=None) -> None:
+    def __init__(self, settings, engine: Engine, peers_ready=None, on_stopping=None) -> None:
         self.settings, self.engine = settings, engine
         self.inline_bytes = settings.inline_preprocess_bytes
-        self.peers_ready = peers_ready  # the other front ends' readiness (the supervisor's), or None
+        self.peers_ready = peers_ready  # every process's readiness (the supervisor's flags), or None
+        self.on_stopping = on_stopping  # tells the other processes this one is stopping, or None
         self.stopping = False  # SIGTERM arrived: not ready, still serving until the drain
 
     @property
@@ -106,6 +107,6 @@ class Gateway:
         """Readiness off; requests are still served (a load balancer needs time to stop routing here).
         An engine in this process stops being ready too; the engine process has its own signal."""
         self.stopping = True
-        stop = getattr(self.engine, "begin_stopping", None)
-        if stop is not None:
-            stop()
+        for stop in (getattr(self.engine, "begin_stopping", None), self.on_stopping):
+            if stop is not None:
+                stop()

@@ -127,14 +127,16 @@ class InferenceServicer(rpc.GRPCInferenceServiceServicer):
         return response
 
 
-async def start(gateway: Gateway, settings) -> grpc.aio.Server:
-    """A started grpc.aio server on ``settings.grpc_port``, on the running event loop."""
+async def start(gateway: Gateway, settings, shared: bool = False) -> grpc.aio.Server:
+    """A started grpc.aio server on ``settings.grpc_port``, on the running event loop; ``shared``: the
+    port is shared with the other front ends (SO_REUSEPORT; the supervisor checked it was free)."""
     limit = settings.max_body_bytes + 64 * 1024  # the HTTP body limit, plus the message's own fields
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", limit),
                                       ("grpc.max_send_message_length", -1),
                                       # A taken port is an error, as for HTTP, not a port shared
-                                      # with another process (gRPC's default SO_REUSEPORT).
-                                      ("grpc.so_reuseport", 0)])
+                                      # with another process (gRPC's default SO_REUSEPORT), unless
+                                      # the processes sharing it are our own front ends.
+                                      ("grpc.so_reuseport", 1 if shared else 0)])
     rpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(gateway, settings), server)
     server.add_insecure_port(f"{settings.host}:{settings.grpc_port}")
     await server.start()

@@ -1,0 +1,86 @@
+"""The engine process (``--frontends`` K >= 1): every device, model, queue and worker, no HTTP.
+
+Started by the supervisor (``__main__``) with the service's own arguments. It
+loads the models as the single process does (``core.Service``), then answers the
+front ends over ``link.EngineServer`` until the supervisor's stop signal
+(``runtime.STOP``): it then refuses new work, lets its workers finish what they
+hold, and exits 0. SIGINT and SIGTERM are the supervisor's to act on (front ends
+stop first), so the engine ignores them while the supervisor runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+import warnings
+
+from . import runtime
+from .config import Settings
+
+log = logging.getLogger("placeenv.serve.engine")
+
+#: Exit status of an engine that cannot start as configured: the supervisor does not restart it.
+CANNOT_START = 3
+
+
+def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    runtime.die_with_parent()
+    settings = Settings(_cli_parse_args=sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    run = runtime.run_dir()
+    flags = runtime.ReadyFlags(run / "ready")
+    warnings.filterwarnings("ignore", message="No ccache found", category=UserWarning,
+                            module="paddle.utils.cpp_extension.extension_utils")
+    if settings.wants_sim():
+        import placeenv.sim
+
+        placeenv.sim.prepare(settings.sim_devices)
+    import placeenv
+
+    from .core import Service  # imports Paddle
+    from .errors import StartupError
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # again: in case importing Paddle set a handler
+    if settings.isolation == "off":
+        placeenv.uninstall()  # the stock-Paddle demonstration
+    else:
+        placeenv.install()
+    sys.setswitchinterval(settings.gil_switch_interval_ms / 1000)
+    try:
+        service = Service(settings)
+        service.start()
+    except StartupError as exc:
+        log.error("cannot start: %s", exc)
+        return CANNOT_START
+    log.info("engine: serving %s on %s (isolation %s)", ", ".join(service.entries), ", ".join(service.devices),
+             settings.isolation)
+    asyncio.run(serve(service, flags, run))
+    return 0
+
+
+async def serve(service, flags: runtime.ReadyFlags, run) -> None:
+    from .link import EngineServer, address
+
+    server = EngineServer(service, address(str(run)))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(runtime.STOP, stop.set)
+    # Replaces Paddle's own (a fatal error). A SIGTERM sent to the whole group is the supervisor's
+    # to act on; one that comes after the supervisor died (PR_SET_PDEATHSIG) stops the engine.
+    loop.add_signal_handler(signal.SIGTERM, lambda: None if runtime.supervised() else stop.set())
+    serving = asyncio.ensure_future(server.serve())
+    flags.set(0, True)
+    await stop.wait()
+    flags.set(0, False)
+    log.info("engine: stopping; %d requests received, %d answered", service.received, service.answered)
+    # Requests in flight finish and are answered; new ones get 503 Draining.
+    await asyncio.to_thread(service.stop)
+    serving.cancel()
+    server.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

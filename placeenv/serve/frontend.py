@@ -1,0 +1,66 @@
+"""A front-end process (``--frontends`` K >= 1): HTTP and gRPC, the engine in another process.
+
+Started by the supervisor (``__main__``) with the service's own arguments. It serves
+the same app as the single process, on the HTTP socket the supervisor bound (inherited,
+so the K front ends share it and the kernel spreads connections among them) and, with
+``--grpc-port``, on that port shared with SO_REUSEPORT. Its gateway checks each request
+against the engine's catalog and sends it over ``link.EngineClient``. Paddle is not
+imported here: preprocessing runs in the engine, under ``@PlaceEnv('cpu')``, where the
+place checks see it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+from contextlib import asynccontextmanager
+
+import uvicorn
+
+from . import runtime
+from .config import Settings
+
+log = logging.getLogger("placeenv.serve.frontend")
+
+
+def main(argv: list[str] | None = None) -> int:
+    runtime.die_with_parent()
+    settings = Settings(_cli_parse_args=sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    index = int(os.environ[runtime.FRONTEND_INDEX])
+    sock = socket.socket(fileno=int(os.environ[runtime.LISTEN_FD]))
+    run = runtime.run_dir()
+    flags = runtime.ReadyFlags(run / "ready")
+
+    from .__main__ import DrainingServer
+    from .app import create_app
+
+    @asynccontextmanager
+    async def connect(settings: Settings):
+        from .gateway import Gateway
+        from .link import EngineClient, address
+
+        client = EngineClient(address(str(run)), settings)
+        await client.connect()
+        gateway = Gateway(settings, client, peers_ready=flags.all,
+                          on_stopping=lambda: flags.set(index + 1, False))
+        flags.set(index + 1, True)
+        try:
+            yield gateway
+        finally:
+            flags.set(index + 1, False)
+            await client.close()
+
+    app = create_app(settings, connect=connect, shared_ports=True)
+    sys.setswitchinterval(settings.gil_switch_interval_ms / 1000)
+    config = uvicorn.Config(app, log_level=settings.log_level, timeout_graceful_shutdown=settings.shutdown_grace_s,
+                            access_log=settings.access_log)
+    server = DrainingServer(config, app, settings, supervised=True)
+    server.run(sockets=[sock])
+    return 0 if server.started else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""What the supervisor shares with the engine and the front ends it starts: one run directory.
+
+    <run dir>/engine.sock   the engine's ipc endpoint (link.py)
+    <run dir>/metrics/      prometheus_client's multiprocess files (PROMETHEUS_MULTIPROC_DIR)
+    <run dir>/ready         one byte per process, engine first: 1 while that process is ready
+
+The supervisor makes the directory and the flags, and clears a process's flag when
+it exits; each process sets its own. A front end is ready only when every flag is set.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import signal
+from pathlib import Path
+
+#: The run directory, set by the supervisor in each child's environment.
+RUN_DIR = "PLACEENV_RUN_DIR"
+#: A front end's index (0..K-1), and the file descriptor of the HTTP socket it inherits.
+FRONTEND_INDEX = "PLACEENV_FRONTEND_INDEX"
+LISTEN_FD = "PLACEENV_LISTEN_FD"
+
+
+class ReadyFlags:
+    """One byte per process in a shared file: the engine's at 0, front end i's at i + 1."""
+
+    def __init__(self, path: Path, count: int | None = None) -> None:
+        if count is not None:
+            path.write_bytes(bytes(count))
+        self._file = open(path, "r+b")  # noqa: SIM115 - mapped for the process's life
+        self._map = mmap.mmap(self._file.fileno(), 0)
+
+    def set(self, index: int, ready: bool) -> None:
+        self._map[index] = 1 if ready else 0
+
+    def all(self) -> bool:
+        return all(self._map[:])
+
+    def count(self) -> int:
+        return sum(self._map[:])
+
+
+def die_with_parent() -> None:
+    """Ask Linux to send this process SIGTERM when the supervisor that started it dies, even by kill -9
+    (``PR_SET_PDEATHSIG``): no engine or front end outlives the service. Elsewhere, nothing."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+#: The signal the supervisor stops its children with. SIGTERM and SIGINT may reach every process
+#: of the group at once (Ctrl-C, ``timeout``, systemd): a child leaves those to the supervisor,
+#: which stops the front ends first, then the engine.
+STOP = signal.SIGUSR1
+
+
+def supervised() -> bool:
+    """Whether the supervisor that started this process still runs (it is still our parent)."""
+    return os.getppid() == _PARENT
+
+
+_PARENT = os.getppid()
+
+
+def run_dir() -> Path | None:
+    found = os.environ.get(RUN_DIR)
+    return Path(found) if found else None

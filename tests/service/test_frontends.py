@@ -1,0 +1,173 @@
+"""Front ends in their own processes (``--frontends K``): one engine, K front ends, one supervisor.
+
+Real processes throughout: the supervisor, the engine and the front ends it starts, clients over
+HTTP and gRPC. What the single process promises holds across them: readiness only when every
+process is ready; SIGTERM drains (accepted requests answered, exit 0); a front end killed with
+SIGKILL is replaced while the others serve; an engine killed with SIGKILL has its requests in
+flight answered with 503 at once and is replaced, or ends the service with ``--restart never``.
+Each fault test has its negative control: what the same check sees without the behaviour.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.grpc as tg
+import tritonclient.http as th
+from support import wait_until
+from support.servers import ServiceProcess, free_port, workers_held
+
+DIGITS = np.arange(3 * 64, dtype=np.float32).reshape(3, 64) % 17
+SETTINGS = {"FRONTENDS": 2, "DEVICES": "sim:0,sim:1", "WORKERS_PER_DEVICE": 1, "MODELS": "digits,gate"}
+
+
+def children(supervisor: int) -> dict[str, list[int]]:
+    """The supervisor's child processes by role: {"engine": [pid], "frontend": [pid, pid]}."""
+    found: dict[str, list[int]] = {"engine": [], "frontend": []}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            command = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        if parent == supervisor:
+            for role in found:
+                if f"placeenv.serve.{role}".encode() in command:
+                    found[role].append(int(entry.name))
+    return found
+
+
+def maps(pid: int) -> str:
+    return Path(f"/proc/{pid}/maps").read_text()
+
+
+def predict(url: str, timeout: float = 30) -> httpx.Response:
+    return httpx.post(f"{url}/predict", json={"model": "digits", "inputs": DIGITS[:1].tolist()}, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def service_settings():
+    return {"GRPC_PORT": free_port(), **SETTINGS}
+
+
+def test_the_supervisor_starts_one_engine_and_k_front_ends_and_only_the_engine_has_paddle(service):
+    roles = children(service.proc.pid)
+    assert len(roles["engine"]) == 1 and len(roles["frontend"]) == 2, roles
+    # The front ends parse and answer without Paddle; the engine's map is the control that the
+    # check sees Paddle where it is loaded.
+    assert "libpaddle" in maps(roles["engine"][0])
+    for pid in roles["frontend"]:
+        assert "libpaddle" not in maps(pid)
+    assert "libpaddle" not in maps(service.proc.pid)
+
+
+def test_triton_clients_over_http_and_grpc(service, service_settings):
+    for client, module in ((th.InferenceServerClient(service.url.removeprefix("http://")), th),
+                           (tg.InferenceServerClient(f"127.0.0.1:{service_settings['GRPC_PORT']}"), tg)):
+        assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("digits")
+        assert client.get_model_metadata("digits") is not None
+        pixels = module.InferInput("pixels", list(DIGITS.shape), "FP32")
+        pixels.set_data_from_numpy(DIGITS)
+        result = client.infer("digits", [pixels])
+        assert result.as_numpy("label").shape == (3,)
+        assert result.as_numpy("probabilities").shape == (3, 10)
+
+
+def test_many_concurrent_requests_are_each_answered_with_their_own_rows(service):
+    def one(i: int) -> tuple[int, list]:
+        rows = (DIGITS + i) % 17
+        answer = httpx.post(f"{service.url}/v2/models/digits/infer", timeout=60, json={"inputs": [
+            {"name": "pixels", "shape": [3, 64], "datatype": "FP32", "data": rows.ravel().tolist()}]})
+        assert answer.status_code == 200, answer.text
+        return i, next(o["data"] for o in answer.json()["outputs"] if o["name"] == "label")
+
+    with ThreadPoolExecutor(16) as pool:
+        answers = dict(pool.map(one, range(64)))
+    with ThreadPoolExecutor(16) as pool:  # the same rows again, one request each: the same labels
+        again = dict(pool.map(one, range(64)))
+    assert answers == again
+
+
+def test_bad_input_is_refused_by_the_front_end(service):
+    answer = httpx.post(f"{service.url}/v2/models/digits/infer", timeout=10, json={"inputs": [
+        {"name": "pixels", "shape": [1, 63], "datatype": "FP32", "data": [0] * 63}]})
+    assert answer.status_code == 400 and "expected [-1, 64]" in answer.json()["error"]
+    assert httpx.post(f"{service.url}/v2/models/nope/infer", json={"inputs": []}, timeout=10).status_code == 404
+
+
+# -- faults and lifecycle: each its own service --------------------------------------------------
+
+
+def test_sigterm_drains_every_accepted_request_and_exits_zero():
+    with ServiceProcess(**SETTINGS, SHUTDOWN_DELAY_S=1.0) as proc:
+        with workers_held(proc.url, 2) as held:  # both workers busy: what follows waits in the queues
+            with ThreadPoolExecutor(8) as pool:
+                queued = [pool.submit(predict, proc.url, 60) for _ in range(8)]
+                wait_until(lambda: proc.total("inference_queue_depth") >= 8 or all(f.running() for f in queued),
+                           30, "the requests did not reach the service")
+                proc.proc.send_signal(signal.SIGTERM)
+                wait_until(lambda: httpx.get(proc.url + "/readyz", timeout=5).status_code == 503, 5,
+                           "readiness still on after SIGTERM")
+        assert [f.result().status_code for f in held] == [200, 200]
+        assert [f.result().status_code for f in queued] == [200] * 8
+        assert proc.proc.wait(60) == 0, proc.output()[-3000:]
+
+
+def test_a_killed_front_end_is_replaced_while_the_other_serves():
+    with ServiceProcess(**SETTINGS) as proc:
+        before = children(proc.proc.pid)["frontend"]
+        os.kill(before[0], signal.SIGKILL)
+        # The other front end serves meanwhile: every request is answered (connections the kernel
+        # gave the dead one are refused or reset, and the client retries them, as a browser would).
+        answered = 0
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline:
+            try:
+                answered += predict(proc.url).status_code == 200
+            except httpx.TransportError:
+                pass
+        assert answered > 0
+        wait_until(lambda: len(set(children(proc.proc.pid)["frontend"]) - set(before)) == 1, 30,
+                   "the killed front end was not replaced")
+        proc.wait_ready(60)
+        assert predict(proc.url).status_code == 200
+        assert before[1] in children(proc.proc.pid)["frontend"]  # the other one was left alone
+
+
+def test_a_killed_engine_answers_its_requests_in_flight_at_once_and_comes_back():
+    with ServiceProcess(**SETTINGS, REQUEST_TIMEOUT_S=60) as proc:
+        (engine,) = children(proc.proc.pid)["engine"]
+        with workers_held(proc.url, 2) as held:
+            with ThreadPoolExecutor(4) as pool:
+                queued = [pool.submit(predict, proc.url, 120) for _ in range(4)]
+                wait_until(lambda: proc.total("inference_queue_depth") >= 4, 30, "requests not queued")
+                started = time.monotonic()
+                os.kill(engine, signal.SIGKILL)
+                codes = [f.result().status_code for f in [*held, *queued]]
+                waited = time.monotonic() - started
+        # Answered by the front ends at once (503, retry later), not left to the 60 s request timeout.
+        assert codes == [503] * 6 and waited < 10, (codes, waited)
+        assert httpx.get(proc.url + "/readyz", timeout=5).status_code == 503 or children(proc.proc.pid)["engine"]
+        wait_until(lambda: children(proc.proc.pid)["engine"] not in ([], [engine]), 30, "no new engine")
+        proc.wait_ready(120)
+        assert predict(proc.url).status_code == 200
+
+
+def test_with_restart_never_a_killed_engine_ends_the_service_non_zero():
+    with ServiceProcess(**SETTINGS, RESTART="never") as proc:
+        (engine,) = children(proc.proc.pid)["engine"]
+        os.kill(engine, signal.SIGKILL)
+        assert proc.proc.wait(60) != 0
+        assert "--restart never" in proc.output()
+    # The control: the same kill with the default restarts the engine and the service stays up
+    # (test_a_killed_engine_answers_its_requests_in_flight_at_once_and_comes_back).
