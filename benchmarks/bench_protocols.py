@@ -30,7 +30,6 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-import tritonclient.http as triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_service import RESULTS, _ms, service  # noqa: E402
@@ -55,6 +54,10 @@ class Model(Base):
 
 
 def v2_body(binary: bool) -> tuple[bytes, dict[str, str]]:
+    # tritonclient (the dev extra) is imported where it is used: front_end_ceiling.py and
+    # batch_delay.py import wrk from here, and run without it.
+    import tritonclient.http as triton
+
     image = triton.InferInput("image", list(IMAGE.shape), "FP32")
     image.set_data_from_numpy(IMAGE, binary_data=binary)
     output = triton.InferRequestedOutput("output_0", binary_data=binary)
@@ -121,6 +124,8 @@ def table(found: dict, reference: str, title: str) -> str:
 
 def agree(url: str, models: list[str]) -> float:
     """Largest absolute difference between the models' answers to the same image."""
+    import tritonclient.http as triton
+
     client = triton.InferenceServerClient(url.removeprefix("http://"))
     image = triton.InferInput("image", list(IMAGE.shape), "FP32")
     image.set_data_from_numpy(IMAGE, binary_data=True)

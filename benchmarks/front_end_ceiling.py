@@ -2,7 +2,10 @@
 
     python benchmarks/front_end_ceiling.py [--rounds 5] [--seconds 4] [--connections 16] [--devices cpu]
 
-Needs ``wrk`` and ``h2load`` (Debian packages wrk, nghttp2-client). Servers on the same
+Needs ``wrk`` and ``h2load`` (Debian packages wrk, nghttp2-client). The v2 JSON and binary rows
+need tritonclient's HTTP client (the dev extra), the gRPC rows grpcio and tritonclient's gRPC
+messages (the grpc or dev extra): without them those rows are skipped, with a line that says so,
+and the others run. Servers on the same
 uvicorn: ``benchmarks/raw_asgi_app.py`` (read the body, parse the JSON, answer JSON: no
 framework, queue, thread or metric), the same with a thread hand-off, and the service serving
 ``benchmarks/repository/null`` (64 numbers in, the first 10 out, nothing on the device but one
@@ -38,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib
 import json
 import os
 import platform
@@ -50,21 +54,43 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-import tritonclient.http as triton
-from tritonclient.grpc import service_pb2 as pb
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_protocols import wrk  # noqa: E402
 from bench_service import Server, batch_totals, free_port, save_results, service  # noqa: E402
-import raw_grpc_app  # noqa: E402
 
 ROW = np.linspace(0, 1, 64, dtype=np.float32)[None, :]
 
+#: The rows that need more than the service extra, by the module that must import for them
+#: (imported only where they run): tritonclient's HTTP client encodes the v2 bodies; raw_grpc_app
+#: needs grpcio and tritonclient's gRPC messages, as do the gRPC frame and the service's gRPC port.
+OPTIONAL = {
+    "tritonclient.http": (("v2 JSON", "v2 binary"), "tritonclient[http]: pip install -e '.[dev]'"),
+    "raw_grpc_app": (("raw gRPC", "raw gRPC + hand-off", "v2 gRPC"),
+                     "grpcio and tritonclient[grpc]: pip install 'placeenv[grpc]', or -e '.[dev]'"),
+}
+
+
+def skipped() -> list[tuple[tuple[str, ...], str]]:
+    """The groups of rows that cannot run here, each with what they need and how to install it."""
+    found = []
+    for module, (rows, needs) in OPTIONAL.items():
+        try:
+            importlib.import_module(module)
+        except ImportError:  # tritonclient.http without geventhttpclient fails here, not on find_spec
+            found.append((rows, needs))
+    return found
+
 
 def bodies() -> dict[str, tuple[bytes, dict[str, str]]]:
+    """Each HTTP way's body and headers; the v2 ones only where tritonclient's HTTP client imports."""
     found = {"predict": (json.dumps({"model": "null", "inputs": ROW.tolist()}).encode(),
                          {"Content-Type": "application/json"})}
+    try:
+        import tritonclient.http as triton
+    except ImportError:  # main skips the v2 rows and says so; batch_delay.py needs only /predict's
+        return found
     for name, binary in (("v2 JSON", False), ("v2 binary", True)):
         x = triton.InferInput("x", list(ROW.shape), "FP32")
         x.set_data_from_numpy(ROW, binary_data=binary)
@@ -79,6 +105,8 @@ def bodies() -> dict[str, tuple[bytes, dict[str, str]]]:
 
 def grpc_frame() -> bytes:
     """One ModelInfer request as a gRPC message on the wire: flag, length, protobuf."""
+    from tritonclient.grpc import service_pb2 as pb  # the grpc extra's: only the gRPC rows get here
+
     message = pb.ModelInferRequest(
         model_name="null", inputs=[pb.ModelInferRequest.InferInputTensor(name="x", datatype="FP32", shape=[1, 64])],
         raw_input_contents=[ROW.tobytes()]).SerializeToString()
@@ -124,19 +152,28 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=16)
     parser.add_argument("--devices", default="cpu", help="the service's devices, e.g. cpu or sim:0,sim:1")
     args = parser.parse_args()
+    unavailable = skipped()
+    if unavailable:
+        print("skipping " + "; ".join(f"{', '.join(rows)} (they need {needs})"
+                                      for rows, needs in unavailable), flush=True)
+    missing = {row for rows, _ in unavailable for row in rows}
+    grpc = "raw gRPC" not in missing
     raw_port, grpc_port = free_port(), free_port()
     raw = Server([sys.executable, "-m", "uvicorn", "benchmarks.raw_asgi_app:app", "--port", str(raw_port),
                   "--lifespan", "off", "--log-level", "warning", "--no-access-log"], {}, raw_port)
     floor_port = free_port()
     floor = Server([sys.executable, "-m", "uvicorn", "benchmarks.handoff_floor_app:app", "--port",
                     str(floor_port), "--lifespan", "off", "--log-level", "warning", "--no-access-log"], {}, floor_port)
-    raw_grpc_port = free_port()
-    raw_grpc = Server([sys.executable, "benchmarks/raw_grpc_app.py", str(raw_grpc_port)], {}, raw_grpc_port,
-                      ready=raw_grpc_app.is_ready)
-    handoff_grpc_port = free_port()
-    handoff_grpc = Server([sys.executable, "benchmarks/raw_grpc_app.py", str(handoff_grpc_port), "--handoff"],
-                          {}, handoff_grpc_port, ready=raw_grpc_app.is_ready)
-    ours = service(args.devices.split(","), "null", WORKERS_PER_DEVICE=2, GRPC_PORT=grpc_port,
+    raw_grpc_port, handoff_grpc_port = free_port(), free_port()
+    raw_grpc = handoff_grpc = None
+    if grpc:
+        import raw_grpc_app  # skipped() imported it already: its is_ready
+        raw_grpc = Server([sys.executable, "benchmarks/raw_grpc_app.py", str(raw_grpc_port)], {},
+                          raw_grpc_port, ready=raw_grpc_app.is_ready)
+        handoff_grpc = Server([sys.executable, "benchmarks/raw_grpc_app.py", str(handoff_grpc_port),
+                               "--handoff"], {}, handoff_grpc_port, ready=raw_grpc_app.is_ready)
+    ours = service(args.devices.split(","), "null", WORKERS_PER_DEVICE=2,
+                   **({"GRPC_PORT": grpc_port} if grpc else {}),  # without grpcio the service refuses it
                    MODEL_REPOSITORY=str(ROOT / "benchmarks" / "repository"))
     eager = service(args.devices.split(","), "null", WORKERS_PER_DEVICE=2, MAX_BATCH_DELAY_MS=0,
                     MODEL_REPOSITORY=str(ROOT / "benchmarks" / "repository"))
@@ -154,12 +191,14 @@ def main() -> None:
                 lambda c, s: h2load(f"http://127.0.0.1:{handoff_grpc_port}", grpc_frame(), c, s),
             "v2 gRPC": lambda c, s: h2load(f"http://127.0.0.1:{grpc_port}", grpc_frame(), c, s),
         }
+        ways = {name: run for name, run in ways.items() if name not in missing}
         baseline = {name: "raw gRPC" if "gRPC" in name else "raw" for name in ways}
         names = list(ways)
         for run in ways.values():  # warm-up
             run(args.connections, 2)
-        pids = {"raw": raw.proc.pid, "+ hand-off": floor.proc.pid, "raw gRPC": raw_grpc.proc.pid,
-                "raw gRPC + hand-off": handoff_grpc.proc.pid, "/predict, batch delay 0": eager.proc.pid}
+        pids = {"raw": raw.proc.pid, "+ hand-off": floor.proc.pid, "/predict, batch delay 0": eager.proc.pid}
+        if grpc:
+            pids.update({"raw gRPC": raw_grpc.proc.pid, "raw gRPC + hand-off": handoff_grpc.proc.pid})
         services = {"/predict, batch delay 0": eager, **{n: ours for n in names if n not in pids}}
         found = {n: {"p50_ms": [], "rps": [], "main_us": [], "others_us": [], "batch": []} for n in names}
         for r in range(args.rounds):
@@ -184,8 +223,9 @@ def main() -> None:
         eager.stop()
         floor.stop()
         raw.stop()
-        raw_grpc.stop()
-        handoff_grpc.stop()
+        for server in (raw_grpc, handoff_grpc):
+            if server is not None:
+                server.stop()
 
     print(f"\n{datetime.date.today()}, {platform.machine()}, service on {args.devices} x 2 workers, "
           f"{args.rounds} rounds of {args.seconds:.0f} s, {args.connections} connections\n")
