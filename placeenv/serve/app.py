@@ -25,13 +25,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
 from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import placeenv
 
-from . import v2, wire
+from . import metrics, v2, wire
 from .config import Settings
 from .gateway import Gateway
 from .request import InferRequest, Result
@@ -224,7 +223,8 @@ def create_app(settings: Settings, connect=None, shared_ports: bool = False) -> 
 
     @app.get("/metrics", response_class=Response)
     async def prometheus_metrics() -> Response:
-        return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+        body, content_type = metrics.exposition()
+        return Response(body, media_type=content_type)
 
     app.include_router(v2.router(settings))
     return app

@@ -21,7 +21,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from prometheus_client.metrics import MetricWrapperBase
 
 from support.dashboards import (
     DASHBOARD_DIR, dashboard_exprs, dashboard_files, dashboard_targets, iter_panels, load_dashboard,
@@ -451,10 +450,7 @@ PROMQL_FUNCTIONS = {
 def service_series_names() -> set[str]:
     """Every series name /metrics can expose, derived from placeenv/serve/metrics.py."""
     names = set()
-    kinds = [(family.name, family.type) for v in vars(service_metrics).values() if isinstance(v, MetricWrapperBase)
-             for family in v.describe()]
-    kinds += [(family.name, family.type) for family in service_metrics.ON_LOOP.collect()]  # the loop's own
-    for name, kind in kinds:
+    for name, kind in service_metrics.families().items():
         if kind == "counter":
             names.add(name + "_total")
         elif kind == "histogram":
