@@ -65,6 +65,7 @@ import collections
 import datetime
 import os
 import platform
+import re
 import shutil
 import signal
 import statistics
@@ -272,9 +273,10 @@ def started(make_server, stop_signal: signal.Signals, group: bool) -> Running:
         raise
 
 
-def start_ours(devices: list[str]) -> Running:
+def start_ours(devices: list[str], frontends: int = 0) -> Running:
     # The service makes 4 sim devices unless told: sim:4 and up need the count.
-    return started(lambda: service(devices, MODEL, SIM_DEVICES=len(devices)), signal.SIGTERM, group=False)
+    return started(lambda: service(devices, MODEL, SIM_DEVICES=len(devices), FRONTENDS=frontends),
+                   signal.SIGTERM, group=False)
 
 
 def start_per_device(devices: list[str]) -> Several:
@@ -419,8 +421,12 @@ def main() -> None:
                         help="the Python of the virtual environment that has ray[serve] (see ray_app.py)")
     parser.add_argument("--skip-ray", action="store_true", help="compare with LitServe only")
     parser.add_argument("--systems", default="ours,per-device,litserve,ray",
-                        help="which systems, in their round-1 order (default: all four)")
+                        help="which systems, in their round-1 order (default: all four); ours-kN is ours "
+                        "with N front-end processes beside its engine (--frontends N)")
     args = parser.parse_args()
+    for name in args.systems.split(","):
+        if re.fullmatch(r"ours-k\d+", name.strip()):
+            NAMES[name.strip()] = f"ours, {name.strip()[6:]} front ends"
     names = [n.strip() for n in args.systems.split(",") if n.strip()]
     if args.skip_ray:
         names = [n for n in names if n != "ray"]
@@ -436,6 +442,7 @@ def main() -> None:
     starts = {"ours": lambda: start_ours(devices), "per-device": lambda: start_per_device(devices),
               "litserve": lambda: start_litserve(devices),
               "ray": lambda: start_ray(devices, args.ray_python)}
+    starts.update({name: lambda k=int(name[6:]): start_ours(devices, k) for name in names if name.startswith("ours-k")})
     found: dict[str, list[dict]] = {name: [] for name in names}
     for r in range(args.rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:

@@ -42,15 +42,21 @@ def main(argv: list[str] | None = None) -> int:
         from .gateway import Gateway
         from .link import EngineClient, address
 
+        from . import metrics
+
+        def stopping() -> None:
+            flags.set(index + 1, False)
+            metrics.READY.set(0)
+
         client = EngineClient(address(str(run)), settings)
         await client.connect()
-        gateway = Gateway(settings, client, peers_ready=flags.all,
-                          on_stopping=lambda: flags.set(index + 1, False))
+        gateway = Gateway(settings, client, peers_ready=flags.all, on_stopping=stopping)
         flags.set(index + 1, True)
+        metrics.READY.set(1)  # service_ready is the lowest of every process's (metrics.py)
         try:
             yield gateway
         finally:
-            flags.set(index + 1, False)
+            stopping()
             await client.close()
 
     app = create_app(settings, connect=connect, shared_ports=True)

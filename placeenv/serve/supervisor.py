@@ -67,12 +67,9 @@ class Supervisor:
     def _gone(self, proc: subprocess.Popen, flag: int) -> None:
         """A child has exited: its readiness and its live gauges go with it."""
         self.flags.set(flag, False)
-        try:
-            from prometheus_client import multiprocess
+        from prometheus_client import multiprocess  # the supervisor serves no metrics of its own
 
-            multiprocess.mark_process_dead(proc.pid, str(self.run / "metrics"))
-        except ImportError:
-            pass
+        multiprocess.mark_process_dead(proc.pid, str(self.run / "metrics"))
 
     # -- the life of the service -------------------------------------------------------------
 

@@ -109,15 +109,13 @@ def test_bad_input_is_refused_by_the_front_end(service):
 
 
 def test_sigterm_drains_every_accepted_request_and_exits_zero():
-    with ServiceProcess(**SETTINGS, SHUTDOWN_DELAY_S=1.0) as proc:
+    with ServiceProcess(**SETTINGS, SHUTDOWN_DELAY_S=1.0) as proc, ThreadPoolExecutor(8) as pool:
         with workers_held(proc.url, 2) as held:  # both workers busy: what follows waits in the queues
-            with ThreadPoolExecutor(8) as pool:
-                queued = [pool.submit(predict, proc.url, 60) for _ in range(8)]
-                wait_until(lambda: proc.total("inference_queue_depth") >= 8 or all(f.running() for f in queued),
-                           30, "the requests did not reach the service")
-                proc.proc.send_signal(signal.SIGTERM)
-                wait_until(lambda: httpx.get(proc.url + "/readyz", timeout=5).status_code == 503, 5,
-                           "readiness still on after SIGTERM")
+            queued = [pool.submit(predict, proc.url, 60) for _ in range(8)]
+            wait_until(lambda: proc.total("inference_queue_depth") >= 8, 30, "the requests were not queued")
+            proc.proc.send_signal(signal.SIGTERM)
+            wait_until(lambda: httpx.get(proc.url + "/readyz", timeout=5).status_code == 503, 5,
+                       "readiness still on after SIGTERM")
         assert [f.result().status_code for f in held] == [200, 200]
         assert [f.result().status_code for f in queued] == [200] * 8
         assert proc.proc.wait(60) == 0, proc.output()[-3000:]
@@ -145,16 +143,15 @@ def test_a_killed_front_end_is_replaced_while_the_other_serves():
 
 
 def test_a_killed_engine_answers_its_requests_in_flight_at_once_and_comes_back():
-    with ServiceProcess(**SETTINGS, REQUEST_TIMEOUT_S=60) as proc:
+    with ServiceProcess(**SETTINGS, REQUEST_TIMEOUT_S=60) as proc, ThreadPoolExecutor(4) as pool:
         (engine,) = children(proc.proc.pid)["engine"]
         with workers_held(proc.url, 2) as held:
-            with ThreadPoolExecutor(4) as pool:
-                queued = [pool.submit(predict, proc.url, 120) for _ in range(4)]
-                wait_until(lambda: proc.total("inference_queue_depth") >= 4, 30, "requests not queued")
-                started = time.monotonic()
-                os.kill(engine, signal.SIGKILL)
-                codes = [f.result().status_code for f in [*held, *queued]]
-                waited = time.monotonic() - started
+            queued = [pool.submit(predict, proc.url, 120) for _ in range(4)]
+            wait_until(lambda: proc.total("inference_queue_depth") >= 4, 30, "requests not queued")
+            started = time.monotonic()
+            os.kill(engine, signal.SIGKILL)
+            codes = [f.result().status_code for f in [*held, *queued]]
+            waited = time.monotonic() - started
         # Answered by the front ends at once (503, retry later), not left to the 60 s request timeout.
         assert codes == [503] * 6 and waited < 10, (codes, waited)
         assert httpx.get(proc.url + "/readyz", timeout=5).status_code == 503 or children(proc.proc.pid)["engine"]
