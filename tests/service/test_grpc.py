@@ -29,9 +29,10 @@ SETTINGS = {"MODELS": "digits,mobilenet", "DEVICES": "sim:0,sim:1", "WORKERS_PER
 DIGITS = np.arange(3 * 64, dtype=np.float32).reshape(3, 64) % 17
 
 
-@pytest.fixture(scope="module")
-def service_settings():
-    return {"GRPC_PORT": free_port(), **SETTINGS}
+@pytest.fixture(scope="module", params=[0, 2], ids=["one-process", "2-frontends"])
+def service_settings(request):
+    """Every test twice: the single process, and an engine with 2 front-end processes."""
+    return {"GRPC_PORT": free_port(), "FRONTENDS": request.param, **SETTINGS}
 
 
 @pytest.fixture(scope="module")
