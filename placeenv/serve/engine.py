@@ -69,7 +69,7 @@ async def serve(service, flags: runtime.ReadyFlags, run) -> None:
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(runtime.STOP, stop.set)
     # Replaces Paddle's own (a fatal error). A SIGTERM sent to the whole group is the supervisor's
-    # to act on; one that comes after the supervisor died (PR_SET_PDEATHSIG) stops the engine.
+    # to act on; one sent to an engine whose supervisor is gone stops it.
     loop.add_signal_handler(signal.SIGTERM, lambda: None if runtime.supervised() else stop.set())
     serving = asyncio.ensure_future(server.serve())
     flags.set(0, True)

@@ -42,13 +42,15 @@ class ReadyFlags:
 
 
 def die_with_parent() -> None:
-    """Ask Linux to send this process SIGTERM when the supervisor that started it dies, even by kill -9
-    (``PR_SET_PDEATHSIG``): no engine or front end outlives the service. Elsewhere, nothing."""
+    """Ask Linux to kill this process when the supervisor that started it dies, even by kill -9
+    (``PR_SET_PDEATHSIG``): no engine or front end outlives the service, nor holds its port while a
+    replacement starts. The service crashed; its requests in flight are lost as a single process's
+    would be. Elsewhere than Linux, nothing."""
     try:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
 

@@ -29,10 +29,11 @@ from support.servers import NGINX, Nginx, Prometheus, ReplicaSet
 ROOT = Path(__file__).resolve().parents[2]
 LOCUST = str(Path(sys.executable).with_name("locust"))
 REPLICAS = 3
-#: Each replica: 2 sim devices, one worker each (three processes share the machine's two cores),
-#: both bundled models (Locust's traffic uses both), and a short shutdown delay.
+#: Each replica: 2 sim devices, one worker each (three replicas share the machine's two cores),
+#: both bundled models (Locust's traffic uses both), a short shutdown delay, and an engine with
+#: one front-end process (the supervisor's drain and restarts behind nginx).
 SETTINGS = {"DEVICES": "sim:0,sim:1", "WORKERS_PER_DEVICE": 1, "MODELS": "digits,mobilenet",
-            "SHUTDOWN_DELAY_S": 1.0}
+            "SHUTDOWN_DELAY_S": 1.0, "FRONTENDS": 1}
 #: Client-visible errors allowed when one replica is killed with SIGKILL under load.
 #: nginx retries a request whose connection broke (`proxy_next_upstream error non_idempotent`),
 #: so none is expected; the bound leaves room for one per Locust user in flight on the replica.

@@ -11,6 +11,7 @@ Each fault test has its negative control: what the same check sees without the b
 from __future__ import annotations
 
 import os
+import socket
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -168,3 +169,27 @@ def test_with_restart_never_a_killed_engine_ends_the_service_non_zero():
         assert "--restart never" in proc.output()
     # The control: the same kill with the default restarts the engine and the service stays up
     # (test_a_killed_engine_answers_its_requests_in_flight_at_once_and_comes_back).
+
+
+def test_a_killed_supervisor_takes_its_children_with_it_and_frees_the_port():
+    proc = ServiceProcess(**SETTINGS).wait_ready()
+    pids = [pid for role in children(proc.proc.pid).values() for pid in role]
+    assert len(pids) == 3
+    proc.kill()  # SIGKILL: no drain, as a crashed machine or an OOM kill
+
+    def alive(pid: int) -> bool:
+        try:  # a zombie (Z) has exited; only its parent's reaping is left
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    wait_until(lambda: not any(alive(pid) for pid in pids), 10, "a child outlived its supervisor")
+
+    def listens() -> bool:
+        try:
+            with socket.create_server(("127.0.0.1", proc.port)):
+                return True
+        except OSError:
+            return False
+
+    wait_until(listens, 10, "the port is still taken")  # a replacement can listen
