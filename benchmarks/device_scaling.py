@@ -1,7 +1,7 @@
 """Throughput against the number of devices, one process for all of them or one per device.
 
     python benchmarks/device_scaling.py [--counts 1,2,4,8,16] [--sleeps-ms 20,5,2] [--rounds 2] [--seconds 5]
-                                        [--workers-per-device 2]
+                                        [--workers-per-device 2] [--frontends 1,2]
 
 The null model (``benchmarks/repository/null``) with ``sleep_ms`` per batch and batches of
 one: each forward pass sleeps with the GIL released, a stand-in for an accelerator kernel
@@ -16,6 +16,8 @@ without raising the ideal. In each round, for each count N:
                  first sleep only (16 processes take a minute to start on two cores)
   ceiling        (once per round) the service on the most devices with sleep 0: what the front
                  end alone can feed at batch 1, whatever the devices
+  engine + K front ends   with --frontends: the service as one engine process and K front-end
+                 processes (--frontends K), for every sleep
 
 wrk with 2 connections per device, ``/predict``. Prints throughput, its share of the ideal
 and the processes' summed PSS (shared pages counted once per process share); writes the raw
@@ -45,10 +47,30 @@ BODY = json.dumps({"model": "null", "inputs": [[0.5] * 64]})
 
 
 def pss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-        if line.startswith("Pss:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+    """PSS of ``pid`` and its descendants (an engine and front ends under the supervisor)."""
+    total = 0.0
+    for one in [pid, *descendants(pid)]:
+        for line in Path(f"/proc/{one}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                total += int(line.split()[1]) / 1024
+    return total
+
+
+def descendants(pid: int) -> list[int]:
+    children = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 def repository(tmp: Path, sleep_ms: float, max_batch_size: int = 1) -> Path:
@@ -77,6 +99,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5)
     parser.add_argument("--workers-per-device", type=int, default=2,
                         help="worker threads a device, in every run (the service's default: 2)")
+    parser.add_argument("--frontends", default="",
+                        help="comma-separated front-end counts K: 'one process' runs also with an engine and "
+                        "K front-end processes (--frontends K), as rows 'engine + K front ends'")
     parser.add_argument("--replot", type=Path, metavar="JSON",
                         help="draw the PNG beside this saved chart JSON again, measuring nothing")
     args = parser.parse_args()
@@ -86,7 +111,9 @@ def main() -> None:
     counts = [int(c) for c in args.counts.split(",")]
     workers = args.workers_per_device
     sleeps = [float(x) for x in args.sleeps_ms.split(",")]
+    frontends = [int(k) for k in args.frontends.split(",") if k.strip()]
     runs = [("one process", sleep) for sleep in sleeps] + [("per device", sleeps[0])]
+    runs += [(f"engine + {k} front ends", sleep) for k in frontends for sleep in sleeps]
     found: dict = {f"{kind} {sleep:g} ms": {n: [] for n in counts} for kind, sleep in runs}
     ceiling: list[dict] = []
     top = max(counts)
@@ -102,9 +129,11 @@ def main() -> None:
             print(f"round {r + 1}: ceiling (sleep 0, {top} devices): {ceiling[-1]['rps']:.0f} req/s", flush=True)
             for n in counts if r % 2 == 0 else counts[::-1]:
                 for kind, sleep in runs if r % 2 == 0 else runs[::-1]:
-                    if kind == "one process":
+                    if kind == "one process" or kind.startswith("engine"):
+                        k = int(kind.split()[2]) if kind.startswith("engine") else 0
                         servers = [service([f"sim:{i}" for i in range(n)], "null", SIM_DEVICES=n,
-                                           MODEL_REPOSITORY=repos[sleep], WORKERS_PER_DEVICE=workers)]
+                                           MODEL_REPOSITORY=repos[sleep], WORKERS_PER_DEVICE=workers,
+                                           FRONTENDS=k)]
                     else:
                         servers = [service(["sim:0"], "null", SIM_DEVICES=1, MODEL_REPOSITORY=repos[sleep],
                                            WORKERS_PER_DEVICE=workers) for _ in range(n)]
@@ -204,7 +233,8 @@ def _lines(ax, chart: dict, colours: dict, key: str, text) -> None:
     drawn = {name: values[key] for name, values in chart["series"].items() if key in values}
     for (name, ys), below in zip(drawn.items(), below_nearest(list(drawn.values())), strict=True):
         per_device = name.startswith("per device")
-        ax.plot(chart["counts"], ys, "s--" if per_device else "o-", color=colours[sleep_of(name)],
+        style = "s--" if per_device else "^:" if name.startswith("engine") else "o-"
+        ax.plot(chart["counts"], ys, style, color=colours[sleep_of(name)],
                 alpha=0.7 if per_device else 1, label=name)
         label_points(ax, chart["counts"], ys, [text(v) for v in ys], below, color=colours[sleep_of(name)])
     ax.margins(x=0.08, y=0.1)  # room for the labels of the outermost points
