@@ -130,7 +130,12 @@ def h2load(url: str, frame: bytes, connections: int, seconds: float) -> dict:
 
 
 def cpu_s(pid: int) -> tuple[float, float]:
-    """CPU seconds used so far by the process's main thread and by its other threads."""
+    """CPU seconds used so far by the process's main thread and by its other threads; for a service
+    with front ends (its process has children), the engine's and the front ends' processes."""
+    kids = children(pid)
+    if kids:
+        return (sum(sum(cpu_s(k)) for k, role in kids if role == "engine"),
+                sum(sum(cpu_s(k)) for k, role in kids if role != "engine"))
     main = others = 0.0
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
@@ -145,13 +150,33 @@ def cpu_s(pid: int) -> tuple[float, float]:
     return main, others
 
 
+def children(pid: int) -> list[tuple[int, str]]:
+    """The supervisor's engine and front ends: (pid, "engine" | "frontend")."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            command = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if parent == pid:
+            found.append((int(entry.name), "engine" if b"placeenv.serve.engine" in command else "frontend"))
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=4)
     parser.add_argument("--connections", type=int, default=16)
     parser.add_argument("--devices", default="cpu", help="the service's devices, e.g. cpu or sim:0,sim:1")
+    parser.add_argument("--frontends", default="", help="comma-separated K: rows '/predict, K front ends' "
+                        "(and 'v2 gRPC, K front ends') from the service as an engine and K front-end processes; "
+                        "their CPU columns are the engine's + the front ends'")
     args = parser.parse_args()
+    ks = [int(k) for k in args.frontends.split(",") if k.strip()]
     unavailable = skipped()
     if unavailable:
         print("skipping " + "; ".join(f"{', '.join(rows)} (they need {needs})"
@@ -177,6 +202,10 @@ def main() -> None:
                    MODEL_REPOSITORY=str(ROOT / "benchmarks" / "repository"))
     eager = service(args.devices.split(","), "null", WORKERS_PER_DEVICE=2, MAX_BATCH_DELAY_MS=0,
                     MODEL_REPOSITORY=str(ROOT / "benchmarks" / "repository"))
+    split_grpc = {k: free_port() for k in ks}
+    split = {k: service(args.devices.split(","), "null", WORKERS_PER_DEVICE=2, FRONTENDS=k,
+                        **({"GRPC_PORT": split_grpc[k]} if grpc else {}),
+                        MODEL_REPOSITORY=str(ROOT / "benchmarks" / "repository")) for k in ks}
     try:
         body = bodies()
         ways = {  # name: a function of (connections, seconds)
@@ -191,7 +220,13 @@ def main() -> None:
                 lambda c, s: h2load(f"http://127.0.0.1:{handoff_grpc_port}", grpc_frame(), c, s),
             "v2 gRPC": lambda c, s: h2load(f"http://127.0.0.1:{grpc_port}", grpc_frame(), c, s),
         }
-        ways = {name: run for name, run in ways.items() if name not in missing}
+        for k, server in split.items():
+            ways[f"/predict, {k} front ends"] = lambda c, s, server=server: wrk(server.url + "/predict",
+                                                                               *body["predict"], c, s)
+            ways[f"v2 gRPC, {k} front ends"] = lambda c, s, k=k: h2load(f"http://127.0.0.1:{split_grpc[k]}",
+                                                                        grpc_frame(), c, s)
+        ways = {name: run for name, run in ways.items() if name not in missing and not (
+            "gRPC" in name and not grpc)}
         baseline = {name: "raw gRPC" if "gRPC" in name else "raw" for name in ways}
         names = list(ways)
         for run in ways.values():  # warm-up
@@ -199,7 +234,11 @@ def main() -> None:
         pids = {"raw": raw.proc.pid, "+ hand-off": floor.proc.pid, "/predict, batch delay 0": eager.proc.pid}
         if grpc:
             pids.update({"raw gRPC": raw_grpc.proc.pid, "raw gRPC + hand-off": handoff_grpc.proc.pid})
-        services = {"/predict, batch delay 0": eager, **{n: ours for n in names if n not in pids}}
+        for k, server in split.items():
+            pids.update({f"/predict, {k} front ends": server.proc.pid, f"v2 gRPC, {k} front ends": server.proc.pid})
+        services = {"/predict, batch delay 0": eager, **{n: ours for n in names if n not in pids},
+                    **{f"{way}, {k} front ends": server for k, server in split.items()
+                       for way in ("/predict", "v2 gRPC") if f"{way}, {k} front ends" in names}}
         found = {n: {"p50_ms": [], "rps": [], "main_us": [], "others_us": [], "batch": []} for n in names}
         for r in range(args.rounds):
             for name in names[r % len(names):] + names[:r % len(names)]:
@@ -221,6 +260,8 @@ def main() -> None:
     finally:
         ours.stop()
         eager.stop()
+        for server in split.values():
+            server.stop()
         floor.stop()
         raw.stop()
         for server in (raw_grpc, handoff_grpc):
