@@ -129,8 +129,7 @@ class EngineClient:
         self.socket.setsockopt(zmq.IMMEDIATE, 1)
         self.socket.setsockopt(zmq.LINGER, 0)
         self.pending: dict[int, asyncio.Future] = {}
-        # A stalled engine cannot grow this process: past this many unanswered requests, 503.
-        self.limit = settings.queue_capacity * max(1, settings.workers_per_device) * 64
+        self.limit = 0  # set with the catalog: see connect()
         self.ids = itertools.count(1)
         self.catalog: Catalog | None = None
         self.up = False
@@ -148,6 +147,12 @@ class EngineClient:
                 await asyncio.sleep(0.05)  # the engine is still starting: its socket is not bound yet
             except Timeout:
                 continue  # bound, still loading its models
+        # A stalled engine cannot grow this process: past what the engine itself can hold (every
+        # device's queue full and every worker on a full batch), a request gets 503 here, as the
+        # engine would answer it.
+        settings = self.settings
+        self.limit = len(self.catalog.devices) * (
+            settings.queue_capacity + settings.workers_per_device * settings.max_batch_size)
         self.up = True
 
     async def close(self) -> None:

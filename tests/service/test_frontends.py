@@ -193,3 +193,23 @@ def test_a_killed_supervisor_takes_its_children_with_it_and_frees_the_port():
             return False
 
     wait_until(listens, 10, "the port is still taken")  # a replacement can listen
+
+
+def test_a_stalled_engine_bounds_what_a_front_end_holds_and_every_request_is_answered_by_its_deadline():
+    # The engine holds at most devices x (queue capacity + workers x max batch) = 2 x (1 + 8) = 18
+    # requests; a front end holds no more for it. Stopped (SIGSTOP), it answers nothing: the front end
+    # refuses what is past the bound at once (503), and answers the rest at their deadline (504).
+    with ServiceProcess(**{**SETTINGS, "FRONTENDS": 1}, QUEUE_CAPACITY=1, REQUEST_TIMEOUT_S=2) as proc, \
+            ThreadPoolExecutor(60) as pool:
+        (engine,) = children(proc.proc.pid)["engine"]
+        os.kill(engine, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            codes = sorted(pool.map(lambda _: predict(proc.url, 30).status_code, range(60)))
+            waited = time.monotonic() - started
+        finally:
+            os.kill(engine, signal.SIGCONT)
+        assert codes == [503] * (60 - 18) + [504] * 18, codes
+        assert waited < 10  # the request timeout and the front end's margin, not the client's 30 s
+        proc.wait_ready(30)
+        assert predict(proc.url).status_code == 200  # the engine, resumed, serves again
