@@ -19,6 +19,8 @@ _SERVICE_STACK = {
     "prometheus_client": "prometheus-client",
     "yaml": "pyyaml",
     "fastapi_offline": "fastapi-offline",
+    "msgspec": "msgspec",
+    "zmq": "pyzmq",
 }
 
 

@@ -38,11 +38,13 @@ class DrainingServer(uvicorn.Server):
     A second signal during the delay skips the rest of it.
     """
 
-    def __init__(self, config: uvicorn.Config, app, settings: Settings, supervised: bool = False) -> None:
+    def __init__(self, config: uvicorn.Config, app, settings: Settings, supervised: bool = False,
+                 told: list | None = None) -> None:
         super().__init__(config)
         self.app, self.settings = app, settings
-        # A front end: the supervisor says where the service listens, and when to stop (runtime.STOP).
-        self.supervised = supervised
+        # A front end: the supervisor says where the service listens, and when to stop (runtime.STOP);
+        # ``told`` holds a stop that came before this server took the signal.
+        self.supervised, self.told = supervised, told or []
         self._stop_started = False
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
@@ -51,6 +53,8 @@ class DrainingServer(uvicorn.Server):
 
             signal.signal(runtime.STOP, lambda sig, frame: self.handle_exit(signal.SIGTERM, frame, True))
         await super().startup(sockets=sockets)
+        if self.told:
+            self.handle_exit(signal.SIGTERM, None, True)
         if self.started and sockets and not self.supervised:
             # uvicorn names no address for sockets it is handed (bound early: bind()), so say it here.
             print(ready_message(sockets[0], self.settings), flush=True)

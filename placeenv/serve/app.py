@@ -33,7 +33,7 @@ import placeenv
 from . import metrics, v2, wire
 from .config import Settings
 from .gateway import Gateway
-from .request import InferRequest, Result
+from .request import ARRIVED, InferRequest, Result, arrival
 from .errors import InvalidInput, MethodNotAllowed, ServiceError, StartupError, UnsupportedMediaType, outcome
 from .fastjson import FastJSONResponse, FastJSONRoute
 from .wire import prefix
@@ -316,15 +316,6 @@ def count_refusal(request: Request, error: ServiceError) -> None:
     gateway = getattr(request.app.state, "gateway", None)
     if gateway is not None:  # None until started
         gateway.refused(None, error)
-
-
-def arrival(scope) -> float:
-    """When the request arrived: stamped once, as the app received it (``ServiceApp``)."""
-    return scope.get(ARRIVED) or time.perf_counter()
-
-
-#: The ASGI scope key of a request's arrival time (``time.perf_counter()``).
-ARRIVED = "placeenv.arrived"
 
 
 @asynccontextmanager

@@ -269,8 +269,13 @@ class Service:
                    inline: bool, arrived: float) -> Result:
         loop = asyncio.get_running_loop()
         template = self.templates[entry.name, version.number]
+        own = type(template).preprocess is not Model.preprocess
+        if own and not all(a.flags.writeable for a in arrays.values()):
+            # Arrays read over a binary body or the link's frames are read-only; a model's preprocess
+            # may change its inputs in place.
+            arrays = {n: a if a.flags.writeable else a.copy() for n, a in arrays.items()}
         try:
-            if type(template).preprocess is Model.preprocess:
+            if not own:
                 # No preprocess of the model's own: nothing runs that could make a tensor, so no
                 # PlaceEnv('cpu'), whose two Tracer switches cost a small request time for nothing.
                 tensors = host_inputs(template.context, arrays)

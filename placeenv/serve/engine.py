@@ -26,7 +26,7 @@ CANNOT_START = 3
 
 
 def main(argv: list[str] | None = None) -> int:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    stopped = _take_signals()
     runtime.die_with_parent()
     settings = Settings(_cli_parse_args=sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -40,10 +40,10 @@ def main(argv: list[str] | None = None) -> int:
         placeenv.sim.prepare(settings.sim_devices)
     import placeenv
 
-    from .core import Service  # imports Paddle
+    from .core import Service  # imports Paddle, which sets its own SIGTERM handler (a fatal error)
     from .errors import StartupError
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # again: in case importing Paddle set a handler
+    _take_signals(stopped)  # ours again
     if settings.isolation == "off":
         placeenv.uninstall()  # the stock-Paddle demonstration
     else:
@@ -57,29 +57,52 @@ def main(argv: list[str] | None = None) -> int:
         return CANNOT_START
     log.info("engine: serving %s on %s (isolation %s)", ", ".join(service.entries), ", ".join(service.devices),
              settings.isolation)
-    asyncio.run(serve(service, flags, run))
-    return 0
+    return asyncio.run(serve(service, flags, run, stopped))
 
 
-async def serve(service, flags: runtime.ReadyFlags, run) -> None:
+def _take_signals(stopped: list | None = None) -> list:
+    """From the first line on: the supervisor's stop signal is noted (acted on once serving), and
+    SIGINT and SIGTERM, which the whole group may get, are the supervisor's while it runs."""
+    stopped = [] if stopped is None else stopped
+
+    def terminate(sig, frame) -> None:
+        if not runtime.supervised():  # nobody else will stop us
+            stopped.append(sig)
+
+    signal.signal(runtime.STOP, lambda sig, frame: stopped.append(sig))
+    signal.signal(signal.SIGTERM, terminate)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return stopped
+
+
+async def serve(service, flags: runtime.ReadyFlags, run, stopped: list) -> int:
+    """Answer the front ends until told to stop (0), or until serving fails (1: the supervisor restarts us)."""
     from .link import EngineServer, address
 
     server = EngineServer(service, address(str(run)))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(runtime.STOP, stop.set)
-    # Replaces Paddle's own (a fatal error). A SIGTERM sent to the whole group is the supervisor's
-    # to act on; one sent to an engine whose supervisor is gone stops it.
     loop.add_signal_handler(signal.SIGTERM, lambda: None if runtime.supervised() else stop.set())
-    serving = asyncio.ensure_future(server.serve())
+    if stopped:  # told before the loop ran
+        stop.set()
+    server.bind()  # before the flag: a front end that sees it can connect
     flags.set(0, True)
-    await stop.wait()
+    serving = asyncio.ensure_future(server.serve())
+    told = asyncio.ensure_future(stop.wait())
+    await asyncio.wait([serving, told], return_when=asyncio.FIRST_COMPLETED)
     flags.set(0, False)
+    code = 0
+    if serving.done():
+        log.error("engine: serving the front ends failed: %r", serving.exception())
+        code = 1
     log.info("engine: stopping; %d requests received, %d answered", service.received, service.answered)
     # Requests in flight finish and are answered; new ones get 503 Draining.
     await asyncio.to_thread(service.stop)
     serving.cancel()
+    told.cancel()
     server.close()
+    return code
 
 
 if __name__ == "__main__":

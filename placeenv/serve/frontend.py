@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import sys
 from contextlib import asynccontextmanager
@@ -26,6 +27,12 @@ log = logging.getLogger("placeenv.serve.frontend")
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Until uvicorn takes them: the supervisor's stop is noted (acted on once serving), and SIGINT
+    # and SIGTERM, which the whole group may get, are the supervisor's while it runs.
+    told: list[int] = []
+    signal.signal(runtime.STOP, lambda sig, frame: told.append(sig))
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda sig, frame: None if runtime.supervised() else sys.exit(1))
     runtime.die_with_parent()
     settings = Settings(_cli_parse_args=sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -51,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         client = EngineClient(address(str(run)), settings)
         await client.connect()
         gateway = Gateway(settings, client, peers_ready=flags.all, on_stopping=stopping)
+        # The engine's own vote leaves with its process (metrics.process_dead): this one says it is gone.
+        client.on_change = lambda up: metrics.READY.set(1 if up and not gateway.stopping else 0)
         flags.set(index + 1, True)
         metrics.READY.set(1)  # service_ready is the lowest of every process's (metrics.py)
         try:
@@ -63,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.setswitchinterval(settings.gil_switch_interval_ms / 1000)
     config = uvicorn.Config(app, log_level=settings.log_level, timeout_graceful_shutdown=settings.shutdown_grace_s,
                             access_log=settings.access_log)
-    server = DrainingServer(config, app, settings, supervised=True)
+    server = DrainingServer(config, app, settings, supervised=True, told=told)
     server.run(sockets=[sock])
     return 0 if server.started else 1
 

@@ -67,10 +67,9 @@ class Gateway:
 
     async def infer(self, request: InferRequest) -> Result:
         """Check ``request``, run it on the engine, count its answer; ``ServiceError`` when it has none."""
-        model = request.model
-        label = model if isinstance(model, str) and model in self.engine.catalog.models else "unknown"
+        label = self._label(request.model)
         try:
-            work, arrays = self.engine.catalog.check(request, self.inline_bytes)
+            work, arrays = self.catalog.check(request, self.inline_bytes)
             metrics.ON_LOOP.in_flight += 1
             try:
                 result = await self.engine.run(work, arrays)
@@ -87,8 +86,15 @@ class Gateway:
     def refused(self, model: Any, error: ServiceError) -> None:
         """Count a request an adapter refused before ``infer`` (a body that does not parse). The model
         label is a served model's name or "unknown"."""
-        label = model if isinstance(model, str) and model in self.engine.catalog.models else "unknown"
-        metrics.ON_LOOP.count(label, "none", outcome(error).label)
+        metrics.ON_LOOP.count(self._label(model), "none", outcome(error).label)
+
+    def _label(self, model: Any) -> str:
+        """The model label of a request's metrics: a served model's name, or "unknown" (bounded)."""
+        return model if isinstance(model, str) and model in self.catalog.models else "unknown"
+
+    async def statistics(self, model: str | None = None, version: int | None = None) -> list[dict]:
+        """Triton's statistics, kept by the engine: every version's, ``model``'s, or one version's."""
+        return await self.engine.statistics(model, version)
 
     async def status(self) -> dict[str, Any]:
         """Readiness: the engine's (every worker started), this process's, and its peers'."""
@@ -101,7 +107,7 @@ class Gateway:
         return (await self.status())["ready"]
 
     async def model_ready(self, name: str) -> bool:
-        return name in self.engine.catalog.models and await self.ready()
+        return name in self.catalog.models and await self.ready()
 
     def begin_stopping(self) -> None:
         """Readiness off; requests are still served (a load balancer needs time to stop routing here).

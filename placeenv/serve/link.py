@@ -89,7 +89,7 @@ def arrays_out(arrays) -> tuple[Tensors, list[np.ndarray]]:
     """Each array's description and its contiguous buffer, to send as frames."""
     tensors, buffers = [], []
     for name, array in arrays.items():
-        array = np.ascontiguousarray(array)
+        array = np.require(array, requirements="C")  # not ascontiguousarray: it makes a 0-d array 1-d
         tensors.append((name, array.dtype.str, array.shape))
         buffers.append(array)
     return tensors, buffers
@@ -133,6 +133,8 @@ class EngineClient:
         self.ids = itertools.count(1)
         self.catalog: Catalog | None = None
         self.up = False
+        self.connection = 0  # counts the engine connection's changes
+        self.on_change = None  # called with True / False when the engine comes / goes
         self._tasks: list[asyncio.Task] = []
 
     async def connect(self) -> None:
@@ -219,19 +221,25 @@ class EngineClient:
 
     async def _read(self) -> None:
         while True:
-            kind, header, *frames = await self.socket.recv_multipart(copy=False)
-            kind = kind.bytes
-            if kind == b"r":
-                found = _result.decode(header.buffer)
-                self._settle(found.id, "set_result", (found, frames))
-            elif kind == b"e":
-                found = _error.decode(header.buffer)
-                error = _ERRORS.get(found.kind, ModelFailed)(found.message)
-                error.device = found.device
-                self._settle(found.id, "set_exception", error)
-            else:  # an answer to a query: its id first
-                raw = header.bytes
-                self._settle(msgspec.msgpack.decode(raw)[0], "set_result", (raw, None))
+            message = await self.socket.recv_multipart(copy=False)
+            try:
+                self._answer(*message)
+            except Exception:  # one bad message: logged; its request is answered by its timer
+                log.exception("an answer from the engine could not be read")
+
+    def _answer(self, kind, header, *frames) -> None:
+        kind = kind.bytes
+        if kind == b"r":
+            found = _result.decode(header.buffer)
+            self._settle(found.id, "set_result", (found, frames))
+        elif kind == b"e":
+            found = _error.decode(header.buffer)
+            error = _ERRORS.get(found.kind, ModelFailed)(found.message)
+            error.device = found.device
+            self._settle(found.id, "set_exception", error)
+        else:  # an answer to a query: its id first
+            raw = header.bytes
+            self._settle(msgspec.msgpack.decode(raw)[0], "set_result", (raw, None))
 
     def _settle(self, ident: int, setter: str, value) -> None:
         future = self.pending.get(ident)
@@ -249,24 +257,43 @@ class EngineClient:
     async def _watch(self, monitor) -> None:
         """Follow the connection: when the engine process goes, every request waiting on it is answered."""
         while True:
-            event = await recv_monitor_message(monitor)
-            if event["event"] == zmq.EVENT_DISCONNECTED:
-                self.up = False
+            try:
+                event = (await recv_monitor_message(monitor))["event"]
+            except Exception:  # a monitor message not as expected: logged, and the watch goes on
+                log.exception("the link's monitor sent a message that could not be read")
+                continue
+            if event == zmq.EVENT_DISCONNECTED:
+                self.connection += 1  # a catalog fetch for the connection before is stale
+                self._set_up(False)
                 log.error("the engine process went away: answering its %d requests in flight with 503",
                           len(self.pending))
                 self._fail_all(EngineUnavailable("the engine process stopped while serving this request; "
                                                  "retry later"))
-            elif event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED and self.catalog is not None:
-                asyncio.create_task(self._reconnected())
+            elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED and self.catalog is not None and not self.up:
+                self.connection += 1
+                self._tasks.append(asyncio.create_task(self._reconnected(self.connection)))
 
-    async def _reconnected(self) -> None:
-        try:
-            self.catalog = await self._fetch_catalog(timeout=30.0)
-        except ServiceError as exc:
-            log.error("the engine came back but sent no catalog: %s", exc)
+    async def _reconnected(self, connection: int) -> None:
+        """The engine is back (a new process): its catalog, then requests again; until this connection
+        drops."""
+        while connection == self.connection:
+            try:
+                catalog = await self._fetch_catalog(timeout=5.0)
+            except Timeout:
+                continue  # still loading its models
+            except ServiceError:
+                await asyncio.sleep(0.1)  # not there for a moment
+                continue
+            if connection == self.connection:
+                self.catalog = catalog
+                self._set_up(True)
+                log.info("the engine process is back")
             return
-        self.up = True
-        log.info("the engine process is back")
+
+    def _set_up(self, up: bool) -> None:
+        self.up = up
+        if self.on_change is not None:
+            self.on_change(up)
 
 
 class EngineServer:
@@ -280,23 +307,34 @@ class EngineServer:
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 0)  # a front end gone: its answers are dropped
         self.catalog = msgspec.to_builtins(service.catalog())
 
-    async def serve(self) -> None:
+    def bind(self) -> None:
         self.socket.bind(self.endpoint)
+
+    async def serve(self) -> None:
         while True:
-            peer, kind, header, *frames = await self.socket.recv_multipart(copy=False)
-            kind = kind.bytes
-            if kind == b"R":
-                asyncio.ensure_future(self._run(peer, header, frames))
-            elif kind in (b"S", b"T", b"C"):
-                self._query(peer, kind, _query.decode(header.buffer))
+            peer, kind, *rest = await self.socket.recv_multipart(copy=False)
+            try:
+                kind = kind.bytes
+                if kind == b"R":
+                    asyncio.ensure_future(self._run(peer, *rest))
+                elif kind in (b"S", b"T", b"C"):
+                    self._query(peer, kind, _query.decode(rest[0].buffer))
+                else:
+                    log.error("engine: a message of unknown kind %r from a front end", kind[:8])
+            except Exception:  # one bad message: logged, and the link serves on
+                log.exception("engine: a message from a front end could not be read")
 
     def close(self) -> None:
         self.context.destroy(linger=0)
 
-    async def _run(self, peer, header, frames) -> None:
-        request = _run.decode(header.buffer)
+    async def _run(self, peer, header, *frames) -> None:
+        request = _run.decode(header.buffer)  # a front end's message: it decodes, or the serve loop logs it
         try:
             result = await self.service.run(request.work, arrays_in(request.tensors, frames))
+            tensors, buffers = arrays_out(result.outputs)
+            reply = [b"r", _encode(ResultHeader(request.id, result.model, result.version, result.datatypes,
+                                                result.device, result.worker, result.batch_size, result.batched,
+                                                result.timings, tensors)), *buffers]
         except ServiceError as exc:
             reply = [b"e", _encode(ErrorHeader(request.id, type(exc).__name__, str(exc),
                                                getattr(exc, "device", "none")))]
@@ -304,12 +342,9 @@ class EngineServer:
             log.exception("engine: request %d failed", request.id)
             reply = [b"e", _encode(ErrorHeader(request.id, "ModelFailed",
                                                f"internal error ({type(exc).__name__}); see the engine's log", "none"))]
-        else:
-            tensors, buffers = arrays_out(result.outputs)
-            reply = [b"r", _encode(ResultHeader(request.id, result.model, result.version, result.datatypes,
-                                                result.device, result.worker, result.batch_size, result.batched,
-                                                result.timings, tensors)), *buffers]
-        send_now(self.socket, [peer, *reply])
+        if not send_now(self.socket, [peer, *reply]):
+            log.error("engine: the answer to request %d could not be sent (its front end is gone or full)",
+                      request.id)
 
     def _query(self, peer, kind: bytes, query: Query) -> None:
         if kind == b"C":

@@ -10,6 +10,7 @@ a link to the engine process. The answer is a ``Result``, or a ``ServiceError``.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,7 +27,17 @@ class InputError(ValueError):
     """A request's inputs are invalid; the message names the tensor and what was expected."""
 
 
-class TensorSpec(msgspec.Struct, frozen=True, array_like=True):
+#: The ASGI scope key of a request's arrival time (``time.perf_counter()``), stamped once by the app.
+ARRIVED = "placeenv.arrived"
+
+
+def arrival(scope) -> float:
+    """When the request arrived: as the app received it (``app.ServiceApp``)."""
+    return scope.get(ARRIVED) or time.perf_counter()
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
     """One input or output: its name, protocol datatype and shape (-1 for a dynamic dimension)."""
 
     name: str

@@ -17,6 +17,8 @@ from pathlib import Path
 
 #: The run directory, set by the supervisor in each child's environment.
 RUN_DIR = "PLACEENV_RUN_DIR"
+#: The supervisor's process id, for a child to know whether it still runs.
+SUPERVISOR = "PLACEENV_SUPERVISOR_PID"
 #: A front end's index (0..K-1), and the file descriptor of the HTTP socket it inherits.
 FRONTEND_INDEX = "PLACEENV_FRONTEND_INDEX"
 LISTEN_FD = "PLACEENV_LISTEN_FD"
@@ -33,6 +35,9 @@ class ReadyFlags:
 
     def set(self, index: int, ready: bool) -> None:
         self._map[index] = 1 if ready else 0
+
+    def is_set(self, index: int) -> bool:
+        return bool(self._map[index])
 
     def all(self) -> bool:
         return all(self._map[:])
@@ -53,6 +58,8 @@ def die_with_parent() -> None:
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+    if not supervised():  # it died before the request took effect
+        os._exit(1)
 
 
 #: The signal the supervisor stops its children with. SIGTERM and SIGINT may reach every process
@@ -66,7 +73,7 @@ def supervised() -> bool:
     return os.getppid() == _PARENT
 
 
-_PARENT = os.getppid()
+_PARENT = int(os.environ.get(SUPERVISOR) or os.getppid())
 
 
 def run_dir() -> Path | None:

@@ -29,13 +29,12 @@ from pathlib import Path
 
 from . import runtime
 from .config import Settings
+from .engine import CANNOT_START  # imports neither Paddle nor the app
 
 log = logging.getLogger("placeenv.serve.supervisor")
 
 #: How often the supervisor looks at its children and at the signal flag.
 TICK_S = 0.05
-#: The engine's exit status when it cannot start as configured (engine.CANNOT_START).
-CANNOT_START = 3
 
 
 class Supervisor:
@@ -46,11 +45,12 @@ class Supervisor:
         self.run = Path(tempfile.mkdtemp(prefix="placeenv-"))
         (self.run / "metrics").mkdir()
         self.flags = runtime.ReadyFlags(self.run / "ready", self.count + 1)
-        self.env = {**os.environ, runtime.RUN_DIR: str(self.run),
+        self.env = {**os.environ, runtime.RUN_DIR: str(self.run), runtime.SUPERVISOR: str(os.getpid()),
                     "PROMETHEUS_MULTIPROC_DIR": str(self.run / "metrics")}
         self.engine: subprocess.Popen | None = None
         self.frontends: list[subprocess.Popen | None] = [None] * self.count
         self.signalled = 0
+        self.draining = False
         self.restarts = {"engine": 0, "frontend": 0}
 
     # -- children ----------------------------------------------------------------------------
@@ -67,9 +67,9 @@ class Supervisor:
     def _gone(self, proc: subprocess.Popen, flag: int) -> None:
         """A child has exited: its readiness and its live gauges go with it."""
         self.flags.set(flag, False)
-        from prometheus_client import multiprocess  # the supervisor serves no metrics of its own
+        from . import metrics  # single-process mode here: the supervisor serves no metrics of its own
 
-        multiprocess.mark_process_dead(proc.pid, str(self.run / "metrics"))
+        metrics.process_dead(proc.pid, str(self.run / "metrics"))
 
     # -- the life of the service -------------------------------------------------------------
 
@@ -87,32 +87,32 @@ class Supervisor:
 
     def _on_signal(self, sig, frame) -> None:
         self.signalled += 1
+        if self.signalled > 1 and self.draining:
+            # A second signal hurries the drain, as it does the single process: each front end
+            # skips what is left of its shutdown delay.
+            for proc in self.frontends:
+                if proc is not None and proc.poll() is None:
+                    proc.send_signal(runtime.STOP)
 
     def _start(self) -> int | None:
-        """Start the engine, then the front ends; None once all are ready, else the exit status."""
+        """Start the engine and, once it is ready, the front ends; None once all are ready, else the
+        exit status (a signal during start-up: 0, after draining what already serves)."""
         self._start_engine()
-        while not self.flags.count() or not self.flags.all() and not self._any_frontend():
-            if self.signalled:
-                return 0
-            code = self.engine.poll()
-            if code is not None:
-                self._gone(self.engine, 0)
-                log.error("the engine did not start (exit status %s)", code)
-                return 1
-            if self.flags.count() and not self._any_frontend():  # the engine is ready: its front ends now
-                for index in range(self.count):
-                    self._start_frontend(index)
-            time.sleep(TICK_S)
         while not self.flags.all():
             if self.signalled:
-                return 0
+                return self._drain() if self._any_frontend() else 0
+            if self.engine.poll() is not None:
+                self._gone(self.engine, 0)
+                log.error("the engine exited during start-up (exit status %s)", self.engine.returncode)
+                return 1
             for index, proc in enumerate(self.frontends):
-                if proc.poll() is not None:
+                if proc is not None and proc.poll() is not None:
                     log.error("front end %d did not start (exit status %s)", index, proc.returncode)
                     return 1
-            if self.engine.poll() is not None:
-                log.error("the engine exited while the front ends started (exit status %s)", self.engine.returncode)
-                return 1
+            engine_ready = self.flags.count() >= 1 and not self._any_frontend()
+            if engine_ready:  # the engine's flag is the only one set: its front ends now
+                for index in range(self.count):
+                    self._start_frontend(index)
             time.sleep(TICK_S)
         print(self.ready_message(), f"({self.count} front ends, pid {os.getpid()})", flush=True)
         return None
@@ -121,41 +121,58 @@ class Supervisor:
         return any(proc is not None for proc in self.frontends)
 
     def _watch(self) -> int:
+        backoff = {"engine": Backoff(), **{f"frontend {i}": Backoff() for i in range(self.count)}}
         while not self.signalled:
+            now = time.monotonic()
             for index, proc in enumerate(self.frontends):
-                if proc.poll() is not None:
+                key = f"frontend {index}"
+                if proc is not None and proc.poll() is not None:
                     self._gone(proc, index + 1)
-                    log.error("front end %d (pid %d) exited with status %s: starting it again",
-                              index, proc.pid, proc.returncode)
+                    self.frontends[index] = None
+                    log.error("front end %d (pid %d) exited with status %s: starting it again in %.1f s",
+                              index, proc.pid, proc.returncode, backoff[key].next(now))
+                if self.frontends[index] is None and backoff[key].due(now):
                     self.restarts["frontend"] += 1
                     self._start_frontend(index)
-            if self.engine.poll() is not None:
+            if self.engine is not None and self.engine.poll() is not None:
                 self._gone(self.engine, 0)
                 if self.settings.restart == "never" or self.engine.returncode == CANNOT_START:
                     log.error("the engine (pid %d) exited with status %s; --restart %s: stopping the service",
                               self.engine.pid, self.engine.returncode, self.settings.restart)
-                    return 1
-                log.error("the engine (pid %d) exited with status %s: starting it again",
-                          self.engine.pid, self.engine.returncode)
+                    return max(1, self._drain())
+                log.error("the engine (pid %d) exited with status %s: starting it again in %.1f s",
+                          self.engine.pid, self.engine.returncode, backoff["engine"].next(now))
+                self.engine = None
+            if self.engine is None and backoff["engine"].due(now):
                 self.restarts["engine"] += 1
                 self._start_engine()
+            for key, proc in (("engine", self.engine), *((f"frontend {i}", p) for i, p in enumerate(self.frontends))):
+                if proc is not None and self._ready_for(key):
+                    backoff[key].reset(now)
             time.sleep(TICK_S)
         return self._drain()
 
+    def _ready_for(self, key: str) -> bool:
+        return self.flags.is_set(0 if key == "engine" else int(key.split()[1]) + 1)
+
     def _drain(self) -> int:
         """Front ends first (each drains as the single process does), then the engine."""
+        self.draining = True
         log.info("stopping: the front ends drain, then the engine stops")
+        # The front ends hold their own copies: once they close theirs, new connections are refused.
+        self.sock.close()
         codes = []
         for proc in self.frontends:
-            if proc.poll() is None:
+            if proc is not None and proc.poll() is None:
                 proc.send_signal(runtime.STOP)
         limit = self.settings.shutdown_delay_s + self.settings.shutdown_grace_s + 10
         for proc in self.frontends:
-            codes.append(_wait(proc, limit))
-        self.sock.close()
-        if self.engine.poll() is None:
-            self.engine.send_signal(runtime.STOP)
-        codes.append(_wait(self.engine, self.settings.shutdown_grace_s + 10))
+            if proc is not None:
+                codes.append(_wait(proc, limit))
+        if self.engine is not None:
+            if self.engine.poll() is None:
+                self.engine.send_signal(runtime.STOP)
+            codes.append(_wait(self.engine, self.settings.shutdown_grace_s + 10))
         bad = [c for c in codes if c != 0]
         if bad:
             log.error("stopped; exit statuses %s", codes)
@@ -166,6 +183,26 @@ class Supervisor:
             if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+class Backoff:
+    """When to start a process again: at once the first time, then twice as long after each exit that
+    comes before it was ready, up to half a minute; a process that became ready starts the count again."""
+
+    def __init__(self) -> None:
+        self.delay, self.at = 0.0, 0.0
+
+    def next(self, now: float) -> float:
+        waited = self.delay
+        self.at = now + waited
+        self.delay = min(30.0, max(0.5, self.delay * 2))
+        return waited
+
+    def due(self, now: float) -> bool:
+        return now >= self.at
+
+    def reset(self, now: float) -> None:
+        self.delay = 0.0
 
 
 def _wait(proc: subprocess.Popen, limit: float) -> int:

@@ -18,7 +18,6 @@ way.
 from __future__ import annotations
 
 import importlib.metadata
-import time
 import zlib
 from collections.abc import Mapping
 from types import MappingProxyType
@@ -31,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from . import wire
 from .gateway import Gateway
-from .request import InferRequest, Result
+from .request import InferRequest, Result, arrival
 from .errors import InvalidInput, ServiceError, TooLarge, UnsupportedMediaType
 from .wire import prefix
 
@@ -255,7 +254,7 @@ def router(settings) -> APIRouter:
 
     async def statistics(request: Request, name: str, version: str | None = None) -> Response:
         gateway, model, chosen = lookup(request, name, version)
-        found = await gateway.engine.statistics(model.name, chosen.number if version is not None else None)
+        found = await gateway.statistics(model.name, chosen.number if version is not None else None)
         return json_response({"model_stats": found})
 
     # The documented route; app.HotRoutes calls infer() itself.
@@ -263,13 +262,13 @@ def router(settings) -> APIRouter:
         return await infer(gateway_of(request), settings, name, version, await request.body(),
                            request.headers.get("content-encoding"), request.headers.get(HEADER_LENGTH),
                            request.headers.get("content-type"),
-                           request.scope.get("placeenv.arrived") or time.perf_counter())
+                           arrival(request.scope))
 
     # Before /models/{name}, which would take "stats" for a model name: Triton's statistics of every
     # model (what tritonclient's get_inference_statistics() asks for when no model is named).
     @api.get("/models/stats", summary="Statistics of every model")
     async def every_statistics(request: Request) -> Response:
-        return json_response({"model_stats": await gateway_of(request).engine.statistics()})
+        return json_response({"model_stats": await gateway_of(request).statistics()})
 
     for path, suffix in (("/models/{name}", ""), ("/models/{name}/versions/{version}", " (a version)")):
         api.add_api_route(path, metadata, methods=["GET"], summary="Model metadata" + suffix,

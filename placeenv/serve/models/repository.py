@@ -20,7 +20,6 @@ import sys
 from pathlib import Path
 from typing import Any, Literal
 
-import msgspec
 import paddle
 import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -374,5 +373,5 @@ def overridden(name, where, specs, overrides, kind):
         if "shape" in fields and len(fields["shape"]) != len(base.shape):
             raise RepositoryError(name, where, f"{kind}[{i}] shape {fields['shape']} has another rank than "
                                   f"the program's {list(base.shape)}")
-        result[i] = msgspec.structs.replace(base, **{k: tuple(v) if k == "shape" else v for k, v in fields.items()})
+        result[i] = dataclasses.replace(base, **{k: tuple(v) if k == "shape" else v for k, v in fields.items()})
     return tuple(result)
