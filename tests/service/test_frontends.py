@@ -154,6 +154,8 @@ def test_a_killed_engine_answers_its_requests_in_flight_at_once_and_comes_back()
             codes = [f.result().status_code for f in [*held, *queued]]
             waited = time.monotonic() - started
         # Answered by the front ends at once (503, retry later), not left to the 60 s request timeout.
+        # The control is the stalled engine below: stopped, not dead, the link stays up and the same
+        # requests wait for their deadline; only the engine's death answers them at once.
         assert codes == [503] * 6 and waited < 10, (codes, waited)
         assert httpx.get(proc.url + "/readyz", timeout=5).status_code == 503 or children(proc.proc.pid)["engine"]
         wait_until(lambda: children(proc.proc.pid)["engine"] not in ([], [engine]), 30, "no new engine")
@@ -202,14 +204,22 @@ def test_a_stalled_engine_bounds_what_a_front_end_holds_and_every_request_is_ans
     with ServiceProcess(**{**SETTINGS, "FRONTENDS": 1}, QUEUE_CAPACITY=1, REQUEST_TIMEOUT_S=2) as proc, \
             ThreadPoolExecutor(60) as pool:
         (engine,) = children(proc.proc.pid)["engine"]
+        def timed(_) -> tuple[int, float]:
+            started = time.monotonic()
+            return predict(proc.url, 30).status_code, time.monotonic() - started
+
         os.kill(engine, signal.SIGSTOP)
         try:
-            started = time.monotonic()
-            codes = sorted(pool.map(lambda _: predict(proc.url, 30).status_code, range(60)))
-            waited = time.monotonic() - started
+            answers = list(pool.map(timed, range(60)))
         finally:
             os.kill(engine, signal.SIGCONT)
-        assert codes == [503] * (60 - 18) + [504] * 18, codes
-        assert waited < 10  # the request timeout and the front end's margin, not the client's 30 s
+        refused = [took for code, took in answers if code == 503]
+        expired = [took for code, took in answers if code == 504]
+        assert len(refused) + len(expired) == 60, answers
+        # At most 18 wait at a time: the rest are refused (a slow machine may send some after the
+        # first 18 expired, and those wait in their place).
+        assert len(expired) >= 18 and len(refused) >= 60 - 2 * 18, answers
+        # Each answered by its deadline (2 s, and the front end's 1 s margin), not the client's 30 s.
+        assert max(expired) < 3 + 2 and max(refused) < 3 + 2, answers
         proc.wait_ready(30)
         assert predict(proc.url).status_code == 200  # the engine, resumed, serves again
