@@ -25,7 +25,7 @@ from placeenv import PlaceEnv
 
 from . import metrics
 from .config import Settings
-from .dispatch import DeviceQueue, Dispatcher, Job
+from .dispatch import DeviceQueue, Dispatcher, Job, Settled
 from .errors import (
     Draining,
     InvalidInput,
@@ -241,20 +241,78 @@ class Service:
         key = (work.model, work.version)
         self.received += 1  # event-loop thread only
         try:
-            if self.draining:
-                raise Draining("the service is shutting down")
-            if not self.dispatcher.has_room(key):  # refuse before spending CPU on preprocessing
-                raise Overloaded("every device queue serving this model is full; retry later")
+            self._admit(key)
             result = await self._run(self.entries[work.model], self.entries[work.model].versions[work.version],
                                      arrays, work.examples, work.outputs, work.inline, work.arrived)
         except ServiceError:
-            stats = self.stats.get(key)
-            if stats is not None:
-                stats.fail += 1
-                stats.fail_ns += int((time.perf_counter() - work.arrived) * 1e9)
+            self._failed(key, work.arrived)
             raise
         finally:
             self.answered += 1
+        self._succeeded(key, result)
+        return result
+
+    def submit(self, work: Work, arrays: Mapping[str, np.ndarray], done) -> None:
+        """``run``, answered by calling ``done(result, None)`` or ``done(None, error)`` once on the loop
+        thread: the engine process's form, which needs no task per request (link.py). A request
+        preprocessed on a thread of the pool still takes one."""
+        entry = self.entries.get(work.model)
+        template = self.templates.get((work.model, work.version))
+        if (entry is None or template is None or work.version not in entry.versions
+                or not work.inline and type(template).preprocess is not Model.preprocess):
+            asyncio.ensure_future(self._run_then(work, arrays, done))  # run's own answers, errors included
+            return
+        version = entry.versions[work.version]
+        key = (work.model, work.version)
+        self.received += 1
+
+        def settled(answer: Answer | None, error: BaseException | None) -> None:
+            timer.cancel()
+            self.answered += 1
+            if error is not None:
+                if isinstance(error, ServiceError):
+                    error.device = job.device or "none"
+                    self._failed(key, work.arrived)
+                done(None, error)
+                return
+            result = self._result(entry, version, job, answer, work.outputs, preprocessed, work.arrived)
+            self._succeeded(key, result)
+            done(result, None)
+
+        try:
+            self._admit(key)
+            tensors = self._prepare(entry, template, arrays)
+            job, timer, preprocessed = self._enqueue(entry, version, tensors, work.examples, work.arrived,
+                                                     asyncio.get_running_loop(), Settled(settled))
+        except ServiceError as exc:
+            self._failed(key, work.arrived)
+            self.answered += 1
+            done(None, exc)
+        except Exception as exc:  # a bug of ours: still answered, as ``run``'s caller answers it
+            self.answered += 1
+            done(None, exc)
+
+    async def _run_then(self, work: Work, arrays, done) -> None:
+        try:
+            result = await self.run(work, arrays)
+        except Exception as exc:  # noqa: BLE001 - every outcome is ``done``'s to answer
+            done(None, exc)
+        else:
+            done(result, None)
+
+    def _admit(self, key: tuple[str, int]) -> None:
+        if self.draining:
+            raise Draining("the service is shutting down")
+        if not self.dispatcher.has_room(key):  # refuse before spending CPU on preprocessing
+            raise Overloaded("every device queue serving this model is full; retry later")
+
+    def _failed(self, key: tuple[str, int], arrived: float) -> None:
+        stats = self.stats.get(key)
+        if stats is not None:
+            stats.fail += 1
+            stats.fail_ns += int((time.perf_counter() - arrived) * 1e9)
+
+    def _succeeded(self, key: tuple[str, int], result: Result) -> None:
         stats = self.stats[key]
         timings = result.timings
         stats.success += 1
@@ -263,44 +321,20 @@ class Service:
         stats.compute_ns += int(timings["compute_ms"] * 1e6)
         stats.preprocess_ns += int(timings["preprocess_ms"] * 1e6)
         stats.last_inference_ms = int(time.time() * 1000)
-        return result
 
     async def _run(self, entry: Entry, version: Version, arrays, examples: int, wanted: list[str],
                    inline: bool, arrived: float) -> Result:
         loop = asyncio.get_running_loop()
         template = self.templates[entry.name, version.number]
-        own = type(template).preprocess is not Model.preprocess
-        if own and not all(a.flags.writeable for a in arrays.values()):
-            # Arrays read over a binary body or the link's frames are read-only; a model's preprocess
-            # may change its inputs in place.
-            arrays = {n: a if a.flags.writeable else a.copy() for n, a in arrays.items()}
-        try:
-            if not own:
-                # No preprocess of the model's own: nothing runs that could make a tensor, so no
-                # PlaceEnv('cpu'), whose two Tracer switches cost a small request time for nothing.
-                tensors = host_inputs(template.context, arrays)
-            elif inline:  # small: cheaper here than two thread hand-offs
-                tensors = self._preprocess(template, arrays)
-            else:
+        if inline or type(template).preprocess is Model.preprocess:
+            tensors = self._prepare(entry, template, arrays)
+        else:
+            try:
                 tensors = await loop.run_in_executor(self.preprocess_pool, self._preprocess, template, arrays)
-        except InputError as exc:
-            raise InvalidInput(str(exc)) from None
-        except ServiceError:
-            raise
-        except Exception as exc:
-            log.exception("model %r: preprocess failed", entry.name)
-            raise ModelFailed(f"model {entry.name!r}: preprocess failed: {type(exc).__name__}: "
-                              f"{str(exc)[:300]}") from None
-        preprocessed = time.perf_counter()
-        metrics.ON_LOOP.observe(metrics.ON_LOOP.preprocess, (entry.name,), preprocessed - arrived)
-        job = Job(
-            model=(entry.name, version.number), inputs=tensors, examples=examples,
-            batched=entry.max_batch_size > 0, loop=loop, future=loop.create_future(), arrived=arrived,
-            deadline=arrived + self.settings.request_timeout_s,
-        )
-        self.dispatcher.submit(job)  # Overloaded or Draining
-        # A timer, not asyncio.wait(timeout=): one handle instead of a waiter future and callbacks.
-        timer = loop.call_later(max(0.0, job.deadline - time.perf_counter()), job.expire)
+            except Exception as exc:
+                raise self._preprocess_error(entry, exc) from None
+        job, timer, preprocessed = self._enqueue(entry, version, tensors, examples, arrived, loop,
+                                                 loop.create_future())
         try:
             answer: Answer = await job.future
         except ServiceError as exc:
@@ -308,6 +342,44 @@ class Service:
             raise
         finally:
             timer.cancel()
+        return self._result(entry, version, job, answer, wanted, preprocessed, arrived)
+
+    def _prepare(self, entry: Entry, template: Model, arrays) -> dict:
+        """Preprocess on this thread: a model without a preprocess of its own, or a small request."""
+        try:
+            if type(template).preprocess is Model.preprocess:
+                # No preprocess of the model's own: nothing runs that could make a tensor, so no
+                # PlaceEnv('cpu'), whose two Tracer switches cost a small request time for nothing.
+                return host_inputs(template.context, arrays)
+            return self._preprocess(template, arrays)  # small: cheaper here than two thread hand-offs
+        except Exception as exc:
+            raise self._preprocess_error(entry, exc) from None
+
+    @staticmethod
+    def _preprocess_error(entry: Entry, exc: Exception) -> ServiceError:
+        if isinstance(exc, InputError):
+            return InvalidInput(str(exc))
+        if isinstance(exc, ServiceError):
+            return exc
+        log.error("model %r: preprocess failed", entry.name, exc_info=exc)
+        return ModelFailed(f"model {entry.name!r}: preprocess failed: {type(exc).__name__}: {str(exc)[:300]}")
+
+    def _enqueue(self, entry: Entry, version: Version, tensors, examples: int, arrived: float, loop, future):
+        """Queue a preprocessed request on a device: its job, its deadline's timer, when preprocessing ended."""
+        preprocessed = time.perf_counter()
+        metrics.ON_LOOP.observe(metrics.ON_LOOP.preprocess, (entry.name,), preprocessed - arrived)
+        job = Job(
+            model=(entry.name, version.number), inputs=tensors, examples=examples,
+            batched=entry.max_batch_size > 0, loop=loop, future=future, arrived=arrived,
+            deadline=arrived + self.settings.request_timeout_s,
+        )
+        self.dispatcher.submit(job)  # Overloaded or Draining
+        # A timer, not asyncio.wait(timeout=): one handle instead of a waiter future and callbacks.
+        timer = loop.call_later(max(0.0, job.deadline - time.perf_counter()), job.expire)
+        return job, timer, preprocessed
+
+    def _result(self, entry: Entry, version: Version, job: Job, answer: Answer, wanted: list[str],
+                preprocessed: float, arrived: float) -> Result:
         done = time.perf_counter()
         datatypes = {spec.name: spec.datatype for spec in version.outputs}
         return Result(
@@ -328,8 +400,11 @@ class Service:
     def _preprocess(self, template: Model, arrays: dict[str, np.ndarray]) -> dict:
         """The model's preprocess, in input order: host arrays as they are (the worker makes one host
         tensor per batch of them, not one per request), tensors checked to be on the CPU."""
+        # Arrays read over a binary body or the link's frames are read-only; a model's preprocess may
+        # change its inputs in place.
+        arrays = {n: a if a.flags.writeable else a.copy() for n, a in arrays.items()}
         try:
-            prepared = host_inputs(template.context, template.preprocess(dict(arrays)))
+            prepared = host_inputs(template.context, template.preprocess(arrays))
         except ModelError as exc:
             raise ModelFailed(str(exc)) from None
         for value in prepared.values():

@@ -18,6 +18,30 @@ from . import metrics
 from .errors import Draining, Overloaded, Timeout
 
 
+class Settled:
+    """A job's answer handed to a callback instead of a future (``core.Service.submit``).
+
+    Set on the event loop thread as a future is, it calls ``callback(value, None)`` or
+    ``callback(None, error)`` at once: no waiting task to wake, and no turn of the loop between
+    the answer and its reply."""
+
+    __slots__ = ("callback", "_done")
+
+    def __init__(self, callback) -> None:
+        self.callback, self._done = callback, False
+
+    def done(self) -> bool:
+        return self._done
+
+    def set_result(self, value) -> None:
+        self._done = True
+        self.callback(value, None)
+
+    def set_exception(self, error: BaseException) -> None:
+        self._done = True
+        self.callback(None, error)
+
+
 @dataclass(eq=False)
 class Job:
     """One accepted request. ``resolve``/``fail`` answer it; the first answer wins."""
@@ -27,7 +51,7 @@ class Job:
     examples: int  # n; 1 for a model that does not batch
     batched: bool  # the model batches along the first dimension (its outputs are split by rows)
     loop: asyncio.AbstractEventLoop
-    future: asyncio.Future
+    future: asyncio.Future | Settled
     arrived: float
     deadline: float
     device: str = ""

@@ -11,6 +11,12 @@ pickled, received without a copy (``np.frombuffer`` over ZeroMQ's frame).
 Every request a front end sends is answered exactly once: by the engine, or, when
 the engine process goes away (ZeroMQ's monitor sees the ipc connection drop) or
 stays silent past the request's deadline, by the front end itself.
+
+Both sides use plain (blocking-API) ZeroMQ sockets, read by a ``Pump`` on the event loop: one
+reader callback on the socket's file descriptor takes every message that is there before it
+returns, and sends never wait (NOBLOCK). zmq.asyncio's future, callbacks and reader
+re-registration per message cost more than the hop itself, and reading everything that arrived
+before yielding hands the engine's workers each burst whole, to batch.
 """
 
 from __future__ import annotations
@@ -24,8 +30,7 @@ from typing import Any
 import msgspec
 import numpy as np
 import zmq
-import zmq.asyncio
-from zmq.utils.monitor import recv_monitor_message
+from zmq.utils.monitor import parse_monitor_message
 
 from . import errors
 from .errors import EngineUnavailable, ModelFailed, Overloaded, ServiceError, Timeout
@@ -81,6 +86,10 @@ _error = msgspec.msgpack.Decoder(ErrorHeader)
 _query = msgspec.msgpack.Decoder(Query)
 _answer = msgspec.msgpack.Decoder(Answer)
 
+#: How often a front end looks for requests the engine left past their deadline (a backstop: the
+#: engine answers 504 itself at the deadline, a second before the front end's own).
+SWEEP_S = 0.25
+
 #: The errors an engine may answer with, by name: each crosses as its class and message.
 _ERRORS = {cls.__name__: cls for cls in errors.OUTCOMES}
 
@@ -101,16 +110,69 @@ def arrays_in(tensors: Tensors, frames) -> dict[str, np.ndarray]:
             for (name, dtype, shape), frame in zip(tensors, frames)}
 
 
-def send_now(socket: zmq.asyncio.Socket, frames: list) -> bool:
-    """Send ``frames`` without waiting; False when they cannot go now. Through the asyncio socket (not
-    a plain one over it), which then looks again for messages to read: a send can take the edge
-    of ZeroMQ's notification that a reader waits on."""
-    sent = socket.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)  # done at once with NOBLOCK
-    error = sent.exception()
-    if isinstance(error, zmq.Again):
+#: A pump hands the loop back after this many messages in one go, so a flood of requests cannot
+#: keep the loop from answering (it reads on at the loop's next turn).
+PUMP_BATCH = 512
+
+
+class Pump:
+    """Reads a ZeroMQ socket from the event loop: every message there, one callback.
+
+    ZeroMQ's file descriptor is edge-triggered: it becomes readable when the socket's state
+    changes, and any call on the socket (a send included) may consume that edge while a message
+    waits. So a read goes on until ZeroMQ says Again, and ``sent`` looks again after a send
+    made outside a read.
+    """
+
+    def __init__(self, socket: zmq.Socket, handle, copy: bool = False) -> None:
+        self.socket, self.handle, self.copy = socket, handle, copy
+        self.loop = asyncio.get_running_loop()
+        self.fd = socket.getsockopt(zmq.FD)
+        self.reading = False  # in ``read``: its own loop sees what a send there let in
+        self.scheduled = False
+        self.loop.add_reader(self.fd, self.read)
+        self._again()  # what came before the reader: the descriptor's edge for it may be gone
+
+    def read(self) -> None:
+        self.scheduled = False
+        self.reading = True
+        recv, handle, copy = self.socket.recv_multipart, self.handle, self.copy
+        try:
+            for _ in range(PUMP_BATCH):
+                try:
+                    frames = recv(zmq.NOBLOCK, copy=copy)
+                except zmq.Again:
+                    return
+                try:
+                    handle(frames)
+                except Exception:  # one message that cannot be read: logged, and the pump reads on
+                    log.exception("a message on the link could not be read")
+            self._again()
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.ENOTSOCK:  # the socket closed while reading (shutdown)
+                raise
+        finally:
+            self.reading = False
+
+    def sent(self) -> None:
+        """After a send outside ``read``: a message that arrived meanwhile is read at the next turn."""
+        if not self.reading and not self.scheduled and self.socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            self._again()
+
+    def _again(self) -> None:
+        self.scheduled = True
+        self.loop.call_soon(self.read)
+
+    def close(self) -> None:
+        self.loop.remove_reader(self.fd)
+
+
+def send_now(socket: zmq.Socket, frames: list) -> bool:
+    """Send ``frames`` without waiting; False when they cannot go now."""
+    try:
+        socket.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+    except zmq.Again:
         return False
-    if error is not None:
-        raise error
     return True
 
 
@@ -123,12 +185,14 @@ class EngineClient:
 
     def __init__(self, endpoint: str, settings) -> None:
         self.endpoint, self.settings = endpoint, settings
-        self.context = zmq.asyncio.Context()
+        self.context = zmq.Context()
         self.socket = self.context.socket(zmq.DEALER)
         # Nothing queues for an engine that is not there: a send then fails at once, and is answered.
         self.socket.setsockopt(zmq.IMMEDIATE, 1)
         self.socket.setsockopt(zmq.LINGER, 0)
         self.pending: dict[int, asyncio.Future] = {}
+        # Each request's last moment (perf_counter), past which the front end answers it itself.
+        self.deadlines: dict[int, float] = {}
         self.limit = 0  # set with the catalog: see connect()
         self.ids = itertools.count(1)
         self.catalog: Catalog | None = None
@@ -136,12 +200,15 @@ class EngineClient:
         self.connection = 0  # counts the engine connection's changes
         self.on_change = None  # called with True / False when the engine comes / goes
         self._tasks: list[asyncio.Task] = []
+        self._pumps: list[Pump] = []
 
     async def connect(self) -> None:
         """Connect, and wait for the engine's catalog (the engine answers once its workers are up)."""
         monitor = self.socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
         self.socket.connect(self.endpoint)
-        self._tasks = [asyncio.create_task(self._read()), asyncio.create_task(self._watch(monitor))]
+        self.pump = Pump(self.socket, self._answer)
+        self._pumps = [self.pump, Pump(monitor, self._watch, copy=True)]
+        self._tasks = [asyncio.create_task(self._sweep())]
         while self.catalog is None:
             try:
                 self.catalog = await self._fetch_catalog(timeout=1.0)
@@ -160,6 +227,8 @@ class EngineClient:
     async def close(self) -> None:
         for task in self._tasks:
             task.cancel()
+        for pump in self._pumps:
+            pump.close()
         self._fail_all(EngineUnavailable("the front end is shutting down"))
         self.context.destroy(linger=0)  # every socket of ours: the link's and its monitor
 
@@ -172,17 +241,14 @@ class EngineClient:
             raise Overloaded("too many requests wait on the engine; retry later")
         tensors, buffers = arrays_out(arrays)
         ident = next(self.ids)
-        loop = asyncio.get_running_loop()
-        future = self.pending[ident] = loop.create_future()
-        # The engine answers 504 at the deadline; this answers if the engine cannot.
-        timer = loop.call_later(
-            max(0.0, work.arrived + self.settings.request_timeout_s + 1.0 - time.perf_counter()), self._expire, ident)
+        future = self.pending[ident] = asyncio.get_running_loop().create_future()
+        # The engine answers 504 at the deadline; the sweep answers a second later if the engine cannot.
+        self.deadlines[ident] = work.arrived + self.settings.request_timeout_s + 1.0
         try:
             self._send([b"R", _encode(RunHeader(ident, work, tensors)), *buffers])
             header, frames = await future
         finally:
-            timer.cancel()
-            self.pending.pop(ident, None)
+            del self.pending[ident], self.deadlines[ident]
         return Result(header.model, header.version, arrays_in(header.tensors, frames), header.datatypes,
                       header.device, header.worker, header.batch_size, header.batched, header.timings)
 
@@ -214,20 +280,15 @@ class EngineClient:
             self.pending.pop(ident, None)
 
     def _send(self, frames: list) -> None:
-        if not send_now(self.socket, frames):  # no engine connected (IMMEDIATE), or its pipe is full
+        sent = send_now(self.socket, frames)
+        self.pump.sent()
+        if not sent:  # no engine connected (IMMEDIATE), or its pipe is full
             raise EngineUnavailable("the engine process is not reachable; retry later")
 
     # -- answers -----------------------------------------------------------------------------
 
-    async def _read(self) -> None:
-        while True:
-            message = await self.socket.recv_multipart(copy=False)
-            try:
-                self._answer(*message)
-            except Exception:  # one bad message: logged; its request is answered by its timer
-                log.exception("an answer from the engine could not be read")
-
-    def _answer(self, kind, header, *frames) -> None:
+    def _answer(self, message: list[zmq.Frame]) -> None:
+        kind, header, *frames = message
         kind = kind.bytes
         if kind == b"r":
             found = _result.decode(header.buffer)
@@ -246,32 +307,32 @@ class EngineClient:
         if future is not None and not future.done():
             getattr(future, setter)(value)
 
-    def _expire(self, ident: int) -> None:
-        self._settle(ident, "set_exception", Timeout("no answer from the engine within the request timeout"))
+    async def _sweep(self) -> None:
+        """Answer requests the engine left past their deadline: one pass a while, not a timer per request."""
+        while True:
+            await asyncio.sleep(SWEEP_S)
+            now = time.perf_counter()
+            for ident in [i for i, deadline in self.deadlines.items() if deadline <= now]:
+                self._settle(ident, "set_exception", Timeout("no answer from the engine within the request timeout"))
 
     def _fail_all(self, error: ServiceError) -> None:
         for future in list(self.pending.values()):
             if not future.done():
                 future.set_exception(type(error)(str(error)))
 
-    async def _watch(self, monitor) -> None:
+    def _watch(self, message: list[bytes]) -> None:
         """Follow the connection: when the engine process goes, every request waiting on it is answered."""
-        while True:
-            try:
-                event = (await recv_monitor_message(monitor))["event"]
-            except Exception:  # a monitor message not as expected: logged, and the watch goes on
-                log.exception("the link's monitor sent a message that could not be read")
-                continue
-            if event == zmq.EVENT_DISCONNECTED:
-                self.connection += 1  # a catalog fetch for the connection before is stale
-                self._set_up(False)
-                log.error("the engine process went away: answering its %d requests in flight with 503",
-                          len(self.pending))
-                self._fail_all(EngineUnavailable("the engine process stopped while serving this request; "
-                                                 "retry later"))
-            elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED and self.catalog is not None and not self.up:
-                self.connection += 1
-                self._tasks.append(asyncio.create_task(self._reconnected(self.connection)))
+        event = parse_monitor_message(message)["event"]
+        if event == zmq.EVENT_DISCONNECTED:
+            self.connection += 1  # a catalog fetch for the connection before is stale
+            self._set_up(False)
+            log.error("the engine process went away: answering its %d requests in flight with 503",
+                      len(self.pending))
+            self._fail_all(EngineUnavailable("the engine process stopped while serving this request; "
+                                             "retry later"))
+        elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED and self.catalog is not None and not self.up:
+            self.connection += 1
+            self._tasks.append(asyncio.create_task(self._reconnected(self.connection)))
 
     async def _reconnected(self, connection: int) -> None:
         """The engine is back (a new process): its catalog, then requests again; until this connection
@@ -301,50 +362,68 @@ class EngineServer:
 
     def __init__(self, service, endpoint: str) -> None:
         self.service, self.endpoint = service, endpoint
-        self.context = zmq.asyncio.Context()
+        self.context = zmq.Context()
         self.socket = self.context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 0)  # a front end gone: its answers are dropped
         self.catalog = msgspec.to_builtins(service.catalog())
+        self.pump: Pump | None = None
 
     def bind(self) -> None:
         self.socket.bind(self.endpoint)
 
     async def serve(self) -> None:
-        while True:
-            peer, kind, *rest = await self.socket.recv_multipart(copy=False)
-            try:
-                kind = kind.bytes
-                if kind == b"R":
-                    asyncio.ensure_future(self._run(peer, *rest))
-                elif kind in (b"S", b"T", b"C"):
-                    self._query(peer, kind, _query.decode(rest[0].buffer))
-                else:
-                    log.error("engine: a message of unknown kind %r from a front end", kind[:8])
-            except Exception:  # one bad message: logged, and the link serves on
-                log.exception("engine: a message from a front end could not be read")
+        """Answer the front ends until cancelled (after ``bind``)."""
+        self.pump = Pump(self.socket, self._message)
+        try:
+            await asyncio.get_running_loop().create_future()
+        finally:
+            self.pump.close()
 
     def close(self) -> None:
         self.context.destroy(linger=0)
 
-    async def _run(self, peer, header, *frames) -> None:
-        request = _run.decode(header.buffer)  # a front end's message: it decodes, or the serve loop logs it
-        try:
-            result = await self.service.run(request.work, arrays_in(request.tensors, frames))
-            tensors, buffers = arrays_out(result.outputs)
-            reply = [b"r", _encode(ResultHeader(request.id, result.model, result.version, result.datatypes,
-                                                result.device, result.worker, result.batch_size, result.batched,
-                                                result.timings, tensors)), *buffers]
-        except ServiceError as exc:
-            reply = [b"e", _encode(ErrorHeader(request.id, type(exc).__name__, str(exc),
-                                               getattr(exc, "device", "none")))]
-        except Exception as exc:  # a bug of ours: the request is still answered
-            log.exception("engine: request %d failed", request.id)
-            reply = [b"e", _encode(ErrorHeader(request.id, "ModelFailed",
-                                               f"internal error ({type(exc).__name__}); see the engine's log", "none"))]
-        if not send_now(self.socket, [peer, *reply]):
-            log.error("engine: the answer to request %d could not be sent (its front end is gone or full)",
-                      request.id)
+    def _message(self, message: list[zmq.Frame]) -> None:
+        peer, kind, header, *frames = message
+        kind = kind.bytes
+        if kind == b"R":
+            self._run(peer, header, frames)
+        elif kind in (b"S", b"T", b"C"):
+            self._query(peer, kind, _query.decode(header.buffer))
+        else:
+            log.error("engine: a message of unknown kind %r from a front end", kind[:8])
+
+    def _run(self, peer, header, frames) -> None:
+        request = _run.decode(header.buffer)
+        # A callback, not a task per request: the service calls it once, with the result or the error.
+        self.service.submit(request.work, arrays_in(request.tensors, frames),
+                            lambda result, error: self._reply(peer, request.id, result, error))
+
+    def _reply(self, peer, ident: int, result, error) -> None:
+        reply = None
+        if error is None:
+            try:
+                tensors, buffers = arrays_out(result.outputs)
+                reply = [b"r", _encode(ResultHeader(ident, result.model, result.version, result.datatypes,
+                                                    result.device, result.worker, result.batch_size,
+                                                    result.batched, result.timings, tensors)), *buffers]
+            except Exception as exc:  # a result that cannot cross: the request is still answered
+                error = exc
+        if reply is None and isinstance(error, ServiceError):
+            reply = [b"e", _encode(ErrorHeader(ident, type(error).__name__, str(error),
+                                               getattr(error, "device", "none")))]
+        elif reply is None:  # a bug of ours: the request is still answered
+            log.error("engine: request %d failed", ident, exc_info=error)
+            reply = [b"e", _encode(ErrorHeader(ident, "ModelFailed",
+                                               f"internal error ({type(error).__name__}); see the engine's log", "none"))]
+        if not self._send([peer, *reply]):
+            log.error("engine: the answer to request %d could not be sent (its front end is gone or full)", ident)
+
+    def _send(self, frames: list) -> bool:
+        sent = send_now(self.socket, frames)
+        if self.pump is not None:
+            self.pump.sent()
+        return sent
 
     def _query(self, peer, kind: bytes, query: Query) -> None:
         if kind == b"C":
@@ -353,4 +432,4 @@ class EngineServer:
             reply = [b"s", _encode(Answer(query.id, self.service.status()))]
         else:
             reply = [b"t", _encode(Answer(query.id, self.service.statistics(query.model, query.version)))]
-        send_now(self.socket, [peer, *reply])
+        self._send([peer, *reply])
