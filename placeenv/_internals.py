@@ -83,6 +83,8 @@ NAMES = {
     "custom_device_types": "base.core.get_all_custom_device_type",
     # A custom device's random generator (placeenv.patch.install makes them all).
     "custom_device_generator": "base.core.default_custom_device_generator",
+    # Static mode in this thread only, for install's one program run (its event pools).
+    "dygraph_guard": "base.framework._dygraph_guard",
     # The fixes (placeenv.fixes): the in-place cast Layer.to uses, for Layer.astype.
     "Layer": "nn.Layer",
     "layer_to_impl": "nn.Layer._to_impl",

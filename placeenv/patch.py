@@ -6,6 +6,8 @@ import sys
 import threading
 from contextvars import ContextVar
 
+import numpy as np
+
 from . import _internals as _pd
 from . import fixes, state
 from .env import PlaceEnv
@@ -109,30 +111,30 @@ def _make_custom_device_generators() -> None:
             _pd.custom_device_generator(_pd.CustomPlace(kind, index))
 
 
-def _double(x):
-    return x * 2
-
-
 def _make_custom_device_event_pools() -> None:
     """Create every custom device type's event pool now, in one thread.
 
-    A compiled program's first run (``paddle.jit.load``ed or ``to_static``) makes
-    the pool of its device type, for all its devices, in a static map with no
-    lock (``CustomDeviceEventResourcePool::Instance``). Two threads first running
-    programs at once see the type's entry before it is filled and fail with
-    ``Device id is out of range, device id shall be less than 0``, or corrupt
-    the heap. One tiny program run per type makes the pools; uninstall() leaves
-    them, as it would leave pools made by use. In static mode nothing runs (a
-    to_static call there would add ops to the user's program).
+    A compiled program's first run (``paddle.jit.load``ed, ``to_static`` or a static
+    program's) makes the pool of its device type, for all its devices, in a static map with
+    no lock (``CustomDeviceEventResourcePool::Instance``). Two threads first running
+    programs at once see the type's entry before it is filled and fail with ``Device id
+    is out of range, device id shall be less than 0``, or corrupt the heap. One tiny static
+    program run per type makes the pools: built in programs and a scope of its own, in
+    static mode for this thread only, so the user's programs, scope and mode stay as they
+    are (``to_static`` would also write its converted source under ``~/.cache``).
+    uninstall() leaves the pools, as it would leave pools made by use.
     """
-    paddle = _pd.paddle
     kinds = [kind for kind in _pd.custom_device_types() or () if _pd.custom_device_count(kind)]
-    if not kinds or not paddle.in_dynamic_mode():
+    if not kinds:
         return
-    run = paddle.jit.to_static(_double, full_graph=True)
-    for kind in kinds:
-        with PlaceEnv(f"{kind}:0"), paddle.no_grad():
-            run(paddle.ones([1]))
+    paddle = _pd.paddle
+    with _pd.dygraph_guard(None):
+        main, startup = paddle.static.Program(), paddle.static.Program()
+        with paddle.static.program_guard(main, startup):
+            doubled = paddle.static.data("x", [1], "float32") * 2
+        for kind in kinds:
+            paddle.static.Executor(_pd.CustomPlace(kind, 0)).run(
+                main, feed={"x": np.ones([1], np.float32)}, fetch_list=[doubled], scope=paddle.static.Scope())
 
 
 def uninstall() -> None:

@@ -82,7 +82,7 @@ def test_repository_model_leaks_are_counted_only_without_isolation(isolation):
         # Stock Paddle may also fail a request outright: weights loaded onto another worker's device
         # ("The places of matrices in the matmul should be the same"), or a preprocessing thread that
         # found no Tracer because a worker's jit program had switched the one global Tracer to static
-        # graph (_dygraph_guard(None)) and made a static Value. Each is that request's 500 and no more.
+        # graph (its dygraph guard with no Tracer) and made a static Value. Each is that request's 500 and no more.
         failed = [a for a in answers if a[0] != 200]
         assert all(status == 500 and "failed" in detail for status, detail in failed), failed[:3]
     assert set(checks) == set(STAGES), checks  # every check ran, 'output' included
