@@ -26,6 +26,7 @@ with the numbers it draws beside it in ``docs/bench_service_<model>.json``
 from __future__ import annotations
 
 import argparse
+import collections
 import datetime
 import json
 import os
@@ -188,6 +189,41 @@ class Server:
             self.proc.wait(60)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+
+
+# -- the process tree (a service with front ends is a supervisor and its children) ---------------
+
+
+def processes() -> dict[int, tuple[int, int, str, int]]:
+    """Every process now: {pid: (parent pid, start time, name, CPU time used)}, times in clock ticks."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # gone since the listing
+            continue
+        name, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+        if rest[0] != "Z":  # a zombie holds no memory and is its parent's to reap
+            found[int(entry.name)] = (int(rest[1]), int(rest[19]), name, int(rest[11]) + int(rest[12]))
+    return found
+
+
+def tree(*roots: int) -> dict[int, tuple[int, str, int]]:
+    """``roots`` and all their descendants: {pid: (start time, name, CPU time)}. The start time
+    tells a pid reused later from the same process."""
+    table = processes()
+    children = collections.defaultdict(list)
+    for pid, (parent, *_) in table.items():
+        children[parent].append(pid)
+    found, todo = {}, list(roots)
+    while todo:
+        pid = todo.pop()
+        if pid in table:
+            found[pid] = table[pid][1:]
+            todo.extend(children[pid])
+    return found
 
 
 def service(devices: list[str], model: str, port: int | None = None, **settings) -> Server:

@@ -40,7 +40,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench_service import save_results, service, warm, wrk  # noqa: E402
+from bench_service import save_results, service, tree, warm, wrk  # noqa: E402
 from charts import DOCS, below_nearest, label_points, publish, pyplot, replot  # noqa: E402
 
 BODY = json.dumps({"model": "null", "inputs": [[0.5] * 64]})
@@ -49,28 +49,11 @@ BODY = json.dumps({"model": "null", "inputs": [[0.5] * 64]})
 def pss_mb(pid: int) -> float:
     """PSS of ``pid`` and its descendants (an engine and front ends under the supervisor)."""
     total = 0.0
-    for one in [pid, *descendants(pid)]:
+    for one in tree(pid):
         for line in Path(f"/proc/{one}/smaps_rollup").read_text().splitlines():
             if line.startswith("Pss:"):
                 total += int(line.split()[1]) / 1024
     return total
-
-
-def descendants(pid: int) -> list[int]:
-    children = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except OSError:
-                continue
-            children.setdefault(parent, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
 
 
 def repository(tmp: Path, sleep_ms: float, max_batch_size: int = 1) -> Path:

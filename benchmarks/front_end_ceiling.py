@@ -58,7 +58,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_protocols import wrk  # noqa: E402
-from bench_service import Server, batch_totals, free_port, save_results, service  # noqa: E402
+from bench_service import Server, batch_totals, free_port, processes, save_results, service  # noqa: E402
 
 ROW = np.linspace(0, 1, 64, dtype=np.float32)[None, :]
 
@@ -153,16 +153,13 @@ def cpu_s(pid: int) -> tuple[float, float]:
 def children(pid: int) -> list[tuple[int, str]]:
     """The supervisor's engine and front ends: (pid, "engine" | "frontend")."""
     found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            command = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
+    for child, (parent, *_) in processes().items():
         if parent == pid:
-            found.append((int(entry.name), "engine" if b"placeenv.serve.engine" in command else "frontend"))
+            try:
+                command = Path(f"/proc/{child}/cmdline").read_bytes()
+            except OSError:  # gone since the listing
+                continue
+            found.append((child, "engine" if b"placeenv.serve.engine" in command else "frontend"))
     return found
 
 

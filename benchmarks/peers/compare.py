@@ -81,7 +81,9 @@ import httpx
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench_service import Server, example_body, free_port, save_results, service, warm, wrk  # noqa: E402
+from bench_service import (  # noqa: E402
+    Server, example_body, free_port, processes, save_results, service, tree, warm, wrk,
+)
 
 MODEL = "digits"
 NAMES = {"ours": "ours", "per-device": "ours, a process per device", "litserve": "LitServe", "ray": "Ray Serve"}
@@ -99,38 +101,6 @@ METRICS = [  # key, label, format
 
 
 # -- the process tree ------------------------------------------------------------------------------
-
-
-def processes() -> dict[int, tuple[int, int, str, int]]:
-    """Every process now: {pid: (parent pid, start time, name, CPU time used)}, times in clock ticks."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:  # gone since the listing
-            continue
-        name, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
-        if rest[0] != "Z":  # a zombie holds no memory and is its parent's to reap
-            found[int(entry.name)] = (int(rest[1]), int(rest[19]), name, int(rest[11]) + int(rest[12]))
-    return found
-
-
-def tree(*roots: int) -> dict[int, tuple[int, str, int]]:
-    """``roots`` and all their descendants: {pid: (start time, name, CPU time)}. The start time
-    tells a pid reused later from the same process."""
-    table = processes()
-    children = collections.defaultdict(list)
-    for pid, (parent, *_) in table.items():
-        children[parent].append(pid)
-    found, todo = {}, list(roots)
-    while todo:
-        pid = todo.pop()
-        if pid in table:
-            found[pid] = table[pid][1:]
-            todo.extend(children[pid])
-    return found
 
 
 def cpu_cores(roots: list[int], work) -> tuple[float, object]:

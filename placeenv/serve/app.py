@@ -28,8 +28,6 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-import placeenv
-
 from . import metrics, v2, wire
 from .config import Settings
 from .gateway import Gateway
@@ -324,10 +322,6 @@ async def local_engine(settings: Settings):
     from .core import Service  # imports Paddle: only where the engine runs
     from .gateway import LocalEngine
 
-    if settings.isolation == "off":
-        placeenv.uninstall()  # the stock-Paddle demonstration
-    else:
-        placeenv.install()
     service = Service(settings)
     await asyncio.to_thread(service.start)
     try:

@@ -126,6 +126,10 @@ class Service:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        if settings.isolation == "off":
+            placeenv.uninstall()  # the stock-Paddle demonstration
+        else:
+            placeenv.install()
         self.entries, self.skipped = read_repository(settings)
         # CPU-side instances for preprocessing: they have a context, never a network.
         self.templates: dict[tuple[str, int], Model] = {}
@@ -134,8 +138,6 @@ class Service:
                 template = version.model_class()
                 template.context = version.context
                 self.templates[entry.name, number] = template
-        # Each input's datatype, for the adapters to check before they convert a request's data.
-        self.datatypes = {key: {s.name: s.datatype for s in t.context.inputs} for key, t in self.templates.items()}
         self.devices = resolve_devices(settings)
         queues = {
             d: DeviceQueue(d, settings.queue_capacity, settings.workers_per_device) for d in self.devices
@@ -208,9 +210,6 @@ class Service:
 
     def ready(self) -> bool:
         return not self.stopping and self.pool.ready()
-
-    def model_ready(self, name: str) -> bool:
-        return self.ready() and name in self.entries
 
     # -- what front ends read ------------------------------------------------------------------
 

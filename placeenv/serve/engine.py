@@ -38,16 +38,10 @@ def main(argv: list[str] | None = None) -> int:
         import placeenv.sim
 
         placeenv.sim.prepare(settings.sim_devices)
-    import placeenv
-
     from .core import Service  # imports Paddle, which sets its own SIGTERM handler (a fatal error)
     from .errors import StartupError
 
     _take_signals(stopped)  # ours again
-    if settings.isolation == "off":
-        placeenv.uninstall()  # the stock-Paddle demonstration
-    else:
-        placeenv.install()
     sys.setswitchinterval(settings.gil_switch_interval_ms / 1000)
     try:
         service = Service(settings)

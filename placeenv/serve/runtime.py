@@ -42,9 +42,6 @@ class ReadyFlags:
     def all(self) -> bool:
         return all(self._map[:])
 
-    def count(self) -> int:
-        return sum(self._map[:])
-
 
 def die_with_parent() -> None:
     """Ask Linux to kill this process when the supervisor that started it dies, even by kill -9

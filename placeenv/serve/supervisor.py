@@ -51,7 +51,6 @@ class Supervisor:
         self.frontends: list[subprocess.Popen | None] = [None] * self.count
         self.signalled = 0
         self.draining = False
-        self.restarts = {"engine": 0, "frontend": 0}
 
     # -- children ----------------------------------------------------------------------------
 
@@ -109,8 +108,7 @@ class Supervisor:
                 if proc is not None and proc.poll() is not None:
                     log.error("front end %d did not start (exit status %s)", index, proc.returncode)
                     return 1
-            engine_ready = self.flags.count() >= 1 and not self._any_frontend()
-            if engine_ready:  # the engine's flag is the only one set: its front ends now
+            if self.flags.is_set(0) and not self._any_frontend():  # the engine is ready: its front ends now
                 for index in range(self.count):
                     self._start_frontend(index)
             time.sleep(TICK_S)
@@ -132,7 +130,6 @@ class Supervisor:
                     log.error("front end %d (pid %d) exited with status %s: starting it again in %.1f s",
                               index, proc.pid, proc.returncode, backoff[key].next(now))
                 if self.frontends[index] is None and backoff[key].due(now):
-                    self.restarts["frontend"] += 1
                     self._start_frontend(index)
             if self.engine is not None and self.engine.poll() is not None:
                 self._gone(self.engine, 0)
@@ -144,11 +141,10 @@ class Supervisor:
                           self.engine.pid, self.engine.returncode, backoff["engine"].next(now))
                 self.engine = None
             if self.engine is None and backoff["engine"].due(now):
-                self.restarts["engine"] += 1
                 self._start_engine()
             for key, proc in (("engine", self.engine), *((f"frontend {i}", p) for i, p in enumerate(self.frontends))):
                 if proc is not None and self._ready_for(key):
-                    backoff[key].reset(now)
+                    backoff[key].reset()
             time.sleep(TICK_S)
         return self._drain()
 
@@ -201,7 +197,7 @@ class Backoff:
     def due(self, now: float) -> bool:
         return now >= self.at
 
-    def reset(self, now: float) -> None:
+    def reset(self) -> None:
         self.delay = 0.0
 
 
