@@ -80,9 +80,7 @@ class InferenceServicer(rpc.GRPCInferenceServiceServicer):
         return json_format.ParseDict(v2.server_metadata(), pb.ServerMetadataResponse())
 
     def _lookup(self, name: str, version: str):
-        catalog = self.gateway.catalog
-        model = catalog.model(name)
-        return model, catalog.version(model, version or None)
+        return self.gateway.catalog.resolve(name, version or None)
 
     async def ModelReady(self, request, context):
         try:
@@ -108,16 +106,17 @@ class InferenceServicer(rpc.GRPCInferenceServiceServicer):
         arrived = time.perf_counter()
         gateway = self.gateway
         try:
+            name, version = request.model_name, request.model_version or None
             try:
-                arrays = inputs_of(request, gateway.catalog.input_datatypes(request.model_name,
-                                                                            request.model_version or None))
+                target = gateway.catalog.resolve(name, version)
+                arrays = inputs_of(request, {s.name: s.datatype for s in target[1].inputs})
             except ServiceError as exc:
-                gateway.refused(request.model_name, exc)  # infer counts its own refusals
+                gateway.refused(name, exc)  # infer counts its own refusals
                 raise
             outputs = [o.name for o in request.outputs] or None
             # The message's size, typed contents included: what preprocessing inline or on a thread weighs.
-            result = await gateway.infer(InferRequest(request.model_name, request.model_version or None, arrays,
-                                                      outputs, arrived, request.ByteSize()))
+            result = await gateway.infer(InferRequest(name, version, arrays, outputs, arrived, request.ByteSize(),
+                                                      target))
         except ServiceError as exc:
             await self._fail(context, exc)
         response = pb.ModelInferResponse(model_name=result.model, model_version=str(result.version), id=request.id)

@@ -78,6 +78,9 @@ class InferRequest:
     outputs: list[str] | None = None  # None: every output, in the model's order
     arrived: float = 0.0  # time.perf_counter() when the adapter received it (a system-wide clock)
     size: int = 0  # bytes of the request body: a small one is preprocessed without a thread hand-off
+    # The model and version as ``Catalog.resolve`` found them, when the adapter needed their tensors
+    # to read the body: the check then does not look them up again.
+    target: tuple[ModelInfo, VersionInfo] | None = None
 
 
 class Work(msgspec.Struct, array_like=True):
@@ -168,33 +171,38 @@ class Catalog(msgspec.Struct):
                                f"{', '.join(str(v) for v in sorted(model.versions))}")
         return model.versions[number]
 
-    def input_datatypes(self, model: Any, version: str | int | None) -> Mapping[str, str]:
-        """``{input: datatype}`` of ``model``'s version, for an adapter to refuse a mismatched datatype
-        before reading data as it; empty for a model or version not served (the check then says so)."""
-        found = self.models.get(model) if isinstance(model, str) else None
-        if found is None:
-            return {}
-        try:
-            chosen = self.version(found, version)
-        except UnknownModel:
-            return {}
-        return {s.name: s.datatype for s in chosen.inputs}
+    def resolve(self, name: Any, version: str | int | None) -> tuple[ModelInfo, VersionInfo]:
+        """The model and the version a request names; ``UnknownModel`` or ``NotReady`` naming what exists."""
+        model = self.model(name)
+        return model, self.version(model, version)
 
     def check(self, request: InferRequest, inline_bytes: int) -> tuple[Work, dict[str, np.ndarray]]:
         """The request as the engine takes it, and its arrays in the model's input order; ``InvalidInput``,
         ``UnknownModel`` or ``NotReady`` naming what is wrong and what to send."""
-        model = self.model(request.model)
-        version = self.version(model, request.version)
+        model, version = request.target or self.resolve(request.model, request.version)
         arrays, examples = self._inputs(model, version, request.inputs)
         return Work(model.name, version.number, examples, self._outputs(version, request.outputs),
                     request.arrived, request.size <= inline_bytes), arrays
 
+    @staticmethod
+    def check_names(model: ModelInfo, version: VersionInfo, names) -> None:
+        """``InvalidInput`` for the first of ``names`` that is not one of the version's inputs."""
+        specs = version.inputs
+        for name in names:
+            if all(s.name != name for s in specs):
+                raise InvalidInput(f"unknown input {prefix(name)}; model {model.name!r} takes "
+                                   + ", ".join(f"{s.name} ({s.datatype} {list(s.shape)})" for s in specs))
+
+    def check_examples(self, examples: int, name: str) -> None:
+        """``InvalidInput`` for input ``name`` of no examples, or of more than one request may hold."""
+        if examples == 0:
+            raise InvalidInput(f"input {name!r} has no examples: send at least one")
+        if examples > self.max_examples:
+            raise InvalidInput(f"{examples} examples in one request; the limit is {self.max_examples}")
+
     def _inputs(self, model: ModelInfo, version: VersionInfo, inputs: Mapping[str, np.ndarray]):
+        self.check_names(model, version, inputs)
         specs = {spec.name: spec for spec in version.inputs}
-        unknown = [name for name in inputs if name not in specs]
-        if unknown:
-            raise InvalidInput(f"unknown input {prefix(unknown[0])}; model {model.name!r} takes "
-                               + ", ".join(f"{s.name} ({s.datatype} {list(s.shape)})" for s in version.inputs))
         missing = [name for name in specs if name not in inputs]
         if missing:
             raise InvalidInput(f"missing input {missing[0]!r} ({specs[missing[0]].datatype} "
@@ -215,8 +223,7 @@ class Catalog(msgspec.Struct):
             raise InvalidInput(f"inputs differ in their first (batch) dimension: "
                                f"{ {n: int(a.shape[0]) for n, a in arrays.items()} }; send the same number of rows")
         (examples,) = rows
-        if examples == 0 or examples > self.max_examples:
-            raise InvalidInput(f"batch of {examples} examples in one request; send 1 to {self.max_examples}")
+        self.check_examples(examples, version.inputs[0].name)
         return arrays, examples
 
     @staticmethod

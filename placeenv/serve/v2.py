@@ -1,8 +1,8 @@
 """The Open Inference Protocol (KServe v2) over REST, with Triton's binary tensor extension.
 
-A thin adapter: parse the request into numpy arrays, call ``Service.infer``,
-render the result. A ``ServiceError`` raised here or below is answered by the
-app's one handler (app.py): ``{"error": "..."}`` with the status and headers of
+A thin adapter: parse the request into numpy arrays, call ``Gateway.infer``,
+render the result. A ``ServiceError`` raised here or below is answered by
+``routes.refusal``: ``{"error": "..."}`` with the status and headers of
 ``errors.OUTCOMES``.
 
 Request compression (Triton): a gzip or deflate ``Content-Encoding`` is inflated,
@@ -30,11 +30,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from . import wire
 from .gateway import Gateway
-from .request import InferRequest, Result, arrival
+from .request import InferRequest, Result
+from .routes import Call, InferRoute
 from .errors import InvalidInput, ServiceError, TooLarge, UnsupportedMediaType
 from .wire import prefix
 
 HEADER_LENGTH = "inference-header-content-length"
+TAG = "Open Inference Protocol (v2)"  # the routes' heading in the documentation
 VERSION = importlib.metadata.version("placeenv")
 MAX_ID = 256
 
@@ -94,7 +96,7 @@ def decompressed(body: bytes, encoding: str | None, limit: int) -> bytes:
 def parse(body: bytes, header_length: str | None,
           expected: Mapping[str, str] = MappingProxyType({})) -> tuple[InferenceRequest, dict[str, np.ndarray]]:
     """The request and its input arrays, from a JSON body or a JSON header plus binary data;
-    ``expected``: the model's datatype of each input (``Service.input_datatypes``)."""
+    ``expected``: the model's datatype of each input."""
     if header_length is None:
         header, rest = body, b""
     else:
@@ -174,20 +176,31 @@ def check_content_type(content_type: str | None) -> None:
         f"<bytes of the JSON header> before the binary tensor data; got {wire.sent_type(content_type)}")
 
 
-async def infer(gateway: Gateway, settings, name: str, version: str | None, body: bytes,
-                encoding: str | None, header_length: str | None, content_type: str | None,
-                arrived: float) -> Response:
+async def infer(gateway: Gateway, call: Call) -> Response:
     """``POST /v2/models/{name}[/versions/{version}]/infer``: parse, ``Gateway.infer``, render."""
+    name, version = call.params["name"], call.params.get("version")
+    encoding, length, kind = call.headers((b"content-encoding", _HEADER_LENGTH, b"content-type"))
     try:
-        check_content_type(content_type)
-        body = decompressed(body, encoding, settings.max_body_bytes)
-        parsed, arrays = parse(body, header_length, gateway.catalog.input_datatypes(name, version))
+        check_content_type(kind)
+        body = decompressed(call.body, encoding, gateway.settings.max_body_bytes)
+        target = gateway.catalog.resolve(name, version)
+        parsed, arrays = parse(body, length, {s.name: s.datatype for s in target[1].inputs})
     except ServiceError as exc:
         gateway.refused(name, exc)  # infer counts its own refusals
         raise
     outputs = [o.name for o in parsed.outputs] if parsed.outputs else None
-    result = await gateway.infer(InferRequest(name, version, arrays, outputs, arrived, len(body)))
+    result = await gateway.infer(InferRequest(name, version, arrays, outputs, call.arrived, len(body), target))
     return render(result, parsed)
+
+
+_HEADER_LENGTH = HEADER_LENGTH.encode()  # as ASGI scopes name headers: lower-case bytes
+_FAILED = {"model": ErrorBody}
+#: The inference routes (the app's table, with /predict's).
+INFER_ROUTES = tuple(
+    InferRoute(path, infer, summary="Inference" + suffix, tags=[TAG], responses={
+        code: _FAILED for code in (400, 404, 413, 415, 500, 503, 504)}, openapi_extra={"requestBody": {
+            "content": {"application/json": {"schema": InferenceRequest.model_json_schema()}}}})
+    for path, suffix in (("/v2/models/{name}/infer", ""), ("/v2/models/{name}/versions/{version}/infer", " (a version)")))
 
 
 def server_metadata() -> dict[str, Any]:
@@ -211,9 +224,10 @@ async def repository_rows(gateway: Gateway) -> list[dict[str, str]]:
     return sorted(rows, key=lambda r: r["name"])
 
 
-def router(settings) -> APIRouter:
-    api = APIRouter(prefix="/v2", tags=["Open Inference Protocol (v2)"])
-    failed = {"model": ErrorBody}
+def router() -> APIRouter:
+    """Every /v2 route but inference (``INFER_ROUTES``)."""
+    api = APIRouter(prefix="/v2", tags=[TAG])
+    failed = _FAILED
 
     def gateway_of(request: Request) -> Gateway:
         return request.app.state.gateway
@@ -231,8 +245,7 @@ def router(settings) -> APIRouter:
 
     def lookup(request: Request, name: str, version: str | None):
         gateway = gateway_of(request)
-        model = gateway.catalog.model(name)
-        return gateway, model, gateway.catalog.version(model, version)
+        return gateway, *gateway.catalog.resolve(name, version)
 
     async def metadata(request: Request, name: str, version: str | None = None) -> Response:
         _, model, chosen = lookup(request, name, version)
@@ -257,13 +270,6 @@ def router(settings) -> APIRouter:
         found = await gateway.statistics(model.name, chosen.number if version is not None else None)
         return json_response({"model_stats": found})
 
-    # The documented route; app.HotRoutes calls infer() itself.
-    async def infer_route(request: Request, name: str, version: str | None = None) -> Response:
-        return await infer(gateway_of(request), settings, name, version, await request.body(),
-                           request.headers.get("content-encoding"), request.headers.get(HEADER_LENGTH),
-                           request.headers.get("content-type"),
-                           arrival(request.scope))
-
     # Before /models/{name}, which would take "stats" for a model name: Triton's statistics of every
     # model (what tritonclient's get_inference_statistics() asks for when no model is named).
     @api.get("/models/stats", summary="Statistics of every model")
@@ -279,10 +285,6 @@ def router(settings) -> APIRouter:
                           responses={404: failed})
         api.add_api_route(path + "/stats", statistics, methods=["GET"], summary="Statistics" + suffix,
                           responses={404: failed})
-        api.add_api_route(path + "/infer", infer_route, methods=["POST"], summary="Inference" + suffix,
-                          openapi_extra={"requestBody": {"content": {"application/json": {
-                              "schema": InferenceRequest.model_json_schema()}}}},
-                          responses={code: failed for code in (400, 404, 413, 415, 500, 503, 504)})
 
     @api.post("/repository/index", summary="Repository index (read-only)")
     async def repository_index(request: Request) -> list[dict[str, str]]:

@@ -125,6 +125,22 @@ def test_openapi_still_documents_the_hot_routes(app):
     paths = app.loop.run_until_complete(go())["paths"]
     assert "post" in paths["/predict"] and "post" in paths["/v2/models/{name}/infer"]
     assert "post" in paths["/v2/models/{name}/versions/{version}/infer"]
+    # The documented version is a path parameter only, not also a query parameter.
+    versioned = paths["/v2/models/{name}/versions/{version}/infer"]["post"]["parameters"]
+    assert [(p["name"], p["in"]) for p in versioned] == [("name", "path"), ("version", "path")]
+
+
+def test_one_route_table_is_both_the_hot_path_and_the_documentation(app):
+    """Every documented inference route comes from the table, and the hot path serves the table: an
+    inference route added beside it (documented, but not hot, or the reverse) fails here."""
+    from placeenv.serve.app import INFER_ROUTES
+
+    posts = {path for path, operations in app.openapi()["paths"].items() if "post" in operations}
+    assert posts - {"/v2/repository/index"} == {route.path for route in INFER_ROUTES}
+    assert [route.path for route in app.hot.routes] == [route.path for route in INFER_ROUTES]
+    assert app.hot.find("/v2/models/digits/versions/1/infer")[1] == {"name": "digits", "version": "1"}
+    for path in ("/v2/models/digits/infer/more", "/v2/models//infer", "/predict/", "/v2/models/digits"):
+        assert app.hot.find(path) is None, path
 
 
 # -- batching: who wakes whom ---------------------------------------------------------------------
