@@ -48,6 +48,10 @@ class Settings(BaseSettings):
         "always", description="with front ends: restart the engine or a front end that dies; 'never': the "
         "service exits non-zero when the engine dies (for an orchestrator that restarts it)",
     )
+    hung_after_s: float = Field(
+        30.0, ge=0, description="with front ends: the engine or a front end whose event loop has not run "
+        "for this long is hung: it is killed and handled as one that died (see restart); 0: never",
+    )
 
     devices: str = Field(
         "auto",

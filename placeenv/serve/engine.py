@@ -32,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     run = runtime.run_dir()
     flags = runtime.ReadyFlags(run / "ready")
+    beats = runtime.Heartbeats(run / "beats")
     warnings.filterwarnings("ignore", message="No ccache found", category=UserWarning,
                             module="paddle.utils.cpp_extension.extension_utils")
     if settings.wants_sim():
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         return CANNOT_START
     log.info("engine: serving %s on %s (isolation %s)", ", ".join(service.entries), ", ".join(service.devices),
              settings.isolation)
-    return asyncio.run(serve(service, flags, run, stopped))
+    return asyncio.run(serve(service, flags, beats, run, stopped))
 
 
 def _take_signals(stopped: list | None = None) -> list:
@@ -69,7 +70,7 @@ def _take_signals(stopped: list | None = None) -> list:
     return stopped
 
 
-async def serve(service, flags: runtime.ReadyFlags, run, stopped: list) -> int:
+async def serve(service, flags: runtime.ReadyFlags, beats: runtime.Heartbeats, run, stopped: list) -> int:
     """Answer the front ends until told to stop (0), or until serving fails (1: the supervisor restarts us)."""
     from .link import EngineServer, address
 
@@ -81,6 +82,7 @@ async def serve(service, flags: runtime.ReadyFlags, run, stopped: list) -> int:
     if stopped:  # told before the loop ran
         stop.set()
     server.bind()  # before the flag: a front end that sees it can connect
+    beating = asyncio.ensure_future(runtime.beating(beats, 0))
     flags.set(0, True)
     serving = asyncio.ensure_future(server.serve())
     told = asyncio.ensure_future(stop.wait())
@@ -95,6 +97,7 @@ async def serve(service, flags: runtime.ReadyFlags, run, stopped: list) -> int:
     await asyncio.to_thread(service.stop)
     serving.cancel()
     told.cancel()
+    beating.cancel()
     server.close()
     return code
 

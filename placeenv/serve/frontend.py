@@ -11,6 +11,7 @@ place checks see it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
@@ -40,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     sock = socket.socket(fileno=int(os.environ[runtime.LISTEN_FD]))
     run = runtime.run_dir()
     flags = runtime.ReadyFlags(run / "ready")
+    beats = runtime.Heartbeats(run / "beats")
 
     from .__main__ import DrainingServer
     from .app import create_app
@@ -60,12 +62,14 @@ def main(argv: list[str] | None = None) -> int:
         gateway = Gateway(settings, client, peers_ready=flags.all, on_stopping=stopping)
         # The engine's own vote leaves with its process (metrics.process_dead): this one says it is gone.
         client.on_change = lambda up: metrics.READY.set(1 if up and not gateway.stopping else 0)
+        beating = asyncio.ensure_future(runtime.beating(beats, index + 1))
         flags.set(index + 1, True)
         metrics.READY.set(1)  # service_ready is the lowest of every process's (metrics.py)
         try:
             yield gateway
         finally:
             stopping()
+            beating.cancel()
             await client.close()
 
     app = create_app(settings, connect=connect, shared_ports=True)

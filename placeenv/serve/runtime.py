@@ -3,16 +3,22 @@
     <run dir>/engine.sock   the engine's ipc endpoint (link.py)
     <run dir>/metrics/      prometheus_client's multiprocess files (PROMETHEUS_MULTIPROC_DIR)
     <run dir>/ready         one byte per process, engine first: 1 while that process is ready
+    <run dir>/beats         one time per process, engine first: when its event loop last ran
 
 The supervisor makes the directory and the flags, and clears a process's flag when
 it exits; each process sets its own. A front end is ready only when every flag is set.
+A process whose event loop has not run for ``--hung-after-s`` is killed by the
+supervisor and started again, as if it had died.
 """
 
 from __future__ import annotations
 
+import asyncio
 import mmap
 import os
 import signal
+import struct
+import time
 from pathlib import Path
 
 #: The run directory, set by the supervisor in each child's environment.
@@ -41,6 +47,36 @@ class ReadyFlags:
 
     def all(self) -> bool:
         return all(self._map[:])
+
+
+#: How often a process's event loop writes its beat.
+BEAT_S = 0.5
+
+
+class Heartbeats:
+    """One ``time.monotonic()`` per process in a shared file (CLOCK_MONOTONIC: one clock for every
+    process of the machine), at the indices of ``ReadyFlags``; 0.0: none since it started."""
+
+    def __init__(self, path: Path, count: int | None = None) -> None:
+        if count is not None:
+            path.write_bytes(bytes(8 * count))
+        self._file = open(path, "r+b")  # noqa: SIM115 - mapped for the process's life
+        self._map = mmap.mmap(self._file.fileno(), 0)
+
+    def beat(self, index: int, at: float | None = None) -> None:
+        struct.pack_into("d", self._map, 8 * index, time.monotonic() if at is None else at)
+
+    def silent_for(self, index: int, now: float) -> float | None:
+        """Seconds since process ``index``'s last beat; None before its first."""
+        (last,) = struct.unpack_from("d", self._map, 8 * index)
+        return now - last if last else None
+
+
+async def beating(beats: Heartbeats, index: int) -> None:
+    """Beat for process ``index`` while this event loop runs (cancel to stop)."""
+    while True:
+        beats.beat(index)
+        await asyncio.sleep(BEAT_S)
 
 
 def die_with_parent() -> None:

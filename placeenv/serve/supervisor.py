@@ -10,6 +10,8 @@ each inheriting the socket.
 * An engine that dies is started again (``--restart always``): meanwhile the
   front ends answer its requests in flight and new ones with 503 and Retry-After,
   and readiness is off. With ``--restart never`` the service exits non-zero.
+* An engine or front end whose event loop has not run for ``--hung-after-s`` (its
+  beat in the run directory is that old) is killed, and handled as one that died.
 * SIGTERM or SIGINT: the front ends drain (readiness off, the shutdown delay, the
   listener closes, accepted requests are answered), then the engine stops; exit 0.
 """
@@ -45,6 +47,7 @@ class Supervisor:
         self.run = Path(tempfile.mkdtemp(prefix="placeenv-"))
         (self.run / "metrics").mkdir()
         self.flags = runtime.ReadyFlags(self.run / "ready", self.count + 1)
+        self.beats = runtime.Heartbeats(self.run / "beats", self.count + 1)
         self.env = {**os.environ, runtime.RUN_DIR: str(self.run), runtime.SUPERVISOR: str(os.getpid()),
                     "PROMETHEUS_MULTIPROC_DIR": str(self.run / "metrics")}
         self.engine: subprocess.Popen | None = None
@@ -55,11 +58,13 @@ class Supervisor:
     # -- children ----------------------------------------------------------------------------
 
     def _start_engine(self) -> None:
+        self.beats.beat(0, 0.0)  # silent until the new engine's loop runs
         self.engine = subprocess.Popen([sys.executable, "-m", "placeenv.serve.engine", *self.argv], env=self.env)
 
     def _start_frontend(self, index: int) -> None:
         fd = self.sock.fileno()
         env = {**self.env, runtime.FRONTEND_INDEX: str(index), runtime.LISTEN_FD: str(fd)}
+        self.beats.beat(index + 1, 0.0)
         self.frontends[index] = subprocess.Popen([sys.executable, "-m", "placeenv.serve.frontend", *self.argv],
                                                  env=env, pass_fds=(fd,))
 
@@ -122,6 +127,8 @@ class Supervisor:
         backoff = {"engine": Backoff(), **{f"frontend {i}": Backoff() for i in range(self.count)}}
         while not self.signalled:
             now = time.monotonic()
+            if self.settings.hung_after_s:
+                self._kill_hung(now)
             for index, proc in enumerate(self.frontends):
                 key = f"frontend {index}"
                 if proc is not None and proc.poll() is not None:
@@ -147,6 +154,19 @@ class Supervisor:
                     backoff[key].reset()
             time.sleep(TICK_S)
         return self._drain()
+
+    def _kill_hung(self, now: float) -> None:
+        """SIGKILL each child whose event loop has not run for ``hung_after_s``: the watch then sees it
+        die, and its requests in flight are answered as a dead process's are."""
+        for index, proc in enumerate([self.engine, *self.frontends]):
+            silent = self.beats.silent_for(index, now)
+            if proc is None or silent is None or silent <= self.settings.hung_after_s or proc.poll() is not None:
+                continue
+            log.error("%s (pid %d): its event loop has not run for %.1f s (--hung-after-s %g): killing it",
+                      "the engine" if index == 0 else f"front end {index - 1}", proc.pid, silent,
+                      self.settings.hung_after_s)
+            self.beats.beat(index, 0.0)
+            proc.kill()
 
     def _ready_for(self, key: str) -> bool:
         return self.flags.is_set(0 if key == "engine" else int(key.split()[1]) + 1)

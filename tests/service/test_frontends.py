@@ -10,6 +10,7 @@ Each fault test has its negative control: what the same check sees without the b
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import signal
@@ -24,6 +25,8 @@ import tritonclient.grpc as tg
 import tritonclient.http as th
 from support import wait_until
 from support.servers import ServiceProcess, free_port, workers_held
+
+from placeenv.serve import runtime
 
 DIGITS = np.arange(3 * 64, dtype=np.float32).reshape(3, 64) % 17
 SETTINGS = {"FRONTENDS": 2, "DEVICES": "sim:0,sim:1", "WORKERS_PER_DEVICE": 1, "MODELS": "digits,gate"}
@@ -223,3 +226,36 @@ def test_a_stalled_engine_bounds_what_a_front_end_holds_and_every_request_is_ans
         assert max(expired) < 3 + 2 and max(refused) < 3 + 2, answers
         proc.wait_ready(30)
         assert predict(proc.url).status_code == 200  # the engine, resumed, serves again
+
+
+def beat_age(child: int, index: int) -> float | None:
+    """Seconds since process ``index`` of the run last beat, read from the run directory the
+    supervisor gave ``child``; None before its first beat."""
+    environ = dict(entry.split(b"=", 1) for entry in Path(f"/proc/{child}/environ").read_bytes().split(b"\0") if entry)
+    return runtime.Heartbeats(Path(environ[runtime.RUN_DIR.encode()].decode()) / "beats").silent_for(
+        index, time.monotonic())
+
+
+@pytest.mark.parametrize("role, hung_after_s", [("engine", 1.5), ("frontend", 1.5), ("engine", 0)])
+def test_a_hung_process_is_killed_and_started_again(role, hung_after_s):
+    # Hung (SIGSTOP): alive, its ipc connection up, its event loop never running. Past --hung-after-s
+    # the supervisor kills it, and the death's own handling follows: a replacement that serves.
+    with ServiceProcess(**{**SETTINGS, "FRONTENDS": 1}, HUNG_AFTER_S=hung_after_s) as proc:
+        roles = children(proc.proc.pid)
+        (hung,), index = roles[role], 0 if role == "engine" else 1
+        witness = roles["frontend" if role == "engine" else "engine"][0]
+        os.kill(hung, signal.SIGSTOP)
+        try:
+            if not hung_after_s:
+                # The control: with the watch off, the same hang is left alone, however long it lasts
+                # (three times the other cases' limit, as its own beat shows).
+                wait_until(lambda: (beat_age(witness, index) or 0) > 4.5, 30, "the stopped process still beat")
+                assert children(proc.proc.pid)[role] == [hung]
+                return
+            wait_until(lambda: children(proc.proc.pid)[role] not in ([], [hung]), 30, f"the hung {role} was not replaced")
+        finally:
+            with contextlib.suppress(ProcessLookupError):  # reaped once killed
+                os.kill(hung, signal.SIGCONT)
+        proc.wait_ready(120)
+        assert predict(proc.url).status_code == 200
+        assert "its event loop has not run for" in proc.output()
