@@ -141,7 +141,7 @@ def refuse(program: str, host: str, port: int, error: OSError, flag: str, variab
 def main(argv: list[str] | None = None) -> int:
     program = program_name()
     settings = Settings(_cli_parse_args=sys.argv[1:] if argv is None else argv, _cli_prog_name=program)
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings.set_up_process()
     try:
         sock = bind(settings.host, settings.port)
     except OSError as error:
@@ -169,9 +169,6 @@ def main(argv: list[str] | None = None) -> int:
     from .app import create_app  # imports Paddle: after the sim set-up
 
     app = create_app(settings)
-    # Process-wide, so set by the program, not by create_app: with Python's default turns a finished
-    # worker waits long for the event loop to let go of the GIL (docs/benchmarks.md, front-end ceiling).
-    sys.setswitchinterval(settings.gil_switch_interval_ms / 1000)
     logging.getLogger(__name__).info("GIL switch interval %g ms", sys.getswitchinterval() * 1000)
     config = uvicorn.Config(
         app, host=settings.host, port=settings.port,

@@ -7,7 +7,9 @@ so it can prepare simulated devices before Paddle loads its device plugins.
 from __future__ import annotations
 
 import importlib.metadata
+import logging
 import os
+import sys
 from pathlib import Path
 from typing import Literal
 
@@ -152,6 +154,14 @@ class Settings(BaseSettings):
             return int(value)
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         return 0 if cores <= 2 else min(8, max(1, (cores - 2) // 2))
+
+    def set_up_process(self) -> None:
+        """What each process of the service (the single one, the supervisor, the engine, a front end)
+        takes from the settings for itself: the log's level and format, and the GIL's switch interval
+        (process-wide: with Python's default turns, a finished worker waits long for the event loop
+        to let go of the GIL; docs/benchmarks.md, front-end ceiling)."""
+        logging.basicConfig(level=self.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        sys.setswitchinterval(self.gil_switch_interval_ms / 1000)
 
     def wants_sim(self) -> bool:
         """Whether sim devices must be prepared before Paddle is imported."""

@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     stopped = _take_signals()
     runtime.die_with_parent()
     settings = Settings(_cli_parse_args=sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings.set_up_process()
     run = runtime.run_dir()
     flags = runtime.ReadyFlags(run / "ready")
     beats = runtime.Heartbeats(run / "beats")
@@ -43,7 +43,6 @@ def main(argv: list[str] | None = None) -> int:
     from .errors import StartupError
 
     _take_signals(stopped)  # ours again
-    sys.setswitchinterval(settings.gil_switch_interval_ms / 1000)
     try:
         service = Service(settings)
         service.start()

@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, lambda sig, frame: None if runtime.supervised() else sys.exit(1))
     runtime.die_with_parent()
     settings = Settings(_cli_parse_args=sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings.set_up_process()
     index = int(os.environ[runtime.FRONTEND_INDEX])
     sock = socket.socket(fileno=int(os.environ[runtime.LISTEN_FD]))
     run = runtime.run_dir()
@@ -73,7 +73,6 @@ def main(argv: list[str] | None = None) -> int:
             await client.close()
 
     app = create_app(settings, connect=connect, shared_ports=True)
-    sys.setswitchinterval(settings.gil_switch_interval_ms / 1000)
     config = uvicorn.Config(app, log_level=settings.log_level, timeout_graceful_shutdown=settings.shutdown_grace_s,
                             access_log=settings.access_log)
     server = DrainingServer(config, app, settings, supervised=True, told=told)
