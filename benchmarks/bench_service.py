@@ -158,11 +158,11 @@ class Bare:
 class Server:
     """A server process, started and ready: ``ready(server)`` says when (default: an HTTP probe)."""
 
-    def __init__(self, command: list[str], env: dict, port: int, ready=None) -> None:
+    def __init__(self, command: list[str], env: dict, port: int, ready=None, cwd: Path = ROOT) -> None:
         self.port, self.url = port, f"http://127.0.0.1:{port}"
         full = {k: v for k, v in os.environ.items() if not k.startswith("PLACEENV_")}
         full.update(env)
-        self.proc = subprocess.Popen(command, env=full, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.proc = subprocess.Popen(command, env=full, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + 240
         probe = "/readyz" if "placeenv.serve" in command else "/openapi.json"
         ready = ready or (lambda server: httpx.get(server.url + probe, timeout=2).status_code == 200)
@@ -226,15 +226,16 @@ def tree(*roots: int) -> dict[int, tuple[int, str, int]]:
     return found
 
 
-def service(devices: list[str], model: str, port: int | None = None, **settings) -> Server:
+def service(devices: list[str], model: str, port: int | None = None, checkout: Path = ROOT, **settings) -> Server:
+    """The service of the checkout at ``checkout`` (``python -m placeenv.serve`` run there imports it)."""
     port = port or free_port()
     env = {"PLACEENV_DEVICES": ",".join(devices), "PLACEENV_MODELS": model, "PLACEENV_PORT": str(port),
            "PLACEENV_WORKERS_PER_DEVICE": "1", "PLACEENV_LOG_LEVEL": "warning", "PLACEENV_QUEUE_CAPACITY": "256"}
     env.update({f"PLACEENV_{k.upper()}": str(v) for k, v in settings.items()})
-    return Server([sys.executable, "-m", "placeenv.serve"], env, port)
+    return Server([sys.executable, "-m", "placeenv.serve"], env, port, cwd=checkout)
 
 
-def wrk(urls: list[str], body: str, connections: int, seconds: float) -> dict:
+def wrk(urls: list[str], body: str, connections: int, seconds: float, path: str = "/predict") -> dict:
     """Run wrk against each URL at once (connections split among them); sum throughput."""
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
         script.write(f'wrk.method = "POST"\nwrk.body = {json.dumps(body)}\n'
@@ -242,7 +243,7 @@ def wrk(urls: list[str], body: str, connections: int, seconds: float) -> dict:
     per = max(1, connections // len(urls))
     procs = [
         subprocess.Popen(["wrk", "-t1", f"-c{per}", f"-d{int(seconds)}s", "--latency", "-s", script.name,
-                          url + "/predict"], stdout=subprocess.PIPE, text=True)
+                          url + path], stdout=subprocess.PIPE, text=True)
         for url in urls
     ]
     outs = [p.communicate()[0] for p in procs]

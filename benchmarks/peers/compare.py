@@ -243,10 +243,20 @@ def started(make_server, stop_signal: signal.Signals, group: bool) -> Running:
         raise
 
 
-def start_ours(devices: list[str], frontends: int = 0) -> Running:
+def start_ours(devices: list[str], frontends: int = 0, **settings) -> Running:
     # The service makes 4 sim devices unless told: sim:4 and up need the count.
-    return started(lambda: service(devices, MODEL, SIM_DEVICES=len(devices), FRONTENDS=frontends),
+    return started(lambda: service(devices, MODEL, SIM_DEVICES=len(devices), FRONTENDS=frontends, **settings),
                    signal.SIGTERM, group=False)
+
+
+#: A variant of ours: "ours-k2" (2 front ends), "ours-s5" (GIL switch interval 5 ms), "ours-k1-s5".
+VARIANT = re.compile(r"ours(?:-k(\d+))?(?:-s(\d+(?:\.\d+)?))?")
+
+
+def start_variant(devices: list[str], name: str) -> Running:
+    frontends, switch = VARIANT.fullmatch(name).groups()
+    return start_ours(devices, int(frontends or 0),
+                      **({"GIL_SWITCH_INTERVAL_MS": switch} if switch is not None else {}))
 
 
 def start_per_device(devices: list[str]) -> Several:
@@ -392,15 +402,19 @@ def main() -> None:
     parser.add_argument("--skip-ray", action="store_true", help="compare with LitServe only")
     parser.add_argument("--systems", default="ours,per-device,litserve,ray",
                         help="which systems, in their round-1 order (default: all four); ours-kN is ours "
-                        "with N front-end processes beside its engine (--frontends N)")
+                        "with N front-end processes beside its engine (--frontends N), ours-sX ours with "
+                        "a GIL switch interval of X ms, ours-kN-sX both")
     args = parser.parse_args()
     for name in args.systems.split(","):
-        if re.fullmatch(r"ours-k\d+", name.strip()):
-            NAMES[name.strip()] = f"ours, {name.strip()[6:]} front ends"
+        found = VARIANT.fullmatch(name.strip())
+        if found and name.strip() != "ours":
+            frontends, switch = found.groups()
+            NAMES[name.strip()] = ", ".join(["ours"] + [f"{frontends} front ends"] * (frontends is not None)
+                                            + [f"GIL switch {switch} ms"] * (switch is not None))
     names = [n.strip() for n in args.systems.split(",") if n.strip()]
     if args.skip_ray:
         names = [n for n in names if n != "ray"]
-    if unknown := [n for n in names if n not in NAMES]:
+    if unknown := [n for n in names if n not in NAMES]:  # an ours-... that is not a VARIANT included
         sys.exit(f"unknown systems {unknown}; choose from {', '.join(NAMES)}")
     if shutil.which("wrk") is None:
         sys.exit("wrk is not installed (apt-get install wrk)")
@@ -412,7 +426,7 @@ def main() -> None:
     starts = {"ours": lambda: start_ours(devices), "per-device": lambda: start_per_device(devices),
               "litserve": lambda: start_litserve(devices),
               "ray": lambda: start_ray(devices, args.ray_python)}
-    starts.update({name: lambda k=int(name[6:]): start_ours(devices, k) for name in names if name.startswith("ours-k")})
+    starts.update({name: lambda n=name: start_variant(devices, n) for name in names if name.startswith("ours-")})
     found: dict[str, list[dict]] = {name: [] for name in names}
     for r in range(args.rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:

@@ -23,7 +23,6 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from . import metrics, predict, v2, wire
@@ -33,6 +32,7 @@ from .fastjson import FastJSONRoute
 from .gateway import Gateway
 from .middleware import BodyLimit, QuietStartupFailure, error_key
 from .pages import DOCS_URL, ENDPOINTS, add_offline_docs
+from .predict import Error
 from .routes import EscapedJSONResponse, HotRoutes, ServiceApp, document, refusal
 from .wire import prefix
 
@@ -40,10 +40,6 @@ log = logging.getLogger(__name__)
 
 #: The inference routes: one table, which ``HotRoutes`` serves and ``document`` documents.
 INFER_ROUTES = (predict.ROUTE, *v2.INFER_ROUTES)
-
-
-class Error(BaseModel):
-    detail: str
 
 
 def _json_safe(value: Any) -> Any:

@@ -52,7 +52,8 @@ class Settings(BaseSettings):
     )
     hung_after_s: float = Field(
         30.0, ge=0, description="with front ends: the engine or a front end whose event loop has not run "
-        "for this long is hung: it is killed and handled as one that died (see restart); 0: never",
+        "for this long (from when it is serving) is hung: it is killed and handled as one that died (see "
+        "restart); 0: never; else at least 2 (a loop beats twice a second)",
     )
 
     devices: str = Field(
@@ -127,6 +128,13 @@ class Settings(BaseSettings):
     @classmethod
     def _empty_is_unset(cls, value):
         return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("hung_after_s")
+    @classmethod
+    def _longer_than_beats(cls, value: float) -> float:
+        if 0 < value < 2:  # a healthy loop beats every half second: shorter kills it between two
+            raise ValueError("must be 0 (never) or at least 2 seconds")
+        return value
 
     @field_validator("devices")
     @classmethod

@@ -2,7 +2,8 @@
 
 A ``Gateway`` lives in each process that serves a protocol: the single process
 (``--frontends 0``) or each front end. It checks the request against the
-engine's ``Catalog`` (every 400 and 404 is decided here, before anything crosses to
+engine's ``Catalog`` (with the adapters, which look the model up in it to read the
+body, every 400 and 404 is decided in this process, before anything crosses to
 the engine), counts each answer once in ``inference_requests_total`` by its
 outcome (``errors.OUTCOMES``), and runs the checked request on its ``engine``:
 ``LocalEngine`` (a ``core.Service`` in this process) or ``link.EngineClient`` (the

@@ -40,7 +40,7 @@ CONTENTS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_conte
 def inputs_of(request: pb.ModelInferRequest,
               expected: Mapping[str, str] = MappingProxyType({})) -> dict[str, np.ndarray]:
     """The request's input arrays, from ``raw_input_contents`` (one per input, in order) or ``contents``;
-    ``expected``: the model's datatype of each input (``Catalog.input_datatypes``)."""
+    ``expected``: the model's datatype of each input (from ``Catalog.resolve``)."""
     raw = request.raw_input_contents
     if raw and len(raw) != len(request.inputs):
         raise InvalidInput(f"raw_input_contents has {len(raw)} entries for {len(request.inputs)} inputs; "

@@ -39,6 +39,8 @@ class PredictResponse(BaseModel):
 
 
 class Error(BaseModel):
+    """An error answer outside /v2 (the Open Inference Protocol's is v2.ErrorBody)."""
+
     detail: str
 
 
@@ -50,13 +52,16 @@ class InvalidRequest(BaseModel):
 
 async def predict(gateway: Gateway, call: Call) -> Response | None:
     """The route: parse, ``Gateway.infer``, one output dict per example. None for a body FastAPI
-    answers itself (not sent as JSON: its 415; not a predict request: its 422, in its words)."""
-    if not wire.is_json(call.header(b"content-type")):
-        return None
-    try:
-        body = PredictRequest.model_validate_json(call.body)
-    except ValueError:  # pydantic's ValidationError
-        return None
+    reads itself (not sent as JSON: its 415; not a predict request: its 422, in its words; JSON
+    pydantic-core does not read: ``json.loads``, then here again with ``call.parsed``)."""
+    body = call.parsed
+    if body is None:
+        if not wire.is_json(call.header(b"content-type")):
+            return None
+        try:
+            body = PredictRequest.model_validate_json(call.body)
+        except ValueError:  # pydantic's ValidationError, or JSON pydantic-core does not read
+            return None
     try:
         target = gateway.catalog.resolve(body.model, body.version)
         inputs = predict_inputs(gateway.catalog, target, body)

@@ -6,8 +6,8 @@ six middleware layers, routing through every route, a ``Request``, dependency so
 validation were the largest share of a small request's time on the event loop (the profile in
 docs/benchmarks.md). ``document`` adds the same table to the FastAPI app, as routes whose endpoint
 calls the same handler: they are the OpenAPI documentation, and the way for a body the handler
-leaves to FastAPI (a ``/predict`` body pydantic refuses, or one not sent as JSON), so every 422
-and 415 comes from FastAPI's handlers, worded the same either way.
+leaves to FastAPI (a ``/predict`` body pydantic-core does not read or validate, or one not sent as
+JSON), so ``/predict``'s 422 and 415 come from FastAPI's handlers, worded the same either way.
 """
 
 from __future__ import annotations
@@ -51,6 +51,9 @@ class Call:
     params: dict[str, str]  # the path's parameters
     body: bytes  # whole, within the body limit
     scope: dict
+    # The body as FastAPI read and validated it (the route's ``body`` model), on the documented way:
+    # FastAPI reads what pydantic-core cannot (a lone surrogate, UTF-16), by ``json.loads``.
+    parsed: Any = None
 
     def header(self, name: bytes) -> bytes | None:
         return header(self.scope, name)
@@ -94,9 +97,9 @@ class InferRoute:
         """The FastAPI endpoint: the handler behind FastAPI's parameters (the path's, and ``body``)."""
         handle = self.handle
 
-        async def documented(request: Request, **_) -> Response:
-            response = await handle(request.app.state.gateway,
-                                    Call(request.path_params, await request.body(), request.scope))
+        async def documented(request: Request, **params) -> Response:
+            call = Call(request.path_params, await request.body(), request.scope, params.get("body"))
+            response = await handle(request.app.state.gateway, call)
             assert response is not None, "FastAPI validated a body that the handler leaves to it"
             return response
 

@@ -125,10 +125,16 @@ class Supervisor:
 
     def _watch(self) -> int:
         backoff = {"engine": Backoff(), **{f"frontend {i}": Backoff() for i in range(self.count)}}
+        awake_since = last = time.monotonic()
         while not self.signalled:
             now = time.monotonic()
+            if now - last > 2 * runtime.BEAT_S:
+                # This loop was away (the whole service paused: docker pause, SIGSTOP of the group, a
+                # stalled VM): so were the children. Their silence counts from now, not from before.
+                awake_since = now
+            last = now
             if self.settings.hung_after_s:
-                self._kill_hung(now)
+                self._kill_hung(now, awake_since)
             for index, proc in enumerate(self.frontends):
                 key = f"frontend {index}"
                 if proc is not None and proc.poll() is not None:
@@ -155,12 +161,16 @@ class Supervisor:
             time.sleep(TICK_S)
         return self._drain()
 
-    def _kill_hung(self, now: float) -> None:
-        """SIGKILL each child whose event loop has not run for ``hung_after_s``: the watch then sees it
-        die, and its requests in flight are answered as a dead process's are."""
+    def _kill_hung(self, now: float, awake_since: float) -> None:
+        """SIGKILL each child whose event loop has not run for ``hung_after_s`` (since ``awake_since``,
+        when this loop last came back from a pause): the watch then sees it die, and its requests in
+        flight are answered as a dead process's are."""
         for index, proc in enumerate([self.engine, *self.frontends]):
             silent = self.beats.silent_for(index, now)
-            if proc is None or silent is None or silent <= self.settings.hung_after_s or proc.poll() is not None:
+            if proc is None or silent is None or proc.poll() is not None:
+                continue
+            silent = min(silent, now - awake_since)
+            if silent <= self.settings.hung_after_s:
                 continue
             log.error("%s (pid %d): its event loop has not run for %.1f s (--hung-after-s %g): killing it",
                       "the engine" if index == 0 else f"front end {index - 1}", proc.pid, silent,

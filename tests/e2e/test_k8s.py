@@ -220,7 +220,8 @@ def test_plain_prometheus_scrape_config_passes_promtool(tmp_path):
 
 def _routes(module: Path) -> set[str]:
     """The paths of ``@<app or router>.get/post("...")`` in a module's source, under its
-    ``APIRouter(prefix=...)``: read, not imported, since the app imports Paddle."""
+    ``APIRouter(prefix=...)``, and of its ``InferRoute("...")``: read, not imported, since the app
+    imports Paddle."""
     tree = ast.parse(module.read_text())
     calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)]
     prefix = "".join(kw.value.value for call in calls if getattr(call.func, "id", None) == "APIRouter"
@@ -228,14 +229,17 @@ def _routes(module: Path) -> set[str]:
     functions = [node for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
     decorators = [d for function in functions for d in function.decorator_list
                   if isinstance(d, ast.Call) and isinstance(d.func, ast.Attribute)]
-    return {prefix + d.args[0].value for d in decorators
-            if d.func.attr in ("get", "post") and d.args and isinstance(d.args[0], ast.Constant)}
+    routes = {prefix + d.args[0].value for d in decorators
+              if d.func.attr in ("get", "post") and d.args and isinstance(d.args[0], ast.Constant)}
+    # The inference routes' table (routes.InferRoute): full paths, no prefix.
+    return routes | {call.args[0].value for call in calls if getattr(call.func, "id", None) == "InferRoute"
+                     and call.args and isinstance(call.args[0], ast.Constant)}
 
 
 @pytest.fixture(scope="module")
 def routes() -> set[str]:
     serve = ROOT / "placeenv" / "serve"
-    found = _routes(serve / "app.py") | _routes(serve / "v2.py")
+    found = _routes(serve / "app.py") | _routes(serve / "v2.py") | _routes(serve / "predict.py")
     assert {"/predict", "/healthz", "/readyz", "/v2/health/live", "/v2/health/ready"} <= found, found
     return found
 

@@ -618,7 +618,7 @@ def exited(proc: ServiceProcess) -> tuple[int, str]:
 
 
 def one_line_refusal(output: str) -> None:
-    """A refusal is logged once, as our one-line message, with no traceback: app.QuietStartupFailure
+    """A refusal is logged once, as our one-line message, with no traceback: middleware.QuietStartupFailure
     keeps Starlette from repeating a StartupError as its formatted traceback."""
     assert "Traceback" not in output and 'File "' not in output, output[-4000:]
     assert output.count("cannot start: ") == 1, output[-4000:]

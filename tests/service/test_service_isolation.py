@@ -12,7 +12,7 @@ import httpx
 import numpy as np
 import paddle
 import pytest
-from support import where
+from support import wait_until, where
 from support.servers import ServiceProcess
 
 import placeenv
@@ -51,8 +51,9 @@ async def _mobilenet_load(url: str, clients: int, per_client: int) -> list[tuple
         return [a for answers in await asyncio.gather(*[client(c) for c in range(clients)]) for a in answers]
 
 
+@pytest.mark.parametrize("frontends", [0, 1])
 @pytest.mark.parametrize("isolation", ["on", "off"])
-def test_repository_model_leaks_are_counted_only_without_isolation(isolation):
+def test_repository_model_leaks_are_counted_only_without_isolation(isolation, frontends):
     """mobilenet is a plain ``paddle.jit.save`` directory (no model.py): served on 4 sim devices by 8
     workers under concurrent load, no check finds a leak with isolation on; with isolation off (stock
     Paddle: one process-wide device, each worker calling set_device before its batch) the leak counter
@@ -67,10 +68,16 @@ def test_repository_model_leaks_are_counted_only_without_isolation(isolation):
     CPU-fallback kernels and returns CPU tensors whatever device it ran on (the test above), so the
     expected output device is 'cpu' there and the check holds with or without isolation. 'batch' moves
     the inputs with an explicit place, and 'preprocess' expects the CPU, so neither sees it either.
+
+    With a front end (``frontends=1``) the same holds: workers and preprocessing are threads of the
+    engine process, where the checks run, and the front end's /metrics shows the engine's counts.
     """
-    with ServiceProcess(MODELS="mobilenet", ISOLATION=isolation) as proc:
+    with ServiceProcess(MODELS="mobilenet", ISOLATION=isolation, FRONTENDS=frontends) as proc:
         at_start = proc.by_label("placeenv_device_leaks_total", "stage")
         answers = asyncio.run(_mobilenet_load(proc.url, clients=16, per_client=8))
+        # With a front end, the engine's counts reach its /metrics within a quarter of a second.
+        wait_until(lambda: proc.by_label("placeenv_place_checks_total", "stage").get("output", 0) >= 128 / 8, 10,
+                   "the output checks were not counted")
         leaks = proc.by_label("placeenv_device_leaks_total", "stage")
         checks = proc.by_label("placeenv_place_checks_total", "stage")
     assert len(answers) == 128  # every request one answer

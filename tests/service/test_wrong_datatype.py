@@ -2,7 +2,7 @@
 
 ``INT8`` with the data ``[0.5, ...]`` for mobilenet's FP32 ``image`` used to be answered "has the
 value 0.5 at position [0]; expected integers" (the data read as the datatype sent). One rule
-(``wire.check_datatype`` with ``Service.input_datatypes``) now answers 400 / INVALID_ARGUMENT
+(``wire.check_datatype`` with the model's datatypes from ``Catalog.resolve``) now answers 400 / INVALID_ARGUMENT
 naming the input, the datatype sent and the model's, the same for REST JSON, REST binary, gRPC raw
 and gRPC typed contents. Controls: the right datatype is served, and without the model's datatype
 the data check gives the old answer.
