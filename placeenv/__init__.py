@@ -28,6 +28,7 @@ __all__ = [
     "device_name",
     "install",
     "installed",
+    "prepare_devices",
     "to_place",
     "uninstall",
 ]
@@ -42,6 +43,7 @@ _LAZY = {
     "current_place": "placeenv.env",
     "install": "placeenv.patch",
     "installed": "placeenv.patch",
+    "prepare_devices": "placeenv.patch",
     "uninstall": "placeenv.patch",
     "available_devices": "placeenv.places",
     "device_name": "placeenv.places",

@@ -95,6 +95,20 @@ def install() -> None:
         _make_custom_device_event_pools()
 
 
+def prepare_devices() -> None:
+    """Create every custom device's random generator and its type's event pool now, in this thread.
+
+    Paddle creates each on a device's first use, in a static map with no lock, so threads first
+    using devices at once can fail or corrupt memory (see the two functions below). ``install()``
+    does this; a program that runs stock Paddle on several threads (``uninstall()``, or the
+    service's isolation off) calls it itself, before its threads start. It leaves no other trace:
+    the mode, the device, the programs and the scope stay as they are.
+    """
+    _pd.resolve()
+    _make_custom_device_generators()
+    _make_custom_device_event_pools()
+
+
 def _make_custom_device_generators() -> None:
     """Create every custom device's random generator now, in one thread.
 

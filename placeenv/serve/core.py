@@ -128,6 +128,10 @@ class Service:
         self.settings = settings
         if settings.isolation == "off":
             placeenv.uninstall()  # the stock-Paddle demonstration
+            # Not isolation: Paddle's unlocked first-use maps, which install() fills too. Without it,
+            # two workers' first runs can crash the process (benchmarks/first_run_race.py), and the
+            # control would show a crash instead of the leaks it is there to show.
+            placeenv.prepare_devices()
         else:
             placeenv.install()
         self.entries, self.skipped = read_repository(settings)

@@ -428,3 +428,26 @@ def test_install_runs_its_event_pool_program_leaving_no_trace(sim_run):
         """
     ).json()
     assert out == [True, True, 0, True, []]
+
+
+def test_prepare_devices_on_stock_paddle_leaves_no_trace(sim_run):
+    # What install() does against Paddle's unlocked first-use maps, for a program on stock Paddle
+    # (the service's isolation off): the same no-trace promise, and a thread born after it still
+    # gets the Tracer (stock Paddle hands every new thread the one it finds).
+    out = sim_run(
+        """
+        import json, threading, paddle, placeenv
+        placeenv.uninstall()
+        device = paddle.get_device()
+        main = paddle.static.default_main_program()
+        placeenv.prepare_devices()
+        found = {}
+        thread = threading.Thread(target=lambda: found.update(mode=paddle.in_dynamic_mode()))
+        thread.start(); thread.join()
+        print(json.dumps([placeenv.installed(), paddle.in_dynamic_mode(), found["mode"],
+                          paddle.get_device() == device, len(main.global_block().ops),
+                          paddle.static.default_main_program() is main,
+                          paddle.static.global_scope().local_var_names()]))
+        """
+    ).json()
+    assert out == [False, True, True, True, 0, True, []]

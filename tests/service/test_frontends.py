@@ -261,6 +261,14 @@ def test_a_hung_process_is_killed_and_started_again(role, hung_after_s):
         assert "its event loop has not run for" in proc.output()
 
 
+def sleeps(pid: int) -> int:
+    """How many times ``pid`` has gone to sleep (its voluntary context switches)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("voluntary_ctxt_switches:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no context switch count for {pid}")
+
+
 def test_a_paused_service_is_not_taken_for_a_hung_one():
     # The whole service paused past --hung-after-s (docker pause, SIGSTOP of the group, a stalled VM)
     # and resumed: the supervisor, back first, does not kill a child whose beat is old only because
@@ -272,12 +280,15 @@ def test_a_paused_service_is_not_taken_for_a_hung_one():
         os.kill(engine, signal.SIGSTOP)
         try:
             wait_until(lambda: (beat_age(engine, 0) or 0) > 3, 30, "the stopped engine still beat")
+            slept = sleeps(supervisor)
         finally:
             os.kill(supervisor, signal.SIGCONT)
-        # Resumed first, the supervisor looks several times (every 50 ms) at the engine's old beat
-        # before the engine resumes: the window in which it would wrongly kill it.
-        time.sleep(0.5)
-        os.kill(engine, signal.SIGCONT)
+        # Resumed first, the supervisor looks several times at the engine's old beat (a look between
+        # two of its 50 ms sleeps) before the engine resumes: the window in which it would kill it.
+        try:
+            wait_until(lambda: sleeps(supervisor) >= slept + 5, 30, "the supervisor did not run")
+        finally:
+            os.kill(engine, signal.SIGCONT)
         proc.wait_ready(30)
         assert children(supervisor)["engine"] == [engine]
         assert predict(proc.url).status_code == 200
