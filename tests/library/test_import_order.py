@@ -104,6 +104,12 @@ USES = {
         import paddle
         used = [before, placeenv.installed()]
     """,
+    "prepare_devices": """
+        import placeenv
+        placeenv.prepare_devices()
+        import paddle
+        used = [paddle.in_dynamic_mode(), str(paddle.ones([1]).place)]
+    """,
     "to_place": """
         from placeenv import to_place
         used = str(to_place("sim:2"))
@@ -129,6 +135,7 @@ EXPECTED = {
     "device_name": "sim:3",
     "install": True,
     "installed": lambda order: [order == "after paddle", True],
+    "prepare_devices": [True, "Place(sim:0)"],
     "to_place": "Place(sim:2)",
     "uninstall": [False, False],
 }
