@@ -34,7 +34,7 @@ from .errors import (
     ServiceError,
     StartupError,
 )
-from .models import examples
+from .models import examples, inference
 from .models.base import InputError, Model, ModelError, host_inputs
 from .models.repository import BUNDLED, Entry, RepositoryError, Version, scan
 from .request import Catalog, ModelInfo, Result, VersionInfo, Work
@@ -113,6 +113,11 @@ def read_repository(settings: Settings) -> tuple[dict[str, Entry], dict[str, str
     if errors and settings.on_model_failure == "fail":
         raise StartupError("model repository: " + "; ".join(str(e) for e in errors)
                            + " (PLACEENV_ON_MODEL_FAILURE=skip serves the rest)")
+    # A Predictor's math-library threads on the CPU: the machine's cores shared by the CPU's workers.
+    threads = inference.default_cpu_threads(settings.workers_per_device)
+    for entry in entries.values():
+        for version in entry.versions.values():
+            version.context = dataclasses.replace(version.context, cpu_threads=threads)
     skipped = {e.model: str(e) for e in errors}
     for message in skipped.values():
         log.error("not serving: %s", message)
@@ -222,9 +227,12 @@ class Service:
         models = {}
         for entry in self.entries.values():
             versions = {n: VersionInfo(n, v.inputs, v.outputs, platform(v)) for n, v in entry.versions.items()}
+            # What runs the default version on each device: the backend auto chose, or why it fell back.
+            key = (entry.name, entry.default.number)
+            backends = {w.device: w.backends[key] for w in self.pool.workers if key in w.backends}
             models[entry.name] = ModelInfo(
                 entry.name, versions, entry.max_batch_size, entry.max_batch_delay_ms, entry.config.description,
-                entry.config.model_dump(mode="json", exclude={"inputs", "outputs"}))
+                {**entry.config.model_dump(mode="json", exclude={"inputs", "outputs"}), "backends": backends})
         return Catalog(models, dict(self.skipped), list(self.devices), self.settings.max_examples_per_request)
 
     def status(self) -> dict:

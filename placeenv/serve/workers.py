@@ -66,6 +66,7 @@ class Worker:
         self.ready = threading.Event()
         self.error: BaseException | None = None
         self.failed: dict[str, str] = {}  # model -> why it did not load here
+        self.backends: dict[tuple[str, int], str] = {}  # (model, version) -> what runs it here
         self.held: dict[tuple[str, int], tuple[int, float]] = {}  # (model, version) -> batch limits
         self.current: list[Job] = []
         self._stop = threading.Event()
@@ -123,6 +124,7 @@ class Worker:
     def _load(self, entry: Entry, version) -> Model:
         replica = version.model_class()
         replica.initialize(self.place, version.context)
+        self.backends[version.context.name, version.number] = replica.backend
         stray = {k: d for k, d in replica.parameter_devices().items() if d != self.device}
         self.check("load", next(iter(stray.values()), self.device))
         if stray and self.isolation:

@@ -340,12 +340,18 @@ def test_each_replica_is_fresh_and_finalize_releases_it():
     version = ENTRIES["digits"].default
     a, b = version.model_class(), version.model_class()
     assert a is not b
-    a.initialize(placeenv.to_place("cpu"), version.context)
+    a.initialize(placeenv.to_place("sim:1"), version.context)  # backend auto: paddle.jit.load on sim
     assert a.network is not None and b.network is None and a.parameter_devices()
     a.finalize()
     assert a.network is None and a.parameter_devices() == {}
     with pytest.raises(RuntimeError, match="execute before initialize"):
         a.execute({"pixels": paddle.zeros([1, 64])})
+    b.initialize(placeenv.to_place("cpu"), version.context)  # and a Predictor on the CPU
+    assert b.predictor is not None and b.network is None and b.backend == "inference"
+    b.finalize()
+    assert b.predictor is None
+    with pytest.raises(RuntimeError, match="execute before initialize"):
+        b.execute({"pixels": paddle.zeros([1, 64])})
 
 
 def test_a_model_py_without_a_program_runs_in_python_on_its_device():

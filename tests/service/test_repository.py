@@ -225,7 +225,10 @@ def test_each_saved_program_runs_on_a_sim_device_as_it_does_by_hand(programs, tm
     mask = rng.integers(0, 2, (3, 5)).astype(bool)
     for device in ("sim:2", "cpu"):
         two = replica(entries["two"], device)
-        assert set(two.parameter_devices().values()) == {device}
+        # backend auto: paddle.jit.load on sim, whose weights the checks see; a Predictor on the CPU,
+        # whose weights are in its own scope on the place its config names.
+        assert two.backend == ("jit" if device.startswith("sim:") else "inference")
+        assert set(two.parameter_devices().values()) == ({device} if two.backend == "jit" else set())
         out, raw = forward(two, {"x": x, "ids": ids})
         assert {placeenv.device_name(t.place) for t in raw.values()} == {two.output_device()} == {"cpu"}
         expected = reference(programs["two"], x, ids)

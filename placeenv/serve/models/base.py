@@ -16,6 +16,8 @@ and ``finalize()`` runs when the worker stops. Every method has a default, so a 
 from __future__ import annotations
 
 import dataclasses
+import logging
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,10 @@ from placeenv import PlaceEnv, device_name
 from placeenv.tensors import JIT_LOAD_LOCK, host_tensor, move_to
 
 from ..request import InputError, TensorSpec
+from . import inference
+from .inference import Backend, InferenceOptions
+
+log = logging.getLogger(__name__)
 
 __all__ = ["InputError", "Model", "ModelContext", "TensorSpec", "batch_tensor", "host_tensor", "move_to"]
 
@@ -47,6 +53,9 @@ class ModelContext:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     parameters: Mapping[str, Any]  # the config file's free-form ``parameters``
+    backend: Backend = "jit"  # the config file's: what runs the saved program (models/inference.py)
+    inference: InferenceOptions = dataclasses.field(default_factory=InferenceOptions)
+    cpu_threads: int = 1  # a Predictor's math-library threads on the CPU, unless the options say
 
 
 class Model:
@@ -63,6 +72,8 @@ class Model:
 
     def __init__(self) -> None:
         self.network: paddle.nn.Layer | None = None
+        self.predictor: paddle.inference.Predictor | None = None  # with the inference backend
+        self.backend = "jit"  # what runs this replica: "inference", "jit", or why jit (a fallback)
         self.place = None
         self.context: ModelContext | None = None
         self._env: PlaceEnv | None = None  # PlaceEnv(place), made once: it keeps no state, so reuse is safe
@@ -77,6 +88,23 @@ class Model:
         """
         self.place, self.context = placeenv.to_place(place), context
         self._env = PlaceEnv(self.place)
+        # A model.py that loads its own network keeps it; else the config's backend for this device.
+        if (type(self).load is Model.load and context.program is not None
+                and inference.chosen(context.backend, device_name(self.place)) == "inference"):
+            try:
+                with JIT_LOAD_LOCK:  # a Predictor builds its program through the same global insertion point
+                    self.predictor = inference.create(context.program, self.place, context.inference,
+                                                      context.cpu_threads)
+                self.backend = "inference"
+                return
+            except Exception as exc:
+                problem = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}"
+                if context.backend == "inference":
+                    raise RuntimeError(f"Paddle Inference cannot load the program (backend: inference): "
+                                       f"{problem}") from None
+                self.backend = f"jit (backend auto: Paddle Inference could not load the program: {problem})"
+                _say_once(context, f"model {context.name!r} version {context.version}: Paddle Inference "
+                          f"could not load the program ({problem}); serving it with paddle.jit.load")
         with self._env:
             self.network = self.load(context)
         if self.network is not None:
@@ -95,6 +123,9 @@ class Model:
 
     def execute(self, inputs: dict[str, paddle.Tensor]) -> dict[str, paddle.Tensor]:
         """Forward pass on this replica's place; ``inputs`` are already there, in ``self.context.inputs`` order."""
+        if self.predictor is not None:  # its outputs, in the program's order, are new tensors
+            out = self.predictor.run([inputs[spec.name] for spec in self.context.inputs])
+            return {spec.name: tensor for spec, tensor in zip(self.context.outputs, out)}
         if self.network is None:
             raise RuntimeError(f"{self.context.name if self.context else 'model'}: execute before initialize")
         with self._env, paddle.no_grad():  # tensors the forward creates land on this replica's place
@@ -110,13 +141,14 @@ class Model:
         return {name: tensor.numpy() for name, tensor in outputs.items()}
 
     def finalize(self) -> None:
-        """Drop the network so its device memory can be reclaimed."""
-        self.network, self._env = None, None
+        """Drop the network (or Predictor) so its device memory can be reclaimed."""
+        self.network, self.predictor, self._env = None, None, None
 
     # -- what the service checks -------------------------------------------------------------
 
     def parameter_devices(self) -> dict[str, str]:
-        """``{weight name: device}`` of the loaded network (state_dict covers buffers too)."""
+        """``{weight name: device}`` of the loaded network (state_dict covers buffers too); none for a
+        Predictor, whose weights are in its own scope on the place its config names."""
         if self.network is None:
             return {}
         return {k: device_name(v.place) for k, v in self.network.state_dict().items()}
@@ -132,6 +164,19 @@ class Model:
         if self.context is not None and self.context.program is not None and device.startswith("sim:"):
             return "cpu"
         return device
+
+
+_said: set[tuple[str, int]] = set()
+_said_lock = threading.Lock()
+
+
+def _say_once(context: ModelContext, message: str) -> None:
+    """Log ``message`` once per model version, however many workers find it."""
+    with _said_lock:
+        if (context.name, context.version) in _said:
+            return
+        _said.add((context.name, context.version))
+    log.warning("%s", message)
 
 
 def host_inputs(context: ModelContext, preprocessed: Any) -> dict[str, np.ndarray | paddle.Tensor]:

@@ -31,6 +31,7 @@ from ..config import BUNDLED
 from ..wire import DATATYPES, datatype_of
 from . import examples
 from .base import JIT_LOAD_LOCK, Model, ModelContext, TensorSpec
+from .inference import Backend, InferenceOptions
 
 __all__ = ["BUNDLED", "Entry", "ModelConfig", "RepositoryError", "scan"]
 
@@ -95,6 +96,12 @@ class ModelConfig(BaseModel):
     inputs: list[TensorOverride] = Field(default_factory=list, description="overrides, by position")
     outputs: list[TensorOverride] = Field(default_factory=list, description="overrides, by position")
     parameters: dict[str, Any] = Field(default_factory=dict, description="free-form, for model.py")
+    backend: Backend = Field(
+        "auto", description="what runs the saved program: 'inference' (a Paddle Inference Predictor per worker), "
+        "'jit' (paddle.jit.load), or 'auto': a Predictor on the CPU and GPUs, paddle.jit.load on custom devices, "
+        "and paddle.jit.load when the Predictor cannot load the program")
+    inference: InferenceOptions = Field(default_factory=InferenceOptions,
+                                        description="the Predictor's options (backend inference or auto)")
 
 
 # -- entries -----------------------------------------------------------------------------------
@@ -261,6 +268,11 @@ def read_version(name: str, directory: Path, config: ModelConfig) -> Version:
     elif program is None:
         raise RepositoryError(name, directory, "no saved program: expected model.json + model.pdiparams "
                               "(paddle.jit.save), inference.json + inference.pdiparams, or a model.py")
+    if config.backend == "inference" and (program is None or model_class.load is not Model.load):
+        raise RepositoryError(name, source if source.is_file() else directory,
+                              "backend inference runs the version's saved program with a Predictor: it needs "
+                              "model.json (paddle.jit.save) and a model.py that does not override load(); "
+                              "set backend: jit or auto")
     inputs, outputs = program_specs(name, program) if program is not None else ((), ())
     inputs = declared(name, source, model_class.inputs, inputs, "inputs")
     outputs = declared(name, source, model_class.outputs, outputs, "outputs")
@@ -274,7 +286,7 @@ def read_version(name: str, directory: Path, config: ModelConfig) -> Version:
         if len(set(names)) != len(names):
             raise RepositoryError(name, where, f"{kind} names repeat: {names}")
     return Version(model_class, ModelContext(name, int(directory.name), directory, program, inputs, outputs,
-                                             config.parameters))
+                                             config.parameters, config.backend, config.inference))
 
 
 def find_program(name: str, directory: Path) -> Path | None:

@@ -1,0 +1,111 @@
+"""Paddle Inference as a model's backend: a ``paddle.inference`` Predictor per worker, the way
+Paddle's own deployment tools (PaddleX, FastDeploy, Triton's Paddle backend) run a saved program,
+with its graph passes and oneDNN on the CPU (TensorRT on GPUs).
+
+A model's ``backend`` (config file) is ``jit`` (``paddle.jit.load``), ``inference`` (a Predictor),
+or ``auto``: a Predictor on the CPU and on GPUs, ``paddle.jit.load`` on custom devices, where
+Paddle Inference runs no faster (docs/models.md has the figures). With ``auto``, a program the
+Predictor cannot load falls back to ``paddle.jit.load``, said once in the log and in the model's
+``/v2/models/{m}/config``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+import paddle
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from placeenv import device_name
+
+Backend = Literal["auto", "jit", "inference"]
+
+
+class ShapeRange(BaseModel):
+    """One input's shapes for TensorRT's dynamic shapes: the smallest, the most common, the largest."""
+
+    model_config = ConfigDict(extra="forbid")
+    min: list[int]
+    opt: list[int]
+    max: list[int]
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ShapeRange:
+        if not len(self.min) == len(self.opt) == len(self.max) or any(
+                not 0 < a <= b <= c for a, b, c in zip(self.min, self.opt, self.max)):
+            raise ValueError("min, opt and max have the same rank, and 0 < min <= opt <= max in each dimension")
+        return self
+
+
+class TensorRTOptions(BaseModel):
+    """TensorRT on a GPU (``Config.enable_tensorrt_engine``); untested here: no GPU wheel installs."""
+
+    model_config = ConfigDict(extra="forbid")
+    precision: Literal["fp32", "fp16", "int8"] = "fp32"
+    workspace_mb: int = Field(1024, ge=1, le=1 << 20)
+    min_subgraph_size: int = Field(3, ge=1)
+    shapes: dict[str, ShapeRange] = Field(default_factory=dict, description="dynamic shapes, by input name")
+
+
+class InferenceOptions(BaseModel):
+    """What users tune of a Predictor (``paddle.inference.Config``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    onednn: bool = Field(True, description="oneDNN kernels on the CPU")
+    cpu_threads: int | None = Field(
+        None, ge=1, le=1024, description="math-library threads a Predictor uses on the CPU; default: the "
+        "machine's cores shared among the CPU's workers")
+    ir_optim: bool = Field(True, description="Paddle Inference's graph optimisation passes")
+    gpu_memory_mb: int = Field(256, ge=1, description="the initial memory pool on a GPU")
+    tensorrt: TensorRTOptions | None = Field(None, description="on GPUs only")
+
+
+_PRECISION = {"fp32": "Float32", "fp16": "Half", "int8": "Int8"}
+
+
+def chosen(backend: Backend, device: str) -> Literal["jit", "inference"]:
+    """The backend a worker on ``device`` runs: ``auto`` takes a Predictor except on custom devices."""
+    if backend != "auto":
+        return backend
+    return "inference" if device == "cpu" or device.startswith("gpu:") else "jit"
+
+
+def default_cpu_threads(cpu_workers: int) -> int:
+    return max(1, (os.cpu_count() or 1) // max(1, cpu_workers))
+
+
+def create(program: Path, place, options: InferenceOptions, cpu_threads: int) -> paddle.inference.Predictor:
+    """A Predictor of the saved program at ``program`` (its path prefix) on ``place``."""
+    json = program.with_suffix(".json")
+    params = program.with_suffix(".pdiparams")
+    config = paddle.inference.Config(str(json), str(params) if params.is_file() else "")
+    config.disable_glog_info()  # its passes' log lines, per Predictor, per worker
+    # Not enable_memory_optim(): with PIR programs (Paddle 3.3) the Predictor then fails to build
+    # ("Not find predictor_id 0 and pass_name memory_optimize_pass").
+    config.switch_ir_optim(options.ir_optim)
+    device = device_name(place)
+    kind, _, index = device.partition(":")
+    if kind == "cpu":
+        config.disable_gpu()
+        config.set_cpu_math_library_num_threads(options.cpu_threads or cpu_threads)
+        if options.onednn:
+            config.enable_mkldnn()
+        else:
+            config.disable_mkldnn()
+    elif kind == "gpu":
+        config.enable_use_gpu(options.gpu_memory_mb, int(index))
+        trt = options.tensorrt
+        if trt is not None:
+            config.enable_tensorrt_engine(
+                workspace_size=trt.workspace_mb << 20, max_batch_size=1, min_subgraph_size=trt.min_subgraph_size,
+                precision_mode=getattr(paddle.inference.PrecisionType, _PRECISION[trt.precision]),
+                use_static=False, use_calib_mode=trt.precision == "int8")
+            if trt.shapes:
+                config.set_trt_dynamic_shape_info({n: r.min for n, r in trt.shapes.items()},
+                                                  {n: r.max for n, r in trt.shapes.items()},
+                                                  {n: r.opt for n, r in trt.shapes.items()})
+    else:
+        config.enable_custom_device(kind, int(index or 0))
+    return paddle.inference.create_predictor(config)

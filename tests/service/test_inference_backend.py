@@ -1,0 +1,214 @@
+"""Paddle Inference as a model's backend (issue 29): a Predictor per worker, its answers those of
+``paddle.jit.load``, the config's ``backend`` (``auto``, ``jit``, ``inference``) and its errors.
+
+In process: replicas made as a worker makes them (``models.local``), on the CPU and a sim device.
+Over HTTP: one service whose repository holds a model of each backend, under concurrent load.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import shutil
+import textwrap
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import numpy as np
+import paddle
+import pytest
+from support.servers import ServiceProcess
+
+import placeenv
+from placeenv import PlaceEnv
+from placeenv.serve.models import local, scan
+from placeenv.serve.models.repository import BUNDLED
+from placeenv.serve.models.examples import ensure_mobilenet, mobilenet_home
+
+RNG = np.random.default_rng(0)
+
+
+class TwoKinds(paddle.nn.Layer):
+    """Two inputs of different datatypes, a dynamic sequence length, two outputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = paddle.nn.Embedding(50, 8)
+        self.linear = paddle.nn.Linear(8, 3)
+
+    def forward(self, features, ids):
+        mixed = self.embedding(ids).mean(axis=1) + features
+        return self.linear(mixed), ids.sum(axis=1)
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory) -> Path:
+    """``two`` (TwoKinds) three times, one per backend, in one repository."""
+    root = tmp_path_factory.mktemp("repository")
+    paddle.seed(0)
+    layer = TwoKinds()
+    layer.eval()
+    spec = [paddle.static.InputSpec([None, 8], "float32", "features"), paddle.static.InputSpec([None, None], "int64", "ids")]
+    with PlaceEnv("cpu"):
+        paddle.jit.save(layer, str(root / "two-auto" / "1" / "model"), input_spec=spec)
+    for backend in ("jit", "inference"):
+        shutil.copytree(root / "two-auto", root / f"two-{backend}")
+        (root / f"two-{backend}" / "config.yaml").write_text(f"backend: {backend}\n")
+    return root
+
+
+def two_inputs(rows: int, length: int) -> dict[str, np.ndarray]:
+    return {"features": RNG.random((rows, 8), dtype=np.float32),
+            "ids": RNG.integers(0, 50, (rows, length)).astype(np.int64)}
+
+
+def replica(repository: Path, name: str, device: str):
+    entries, errors = scan([repository], [name], max_batch_size=8, max_batch_delay_ms=0)
+    assert not errors, errors
+    return local.replica(entries[name], placeenv.to_place(device))
+
+
+def test_each_backend_answers_as_jit_load_with_two_inputs_of_two_datatypes(repository):
+    jit = replica(repository, "two-jit", "cpu")
+    predictor = replica(repository, "two-inference", "cpu")
+    assert (jit.backend, predictor.backend) == ("jit", "inference")
+    assert predictor.predictor is not None and predictor.network is None  # the control: jit's is a Layer
+    for rows, length in ((1, 1), (4, 7), (3, 30)):  # the sequence length changes between calls
+        inputs = two_inputs(rows, length)
+        want, _ = local.forward(jit, inputs)
+        got, raw = local.forward(predictor, inputs)
+        assert list(got) == ["output_0", "output_1"] or list(got) == list(want), got.keys()
+        np.testing.assert_allclose(got[list(got)[0]], want[list(want)[0]], rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(got[list(got)[1]], want[list(want)[1]])
+        assert got[list(got)[1]].dtype == np.int64
+        assert {placeenv.device_name(t.place) for t in raw.values()} == {"cpu"}
+
+
+def test_auto_takes_a_predictor_on_the_cpu_and_jit_load_on_a_sim_device(repository):
+    assert replica(repository, "two-auto", "cpu").backend == "inference"
+    on_sim = replica(repository, "two-auto", "sim:1")
+    assert on_sim.backend == "jit" and on_sim.network is not None
+    forced = replica(repository, "two-inference", "sim:1")  # asked for: a Predictor on the custom device
+    assert forced.backend == "inference"
+    inputs = two_inputs(2, 5)
+    want, _ = local.forward(on_sim, inputs)
+    got, _ = local.forward(forced, inputs)
+    for (name, a), b in zip(want.items(), got.values()):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("name", ["digits", "mobilenet"])
+def test_the_bundled_models_answer_alike_on_both_backends(name, tmp_path):
+    ensure_mobilenet()
+    source = BUNDLED / name
+    for backend in ("jit", "inference"):
+        target = tmp_path / backend / name
+        shutil.copytree((mobilenet_home() if name == "mobilenet" else source) / "1", target / "1")
+        (target / "config.yaml").write_text(f"backend: {backend}\n")
+    jit, predictor = (replica(tmp_path / backend, name, "cpu") for backend in ("jit", "inference"))
+    assert (jit.backend, predictor.backend) == ("jit", "inference")
+    (spec,) = jit.context.inputs
+    inputs = {spec.name: RNG.random((4, *spec.shape[1:]), dtype=np.float32) * (16 if name == "digits" else 1)}
+    want, _ = local.forward(jit, inputs)
+    got, _ = local.forward(predictor, inputs)
+    for key in want:
+        np.testing.assert_allclose(got[key], want[key], rtol=1e-4, atol=1e-4, err_msg=key)
+
+
+def test_a_program_the_predictor_cannot_load_is_a_named_error_or_with_auto_falls_back(repository, tmp_path, caplog):
+    # Read by scan() (paddle.jit.load, for the program's signature), then spoiled before the workers load
+    # it: the Predictor refuses it, and so does paddle.jit.load, so that with auto the error that stays
+    # is jit.load's own, after the fallback was said.
+    entries = {}
+    for backend in ("inference", "auto"):
+        shutil.copytree(repository / "two-jit", tmp_path / backend)
+        (tmp_path / backend / "config.yaml").write_text(f"backend: {backend}\n")
+        found, errors = scan([tmp_path], [backend], max_batch_size=8, max_batch_delay_ms=0)
+        assert not errors, errors
+        entries[backend] = found[backend]
+        with (tmp_path / backend / "1" / "model.pdiparams").open("ab") as params:
+            params.write(b"not parameters")
+    cpu = placeenv.to_place("cpu")
+    with pytest.raises(RuntimeError, match=r"Paddle Inference cannot load the program \(backend: inference\)"):
+        local.replica(entries["inference"], cpu)
+    with caplog.at_level(logging.WARNING), pytest.raises(Exception) as jit_error:
+        local.replica(entries["auto"], cpu)
+    assert "Paddle Inference could not load the program" in caplog.text
+    assert "serving it with paddle.jit.load" in caplog.text
+    assert "Paddle Inference" not in str(jit_error.value)
+
+
+def test_backend_inference_needs_a_saved_program_it_can_run(repository, tmp_path):
+    entry = tmp_path / "custom"
+    shutil.copytree(repository / "two-jit", entry)
+    (entry / "config.yaml").write_text("backend: inference\n")
+    (entry / "1" / "model.py").write_text(textwrap.dedent("""
+        from placeenv.serve.models import Model as Base
+
+        class Model(Base):
+            def load(self, context):  # its own network: a Predictor cannot run it
+                return super().load(context)
+    """))
+    entries, errors = scan([tmp_path], ["custom"], max_batch_size=8, max_batch_delay_ms=0)
+    assert not entries and "backend inference runs the version's saved program" in str(errors[0])
+    (entry / "config.yaml").write_text("backend: inference\ninference: {onednn: maybe}\n")
+    entries, errors = scan([tmp_path], ["custom"], max_batch_size=8, max_batch_delay_ms=0)
+    assert not entries and "inference.onednn" in str(errors[0])
+
+
+def test_a_service_serves_every_backend_under_concurrent_load_and_says_which(repository):
+    with ServiceProcess(DEVICES="cpu", WORKERS_PER_DEVICE=2, MODEL_REPOSITORY=str(repository),
+                        MODELS="two-auto,two-jit,two-inference") as proc:
+        requests = [(name, two_inputs(1 + i % 3, 1 + i % 9))
+                    for i in range(64) for name in ("two-auto", "two-jit", "two-inference")][:64 * 3]
+        reference = replica(repository, "two-jit", "cpu")
+
+        def one(request) -> tuple[str, dict, dict]:
+            name, inputs = request
+            body = {"inputs": [{"name": n, "shape": list(a.shape), "datatype": "FP32" if a.dtype == np.float32
+                                else "INT64", "data": a.ravel().tolist()} for n, a in inputs.items()]}
+            answer = httpx.post(f"{proc.url}/v2/models/{name}/infer", json=body, timeout=60)
+            assert answer.status_code == 200, answer.text
+            return name, inputs, {o["name"]: np.asarray(o["data"]).reshape(o["shape"]) for o in answer.json()["outputs"]}
+
+        with ThreadPoolExecutor(16) as pool:
+            answers = list(pool.map(one, requests))
+        for name, inputs, outputs in answers:
+            want, _ = local.forward(reference, inputs)
+            for key, value in want.items():
+                np.testing.assert_allclose(outputs[key], value, rtol=1e-5, atol=1e-5, err_msg=f"{name} {key}")
+        backends = {name: httpx.get(f"{proc.url}/v2/models/{name}/config", timeout=10).json()
+                    for name in ("two-auto", "two-jit", "two-inference")}
+    assert {n: (c["backend"], c["backends"]) for n, c in backends.items()} == {
+        "two-auto": ("auto", {"cpu": "inference"}), "two-jit": ("jit", {"cpu": "jit"}),
+        "two-inference": ("inference", {"cpu": "inference"})}
+
+
+@pytest.mark.parametrize("isolation", ["on", "off"])
+def test_a_predictor_workers_place_checks_catch_a_leak_only_without_isolation(repository, isolation):
+    # two-auto runs as a Predictor on the CPU's workers and as a jit.load layer on sim:0's. With
+    # isolation off (stock Paddle: one process-wide device, each worker calling set_device before
+    # its batch), a sim worker's set_device lands under a CPU worker: the CPU worker's checks of its
+    # thread's device before and after the Predictor's run count the leak. With isolation on, none.
+    with ServiceProcess(DEVICES="cpu,sim:0", WORKERS_PER_DEVICE=2, MODEL_REPOSITORY=str(repository),
+                        MODELS="two-auto", ISOLATION=isolation) as proc:
+        config = httpx.get(f"{proc.url}/v2/models/two-auto/config", timeout=10).json()
+        assert config["backends"] == {"cpu": "inference", "sim:0": "jit"}
+
+        def one(i: int) -> int:
+            inputs = two_inputs(1 + i % 4, 1 + i % 7)
+            body = {"inputs": [{"name": n, "shape": list(a.shape), "datatype": "FP32" if a.dtype == np.float32
+                                else "INT64", "data": a.ravel().tolist()} for n, a in inputs.items()]}
+            return httpx.post(f"{proc.url}/v2/models/two-auto/infer", json=body, timeout=60).status_code
+
+        with ThreadPoolExecutor(16) as pool:
+            codes = list(pool.map(one, range(400)))
+        leaks = {worker: n for worker, n in proc.by_label("placeenv_device_leaks_total", "worker").items()}
+        checks = proc.by_label("placeenv_place_checks_total", "stage")
+    assert len(codes) == 400 and checks.get("execute", 0) > 0
+    if isolation == "on":
+        assert codes == [200] * 400 and leaks == {}, leaks
+    else:  # the negative control: the Predictor's workers see the device move under them
+        assert any(worker.startswith("cpu/") for worker in leaks), leaks
