@@ -113,8 +113,7 @@ def read_repository(settings: Settings) -> tuple[dict[str, Entry], dict[str, str
     if errors and settings.on_model_failure == "fail":
         raise StartupError("model repository: " + "; ".join(str(e) for e in errors)
                            + " (PLACEENV_ON_MODEL_FAILURE=skip serves the rest)")
-    # A Predictor's math-library threads on the CPU: the machine's cores shared by the CPU's workers.
-    threads = inference.default_cpu_threads(settings.workers_per_device)
+    threads = inference.default_cpu_threads()  # a Predictor's math-library threads on the CPU
     for entry in entries.values():
         for version in entry.versions.values():
             version.context = dataclasses.replace(version.context, cpu_threads=threads)
