@@ -7,8 +7,6 @@ Over HTTP: one service whose repository holds a model of each backend, under con
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
 import shutil
 import textwrap
@@ -62,6 +60,11 @@ def repository(tmp_path_factory) -> Path:
 def two_inputs(rows: int, length: int) -> dict[str, np.ndarray]:
     return {"features": RNG.random((rows, 8), dtype=np.float32),
             "ids": RNG.integers(0, 50, (rows, length)).astype(np.int64)}
+
+
+def v2_body(inputs: dict[str, np.ndarray]) -> dict:
+    return {"inputs": [{"name": n, "shape": list(a.shape), "datatype": "FP32" if a.dtype == np.float32 else "INT64",
+                        "data": a.ravel().tolist()} for n, a in inputs.items()]}
 
 
 def replica(repository: Path, name: str, device: str):
@@ -167,9 +170,7 @@ def test_a_service_serves_every_backend_under_concurrent_load_and_says_which(rep
 
         def one(request) -> tuple[str, dict, dict]:
             name, inputs = request
-            body = {"inputs": [{"name": n, "shape": list(a.shape), "datatype": "FP32" if a.dtype == np.float32
-                                else "INT64", "data": a.ravel().tolist()} for n, a in inputs.items()]}
-            answer = httpx.post(f"{proc.url}/v2/models/{name}/infer", json=body, timeout=60)
+            answer = httpx.post(f"{proc.url}/v2/models/{name}/infer", json=v2_body(inputs), timeout=60)
             assert answer.status_code == 200, answer.text
             return name, inputs, {o["name"]: np.asarray(o["data"]).reshape(o["shape"]) for o in answer.json()["outputs"]}
 
@@ -198,9 +199,7 @@ def test_a_predictor_workers_place_checks_catch_a_leak_only_without_isolation(re
         assert config["backends"] == {"cpu": "inference", "sim:0": "jit"}
 
         def one(i: int) -> int:
-            inputs = two_inputs(1 + i % 4, 1 + i % 7)
-            body = {"inputs": [{"name": n, "shape": list(a.shape), "datatype": "FP32" if a.dtype == np.float32
-                                else "INT64", "data": a.ravel().tolist()} for n, a in inputs.items()]}
+            body = v2_body(two_inputs(1 + i % 4, 1 + i % 7))
             return httpx.post(f"{proc.url}/v2/models/two-auto/infer", json=body, timeout=60).status_code
 
         with ThreadPoolExecutor(16) as pool:

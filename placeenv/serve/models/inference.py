@@ -4,7 +4,7 @@ with its graph passes and oneDNN on the CPU (TensorRT on GPUs).
 
 A model's ``backend`` (config file) is ``jit`` (``paddle.jit.load``), ``inference`` (a Predictor),
 or ``auto``: a Predictor on the CPU and on GPUs, ``paddle.jit.load`` on custom devices, where
-Paddle Inference runs no faster (docs/models.md has the figures). With ``auto``, a program the
+Paddle Inference runs no faster (docs/benchmarks.md, "Backends"). With ``auto``, a program the
 Predictor cannot load falls back to ``paddle.jit.load``, said once in the log and in the model's
 ``/v2/models/{m}/config``.
 """
@@ -74,8 +74,7 @@ def chosen(backend: Backend, device: str) -> Literal["jit", "inference"]:
 
 def default_cpu_threads() -> int:
     """Every core: a Predictor's ``run()`` holds the GIL, so two workers' runs never overlap, and
-    each may use the whole machine (2 workers on 2 cores: 175 req/s with 2 threads each against
-    126 with 1; docs/benchmarks.md, "Backends")."""
+    each may use the whole machine (docs/benchmarks.md, "Backends", has the comparison)."""
     return os.cpu_count() or 1
 
 
