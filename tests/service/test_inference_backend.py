@@ -211,3 +211,25 @@ def test_a_predictor_workers_place_checks_catch_a_leak_only_without_isolation(re
         assert codes == [200] * 400 and leaks == {}, leaks
     else:  # the negative control: the Predictor's workers see the device move under them
         assert any(worker.startswith("cpu/") for worker in leaks), leaks
+
+
+def test_a_model_py_that_overrides_execute_runs_on_the_backend_auto_chose(repository, tmp_path):
+    # Its execute() wraps the default one, which runs the Predictor here (CPU) and the layer on sim.
+    shutil.copytree(repository / "two-auto", tmp_path / "scaled")
+    (tmp_path / "scaled" / "1" / "model.py").write_text(textwrap.dedent("""
+        from placeenv.serve.models import Model as Base
+
+        class Model(Base):
+            def execute(self, inputs):
+                outputs = super().execute(inputs)
+                return {**outputs, "output_0": outputs["output_0"] * 2}
+    """))
+    plain = replica(repository, "two-jit", "cpu")
+    inputs = two_inputs(3, 4)
+    want, _ = local.forward(plain, inputs)
+    for device, backend in (("cpu", "inference"), ("sim:2", "jit")):
+        scaled = replica(tmp_path, "scaled", device)
+        assert scaled.backend == backend
+        got, _ = local.forward(scaled, inputs)
+        np.testing.assert_allclose(got["output_0"], want["output_0"] * 2, rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(got["output_1"], want["output_1"])
