@@ -34,7 +34,7 @@ from .errors import (
     ServiceError,
     StartupError,
 )
-from .models import examples, inference
+from .models import examples
 from .models.base import InputError, Model, ModelError, host_inputs
 from .models.repository import BUNDLED, Entry, RepositoryError, Version, scan
 from .request import Catalog, ModelInfo, Result, VersionInfo, Work
@@ -113,10 +113,6 @@ def read_repository(settings: Settings) -> tuple[dict[str, Entry], dict[str, str
     if errors and settings.on_model_failure == "fail":
         raise StartupError("model repository: " + "; ".join(str(e) for e in errors)
                            + " (PLACEENV_ON_MODEL_FAILURE=skip serves the rest)")
-    threads = inference.default_cpu_threads()  # a Predictor's math-library threads on the CPU
-    for entry in entries.values():
-        for version in entry.versions.values():
-            version.context = dataclasses.replace(version.context, cpu_threads=threads)
     skipped = {e.model: str(e) for e in errors}
     for message in skipped.values():
         log.error("not serving: %s", message)

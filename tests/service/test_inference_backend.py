@@ -213,8 +213,9 @@ def test_a_predictor_workers_place_checks_catch_a_leak_only_without_isolation(re
         assert any(worker.startswith("cpu/") for worker in leaks), leaks
 
 
-def test_a_model_py_that_overrides_execute_runs_on_the_backend_auto_chose(repository, tmp_path):
-    # Its execute() wraps the default one, which runs the Predictor here (CPU) and the layer on sim.
+def test_a_model_py_that_overrides_execute_keeps_jit_load_under_auto_and_may_opt_in(repository, tmp_path):
+    # Written against self.network, such a model.py keeps paddle.jit.load under auto; with backend:
+    # inference its execute() wraps the default one, which runs the Predictor.
     shutil.copytree(repository / "two-auto", tmp_path / "scaled")
     (tmp_path / "scaled" / "1" / "model.py").write_text(textwrap.dedent("""
         from placeenv.serve.models import Model as Base
@@ -227,7 +228,8 @@ def test_a_model_py_that_overrides_execute_runs_on_the_backend_auto_chose(reposi
     plain = replica(repository, "two-jit", "cpu")
     inputs = two_inputs(3, 4)
     want, _ = local.forward(plain, inputs)
-    for device, backend in (("cpu", "inference"), ("sim:2", "jit")):
+    for config, device, backend in (("auto", "cpu", "jit"), ("inference", "cpu", "inference"), ("auto", "sim:2", "jit")):
+        (tmp_path / "scaled" / "config.yaml").write_text(f"backend: {config}\n")
         scaled = replica(tmp_path, "scaled", device)
         assert scaled.backend == backend
         got, _ = local.forward(scaled, inputs)

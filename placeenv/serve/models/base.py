@@ -9,8 +9,9 @@ that worker's device by ``initialize(place)``. A request's typed tensors pass th
     postprocess(outputs) tensors in, host numpy arrays out; the worker thread
 
 and ``finalize()`` runs when the worker stops. Every method has a default, so a bare
-``paddle.jit.save`` directory needs no code: ``initialize`` loads the saved program with
-``paddle.jit.load`` and ``execute`` runs it. A ``model.py`` overrides what it needs.
+``paddle.jit.save`` directory needs no code: ``initialize`` loads the saved program (a Paddle
+Inference Predictor or ``paddle.jit.load``, as the config's ``backend`` says) and ``execute``
+runs it. A ``model.py`` overrides what it needs.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ class ModelContext:
     parameters: Mapping[str, Any]  # the config file's free-form ``parameters``
     backend: Backend = "jit"  # the config file's: what runs the saved program (models/inference.py)
     inference: InferenceOptions = dataclasses.field(default_factory=InferenceOptions)
-    cpu_threads: int = 1  # a Predictor's math-library threads on the CPU, unless the options say
+    cpu_threads: int | None = None  # a Predictor's CPU threads, unless the options say; None: every core
 
 
 class Model:
@@ -69,11 +70,11 @@ class Model:
 
     inputs: tuple[TensorSpec, ...] | None = None
     outputs: tuple[TensorSpec, ...] | None = None
+    predictor = None  # a Paddle Inference Predictor, with the inference backend
+    backend = "jit"  # what runs this replica: "inference", "jit", or why jit (a fallback)
 
     def __init__(self) -> None:
         self.network: paddle.nn.Layer | None = None
-        self.predictor: paddle.inference.Predictor | None = None  # with the inference backend
-        self.backend = "jit"  # what runs this replica: "inference", "jit", or why jit (a fallback)
         self.place = None
         self.context: ModelContext | None = None
         self._env: PlaceEnv | None = None  # PlaceEnv(place), made once: it keeps no state, so reuse is safe
@@ -81,15 +82,18 @@ class Model:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def initialize(self, place, context: ModelContext) -> None:
-        """Load this replica on ``place``: by default the saved program, with ``paddle.jit.load``.
+        """Load this replica on ``place``: by default the saved program, with a Predictor or
+        ``paddle.jit.load`` (the config's ``backend``).
 
         Runs in the worker thread, whose device is already ``place``; PlaceEnv
         makes that explicit for loaders that create tensors.
         """
         self.place, self.context = placeenv.to_place(place), context
         self._env = PlaceEnv(self.place)
-        # A model.py that loads its own network keeps it; else the config's backend for this device.
-        if (type(self).load is Model.load and context.program is not None
+        # A model.py that loads its own network keeps it. One that overrides execute() or initialize()
+        # was written against self.network: auto keeps jit.load for it (backend: inference opts in).
+        own = type(self).execute is not Model.execute or type(self).initialize is not Model.initialize
+        if (type(self).load is Model.load and context.program is not None and not (own and context.backend == "auto")
                 and inference.chosen(context.backend, device_name(self.place)) == "inference"):
             try:
                 with JIT_LOAD_LOCK:  # a Predictor builds its program through the same global insertion point

@@ -73,12 +73,13 @@ def chosen(backend: Backend, device: str) -> Literal["jit", "inference"]:
 
 
 def default_cpu_threads() -> int:
-    """Every core: a Predictor's ``run()`` holds the GIL, so two workers' runs never overlap, and
-    each may use the whole machine (docs/benchmarks.md, "Backends", has the comparison)."""
-    return os.cpu_count() or 1
+    """Every core this process may use: a Predictor's ``run()`` holds the GIL, so two workers' runs
+    never overlap, and each may use them all (docs/benchmarks.md, "Backends", has the comparison)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def create(program: Path, place, options: InferenceOptions, cpu_threads: int) -> paddle.inference.Predictor:
+def create(program: Path, place, options: InferenceOptions,
+           cpu_threads: int | None = None) -> paddle.inference.Predictor:
     """A Predictor of the saved program at ``program`` (its path prefix) on ``place``."""
     json = program.with_suffix(".json")
     params = program.with_suffix(".pdiparams")
@@ -91,7 +92,7 @@ def create(program: Path, place, options: InferenceOptions, cpu_threads: int) ->
     kind, _, index = device.partition(":")
     if kind == "cpu":
         config.disable_gpu()
-        config.set_cpu_math_library_num_threads(options.cpu_threads or cpu_threads)
+        config.set_cpu_math_library_num_threads(options.cpu_threads or cpu_threads or default_cpu_threads())
         if options.onednn:
             config.enable_mkldnn()
         else:
@@ -103,7 +104,7 @@ def create(program: Path, place, options: InferenceOptions, cpu_threads: int) ->
             config.enable_tensorrt_engine(
                 workspace_size=trt.workspace_mb << 20, max_batch_size=1, min_subgraph_size=trt.min_subgraph_size,
                 precision_mode=getattr(paddle.inference.PrecisionType, _PRECISION[trt.precision]),
-                use_static=False, use_calib_mode=trt.precision == "int8")
+                use_static=False, use_calib_mode=False)  # int8: a quantised program, not calibration
             if trt.shapes:
                 config.set_trt_dynamic_shape_info({n: r.min for n, r in trt.shapes.items()},
                                                   {n: r.max for n, r in trt.shapes.items()},
