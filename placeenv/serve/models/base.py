@@ -56,7 +56,6 @@ class ModelContext:
     parameters: Mapping[str, Any]  # the config file's free-form ``parameters``
     backend: Backend = "jit"  # the config file's: what runs the saved program (models/inference.py)
     inference: InferenceOptions = dataclasses.field(default_factory=InferenceOptions)
-    cpu_threads: int | None = None  # a Predictor's CPU threads, unless the options say; None: every core
 
 
 class Model:
@@ -97,12 +96,11 @@ class Model:
                 and inference.chosen(context.backend, device_name(self.place)) == "inference"):
             try:
                 with JIT_LOAD_LOCK:  # a Predictor builds its program through the same global insertion point
-                    self.predictor = inference.create(context.program, self.place, context.inference,
-                                                      context.cpu_threads)
+                    self.predictor = inference.create(context.program, self.place, context.inference)
                 self.backend = "inference"
                 return
             except Exception as exc:
-                problem = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}"
+                problem = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"
                 if context.backend == "inference":
                     raise RuntimeError(f"Paddle Inference cannot load the program (backend: inference): "
                                        f"{problem}") from None

@@ -78,8 +78,7 @@ def default_cpu_threads() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def create(program: Path, place, options: InferenceOptions,
-           cpu_threads: int | None = None) -> paddle.inference.Predictor:
+def create(program: Path, place, options: InferenceOptions) -> paddle.inference.Predictor:
     """A Predictor of the saved program at ``program`` (its path prefix) on ``place``."""
     json = program.with_suffix(".json")
     params = program.with_suffix(".pdiparams")
@@ -92,7 +91,7 @@ def create(program: Path, place, options: InferenceOptions,
     kind, _, index = device.partition(":")
     if kind == "cpu":
         config.disable_gpu()
-        config.set_cpu_math_library_num_threads(options.cpu_threads or cpu_threads or default_cpu_threads())
+        config.set_cpu_math_library_num_threads(options.cpu_threads or default_cpu_threads())
         if options.onednn:
             config.enable_mkldnn()
         else:
