@@ -233,6 +233,10 @@ def _gate(environment, **_):
         return
     if "sampler" in _state:
         _state["sampler"].kill()
+    if environment.runner is not None:
+        # Ended by SIGTERM (or Ctrl-C) rather than -t, Locust fires `quitting` with its users still
+        # sending: stop them, so the window the gate reads is the run's, and its counts are final.
+        environment.runner.stop()
     stats = environment.stats.total
     source = options.prometheus or environment.host
     try:
