@@ -11,7 +11,8 @@ docs/testing.md stands in for a machine 2-3x slower. Runs go one after another; 
 system packages (.ci/run's) are taken as installed.
 
 Prints, per run: the exit code, the wall time of the install and of pytest, and pytest's closing
-line; then a Markdown table for docs/testing.md. Exits non-zero if any run failed.
+line, and keeps pytest's output in ``--logs``; then a Markdown table for docs/testing.md. Exits
+non-zero if any run failed.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def spin() -> None:
         pass
 
 
-def run_once(rev: str, busy: int, pytest_args: str) -> dict:
+def run_once(rev: str, busy: int, pytest_args: str, log: Path) -> dict:
     loops = [multiprocessing.Process(target=spin, daemon=True) for _ in range(busy)]
     for loop in loops:
         loop.start()
@@ -55,6 +56,7 @@ def run_once(rev: str, busy: int, pytest_args: str) -> dict:
                         "summary": "install failed: " + install.stderr[-500:]}
             tests = subprocess.run(f"{TESTS} {pytest_args}", shell=True, cwd=clone, capture_output=True, text=True)
             done = time.monotonic()
+            log.write_text(tests.stdout + tests.stderr)
             lines = [line for line in tests.stdout.splitlines() if re.search(r"\d+ (passed|failed)", line)]
             failures = [line for line in tests.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
             return {"code": tests.returncode, "install_s": installed - started, "pytest_s": done - installed,
@@ -71,15 +73,18 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--rev", default="HEAD")
     parser.add_argument("--pytest-args", default="", help="appended to the README's pytest command")
+    parser.add_argument("--logs", type=Path, default=Path(tempfile.gettempdir()),
+                        help="where each run's pytest output goes (suite-<rev>-<run>.log)")
     args = parser.parse_args()
     rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", args.rev], check=True,
                          capture_output=True, text=True).stdout.strip()
     rows = []
     for i in range(args.runs):
-        result = run_once(rev, args.busy, args.pytest_args)
+        log = args.logs / f"suite-{rev}-{i + 1}.log"
+        result = run_once(rev, args.busy, args.pytest_args, log)
         rows.append(result)
         print(f"run {i + 1}: exit {result['code']}, install {result['install_s']:.0f} s, "
-              f"pytest {result['pytest_s']:.0f} s: {result['summary']}", flush=True)
+              f"pytest {result['pytest_s']:.0f} s: {result['summary']} ({log})", flush=True)
         for line in result.get("failures", []):
             print("   ", line, flush=True)
     print(f"\n{date.today()}, {platform.machine()}, {multiprocessing.cpu_count()} cores, {rev}, "

@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -87,6 +88,11 @@ class Stack:
         )
         try:
             scenario()
+            ended = time.time()
+            # Prometheus, where the gate reads the run, has scraped every replica since the scenario
+            # ended (a busy replica's scrape can fail or come late).
+            wait_until(lambda: self.prometheus.scraped_since(ended), STEP_S,
+                       "Prometheus did not scrape every replica after the scenario", interval=0.2)
             assert proc.poll() is None, "the load ended before the scenario did"
             proc.send_signal(signal.SIGTERM)  # Locust's gate stops the users and reads the run
             output, _ = proc.communicate(timeout=120)

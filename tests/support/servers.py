@@ -14,6 +14,7 @@ import threading
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -261,6 +262,16 @@ class Prometheus:
 
     def value(self, expr: str) -> float:
         return sum(float(sample["value"][1]) for sample in self.query(expr))
+
+    def scraped_since(self, moment: float) -> bool:
+        """Whether every target is up and was last scraped after ``moment`` (a ``time.time()``): what
+        happened before it is in Prometheus, whatever the scrapes cost on a busy machine."""
+        targets = httpx.get(self.url + "/api/v1/targets", timeout=30).json()["data"]["activeTargets"]
+
+        def started(stamp: str) -> float:  # RFC 3339 with nanoseconds; Python reads microseconds
+            return datetime.fromisoformat(re.sub(r"(\.\d{6})\d*", r"\1", stamp).replace("Z", "+00:00")).timestamp()
+
+        return bool(targets) and all(t["health"] == "up" and started(t["lastScrape"]) > moment for t in targets)
 
     def stop(self) -> None:
         self.proc.terminate()
