@@ -76,9 +76,9 @@ def _clock(**_):
     run on the event loop's cached clock, which libev refreshes only when the loop runs. The hub
     is made at ``import locust``, and the loop does not run again until the run starts, so the
     clock still reads the moment before this locustfile's imports (numpy, tritonclient, scikit-
-    learn's digits, the encoded bodies above): CPU time that made ``-t 4s`` stop after 2.7 s
-    here and after 0.3 s, with no request sent, on a machine 3-4x slower. ``init`` is the last
-    event before Locust arms the timer, with no blocking work in between.
+    learn's digits, the encoded bodies above): their CPU time came off ``-t``, all of it on a slow
+    machine, where a run stopped with no request sent (docs/observability.md). ``init`` is the
+    last event before Locust arms the timer, with no blocking work in between.
     """
     gevent.get_hub().loop.update_now()
 
