@@ -6,9 +6,9 @@ suite pass, and how long does it take?
 Each run clones REV of this checkout into a new temporary folder and runs the README's second
 command there verbatim (``python3 -m venv .venv && .venv/bin/pip install -e '.[dev]' &&
 .venv/bin/python -m pytest``), with ``--busy`` CPU-bound loops (one process each, started first,
-killed at the end) beside it: two loops on a 2-core VM halve what the suite gets, which is how
-docs/testing.md stands in for a machine 2-3x slower. Runs go one after another; the machine's
-system packages (.ci/run's) are taken as installed.
+killed at the end) beside it: on a 2-core VM, two loops take CPU time from every process of the
+suite, a repeatable stand-in for a slower machine (docs/testing.md says how much slower). Runs go
+one after another; the machine's system packages (.ci/run's) are taken as installed.
 
 Prints, per run: the exit code, the wall time of the install and of pytest, and pytest's closing
 line, and keeps pytest's output in ``--logs``; then a Markdown table for docs/testing.md. Exits
