@@ -156,9 +156,10 @@ def test_concurrent_calls_each_get_their_own_answer(served):
         np.testing.assert_allclose(answer, http_answer(proc, row)["probabilities"], rtol=1e-5, atol=1e-7)
     # With front ends, the one that answered writes its counts for the others' /metrics within a
     # quarter second (metrics.py): wait for them.
-    wait_until(lambda: proc.total("inference_requests_total", model="digits", status="ok") - before >= 48, 30,
-               lambda: f"{proc.total('inference_requests_total', model='digits', status='ok') - before} of 48 "
-                       "answers counted")
+    def counted() -> float:
+        return proc.total("inference_requests_total", model="digits", status="ok") - before
+
+    wait_until(lambda: counted() >= 48, 30, lambda: f"{counted():g} of 48 answers counted")
 
 
 def test_a_taken_port_refuses_to_start():

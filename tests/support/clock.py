@@ -2,13 +2,13 @@
 
 Time stands still until ``advance``: a waiting worker wakes either because the queue notified it
 (a job arrived) or because the test moved time past its wait's deadline (``advance`` wakes it and
-marks the wait as timed out), never because the machine was slow. ``log`` says which, for every wait, so a test asserts how a batch went, not how long it took.
+marks the wait as timed out), never because the machine was slow. ``log`` says which, for every
+wait, so a test asserts how a batch went, not how long it took.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass, field
 
 #: The longest a wait may block in real time before the test is declared stuck (a bug, not a result).
