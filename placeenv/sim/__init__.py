@@ -11,10 +11,17 @@ must run *before* Paddle is imported::
     import paddle                      # now has sim:0 .. sim:3
 
 or, from a shell: ``eval "$(python -m placeenv.sim env --devices 4)"``.
+
+Device time is off by default: every transfer is instant. ``transfer_us`` and ``gbps``
+(``PLACEENV_SIM_TRANSFER_US``, ``PLACEENV_SIM_GBPS``) give each transfer a device time that the
+host waits for inside Paddle's own calls; docs/library.md, "Device time on sim devices", says
+what that models and what it does not. :func:`stats` reads a device's counters.
 """
 
 from __future__ import annotations
 
+import ctypes
+import dataclasses
 import hashlib
 import importlib.util
 import os
@@ -25,7 +32,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-__all__ = ["DEVICE_TYPE", "build", "cache_root", "environment", "prepare", "SimSetupError", "user_cache"]
+__all__ = ["DEVICE_TYPE", "DeviceStats", "build", "cache_root", "environment", "prepare", "SimSetupError", "stats",
+           "user_cache"]
 
 DEVICE_TYPE = "sim"
 DEFAULT_DEVICES = 4
@@ -101,20 +109,44 @@ def build(force: bool = False) -> Path:
     return directory
 
 
-def environment(devices: int = DEFAULT_DEVICES) -> dict[str, str]:
-    """The variables Paddle needs to load ``devices`` sim devices (builds the plugin)."""
+#: Device time: the fixed term of every transfer (µs) and the bandwidth of the per-byte term (GB/s).
+TIME_SETTINGS = ("PLACEENV_SIM_TRANSFER_US", "PLACEENV_SIM_GBPS")
+
+
+def _time_settings(transfer_us: int | None, gbps: float | None) -> dict[str, str]:
+    """The device-time variables: the arguments, else the environment's, else off."""
+    values = {}
+    for name, value in zip(TIME_SETTINGS, (transfer_us, gbps)):
+        text = str(value) if value is not None else os.environ.get(name, "0")
+        try:
+            number = int(text) if name.endswith("_US") else float(text)
+        except ValueError:
+            number = -1
+        if not 0 <= number < 10**9:
+            raise SimSetupError(f"{name} is a number of {'µs' if name.endswith('_US') else 'GB/s'} "
+                                f"(0: off), got {text[:40]!r}")
+        values[name] = str(number)
+    return values
+
+
+def environment(devices: int = DEFAULT_DEVICES, transfer_us: int | None = None,
+                gbps: float | None = None) -> dict[str, str]:
+    """The variables Paddle needs to load ``devices`` sim devices (builds the plugin), with their
+    device time: ``transfer_us`` and ``gbps``, or the environment's, or none."""
     if not 1 <= int(devices) <= MAX_DEVICES:
         raise SimSetupError(f"devices must be between 1 and {MAX_DEVICES}, got {devices}")
     return {
         "CUSTOM_DEVICE_ROOT": str(build()),
         "PLACEENV_SIM_DEVICES": str(int(devices)),
+        **_time_settings(transfer_us, gbps),
         # Views (x.T, x[:, 1]) need contiguous kernels: CPU fallback has no stride kernels.
         "FLAGS_use_stride_kernel": "0",
         "GLOG_minloglevel": os.environ.get("GLOG_minloglevel", "2"),
     }
 
 
-def prepare(devices: int = DEFAULT_DEVICES) -> dict[str, str]:
+def prepare(devices: int = DEFAULT_DEVICES, transfer_us: int | None = None,
+            gbps: float | None = None) -> dict[str, str]:
     """Set ``os.environ`` so that the next ``import paddle`` has ``sim:0..devices-1``."""
     if "paddle" in sys.modules:
         raise SimSetupError(
@@ -122,6 +154,34 @@ def prepare(devices: int = DEFAULT_DEVICES) -> dict[str, str]:
             "plugins only at import. Call it first, or start the process with the variables "
             "from `python -m placeenv.sim env`."
         )
-    env = environment(devices)
+    env = environment(devices, transfer_us, gbps)
     os.environ.update(env)
     return env
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceStats:
+    """One sim device's counters since Paddle loaded the plugin."""
+
+    transfers: int  # copies into, out of or within its memory
+    bytes: int
+    device_seconds: float  # device time charged for them
+    waits: int  # host waits that found the device busy
+    wait_seconds: float
+    memory_used: int  # bytes its allocator holds from the plugin
+
+
+def stats(device: int) -> DeviceStats:
+    """The counters of ``sim:<device>``, from the plugin this process loaded (after ``import paddle``)."""
+    root = os.environ.get("CUSTOM_DEVICE_ROOT")
+    library = Path(root or ".") / LIBRARY_NAME
+    if "paddle" not in sys.modules or not root or not library.is_file():
+        raise SimSetupError("no sim plugin is loaded in this process: call prepare() before `import paddle`")
+    # The same path as Paddle's dlopen: the loaded plugin, not a second copy.
+    function = ctypes.CDLL(str(library)).placeenv_sim_stats
+    function.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_uint64)]
+    values = (ctypes.c_uint64 * 6)()
+    if function(int(device), values) != 0:
+        raise SimSetupError(f"there is no sim:{device} in this process")
+    transfers, size, device_ns, waits, wait_ns, used = values
+    return DeviceStats(transfers, size, device_ns / 1e9, waits, wait_ns / 1e9, used)

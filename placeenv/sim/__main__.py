@@ -26,6 +26,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     env.add_argument("--devices", type=int, default=DEFAULT_DEVICES, metavar="N",
                      help=f"how many sim devices, 1 to {MAX_DEVICES} (default: {DEFAULT_DEVICES})")
+    env.add_argument("--transfer-us", type=int, metavar="US",
+                     help="device time of every transfer, the fixed term, in µs "
+                     "(default: $PLACEENV_SIM_TRANSFER_US, else 0: off)")
+    env.add_argument("--gbps", type=float, metavar="GB/S",
+                     help="device bandwidth of the per-byte term, in GB/s (default: $PLACEENV_SIM_GBPS, else 0: off)")
     commands.add_parser("build", help="compile the plugin and print its directory",
                         description="Compile the plugin (cached by content hash) and print its directory.",
                         epilog=WHICH_PYTHON)
@@ -34,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "build":
             print(build())
         else:
-            for key, value in environment(args.devices).items():
+            for key, value in environment(args.devices, args.transfer_us, args.gbps).items():
                 print(f"export {key}={shlex.quote(value)}")
     except SimSetupError as exc:
         print(f"placeenv.sim: error: {exc}", file=sys.stderr)

@@ -1,13 +1,30 @@
 // placeenv.sim: a simulated accelerator for Paddle's CustomDevice runtime C API.
 //
-// Device memory is host memory, copies are memcpy, streams and events are
-// tokens, and everything is synchronous. What it gives a CPU-only machine is N
-// real Paddle places `sim:0..N-1`, so device isolation can be tested without GPUs.
-// The current device is tracked per OS thread, as the CUDA runtime does.
+// Device memory is host memory and copies are memcpy. What it gives a CPU-only
+// machine is N real Paddle places `sim:0..N-1`, so device isolation can be
+// tested without GPUs. The current device is tracked per OS thread, as the CUDA
+// runtime does.
+//
+// Device time (off by default; docs/library.md, "Device time on sim devices").
+// PLACEENV_SIM_TRANSFER_US and PLACEENV_SIM_GBPS give every transfer into, out
+// of or within a device's memory a device time: the fixed term plus bytes over
+// the bandwidth. Sim has no kernels of its own: Paddle runs each op with a CPU
+// kernel and moves its inputs off the device first, so a program's transfers
+// are where its kernels are, and they stand for them. Each device runs its work
+// on one timeline, one item after another; devices run in parallel. The data
+// moves at once; only the time is simulated. The host waits where a GPU's host
+// waits: in a synchronous copy (for the work queued before it and the copy
+// itself) and in a stream, device or event synchronize, by sleeping in the
+// calling thread (no CPU, and whatever GIL state Paddle holds there).
+#include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <new>
+#include <thread>
 
 #include "paddle/phi/backends/device_ext.h"
 
@@ -16,12 +33,60 @@ namespace {
 constexpr size_t kTotalMemory = size_t(8) << 30;  // reported per device
 constexpr size_t kAlignment = 64;
 
+constexpr int kMaxDevices = 64;
+
+using Clock = std::chrono::steady_clock;
+
 size_t g_device_count = 4;
-std::atomic<size_t> g_used[64];
+std::atomic<size_t> g_used[kMaxDevices];
 thread_local int t_current_device = 0;
+
+int64_t g_transfer_ns = 0;     // device time of every transfer, fixed term
+double g_ns_per_byte = 0.0;    // and per byte (1 / bandwidth)
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+}
+
+// One device's timeline: when the work queued so far is done, and what it has done.
+struct Timeline {
+  std::mutex lock;
+  int64_t busy_until = 0;  // steady-clock ns
+  uint64_t transfers = 0, bytes = 0, device_ns = 0, waits = 0, wait_ns = 0;
+};
+Timeline g_timeline[kMaxDevices];
+
+// Queues a transfer of `size` bytes on `device`; returns when it will be done.
+int64_t enqueue(int device, size_t size) {
+  Timeline& t = g_timeline[device];
+  int64_t cost = g_transfer_ns + static_cast<int64_t>(g_ns_per_byte * static_cast<double>(size));
+  std::lock_guard<std::mutex> guard(t.lock);
+  t.busy_until = std::max(t.busy_until, now_ns()) + cost;
+  t.transfers += 1;
+  t.bytes += size;
+  t.device_ns += static_cast<uint64_t>(cost);
+  return t.busy_until;
+}
+
+int64_t done_at(int device) {
+  std::lock_guard<std::mutex> guard(g_timeline[device].lock);
+  return g_timeline[device].busy_until;
+}
+
+// The host waits for `until` on `device`: a sleep, with no lock held, so other devices go on.
+void wait_until(int device, int64_t until) {
+  int64_t now = now_ns();
+  if (until <= now) return;
+  std::this_thread::sleep_until(Clock::time_point(std::chrono::nanoseconds(until)));
+  Timeline& t = g_timeline[device];
+  std::lock_guard<std::mutex> guard(t.lock);
+  t.waits += 1;
+  t.wait_ns += static_cast<uint64_t>(until - now);
+}
 
 struct Token {
   int device;
+  int64_t at = 0;  // an event: when the work before its record is done
 };
 
 bool valid(const C_Device device) {
@@ -54,12 +119,16 @@ C_Status destroy_stream(const C_Device, C_Stream stream) {
   return C_SUCCESS;
 }
 
-C_Status query_stream(const C_Device, C_Stream) { return C_SUCCESS; }
+C_Status query_stream(const C_Device device, C_Stream) {
+  return !valid(device) || done_at(device->id) <= now_ns() ? C_SUCCESS : C_ERROR;
+}
 
 C_Status stream_add_callback(const C_Device device, C_Stream stream,
                              C_Callback callback, void* user_data) {
   C_Status status = C_SUCCESS;
-  callback(device, stream, user_data, &status);  // work is already done
+  // Run at once, not when the work is done: Paddle uses callbacks to free host buffers, and the
+  // data has moved already.
+  callback(device, stream, user_data, &status);
   return status;
 }
 
@@ -68,18 +137,43 @@ C_Status create_event(const C_Device device, C_Event* event) {
   return C_SUCCESS;
 }
 
-C_Status record_event(const C_Device, C_Stream, C_Event) { return C_SUCCESS; }
+C_Status record_event(const C_Device device, C_Stream, C_Event event) {
+  if (valid(device)) reinterpret_cast<Token*>(event)->at = done_at(device->id);
+  return C_SUCCESS;
+}
 
 C_Status destroy_event(const C_Device, C_Event event) {
   delete reinterpret_cast<Token*>(event);
   return C_SUCCESS;
 }
 
-C_Status query_event(const C_Device, C_Event) { return C_SUCCESS; }
-C_Status sync_device(const C_Device) { return C_SUCCESS; }
-C_Status sync_stream(const C_Device, C_Stream) { return C_SUCCESS; }
-C_Status sync_event(const C_Device, C_Event) { return C_SUCCESS; }
-C_Status stream_wait_event(const C_Device, C_Stream, C_Event) { return C_SUCCESS; }
+C_Status query_event(const C_Device, C_Event event) {
+  return reinterpret_cast<Token*>(event)->at <= now_ns() ? C_SUCCESS : C_ERROR;
+}
+
+// One timeline a device: a stream's synchronize waits for all of the device's work.
+C_Status sync_device(const C_Device device) {
+  if (!valid(device)) return C_ERROR;
+  wait_until(device->id, done_at(device->id));
+  return C_SUCCESS;
+}
+
+C_Status sync_stream(const C_Device device, C_Stream) { return sync_device(device); }
+
+C_Status sync_event(const C_Device device, C_Event event) {
+  Token* token = reinterpret_cast<Token*>(event);
+  wait_until(valid(device) ? device->id : token->device, token->at);
+  return C_SUCCESS;
+}
+
+// The device's later work starts after the event: another device's, or its own (a no-op).
+C_Status stream_wait_event(const C_Device device, C_Stream, C_Event event) {
+  if (!valid(device)) return C_ERROR;
+  Timeline& t = g_timeline[device->id];
+  std::lock_guard<std::mutex> guard(t.lock);
+  t.busy_until = std::max(t.busy_until, reinterpret_cast<Token*>(event)->at);
+  return C_SUCCESS;
+}
 
 C_Status memory_allocate(const C_Device device, void** ptr, size_t size) {
   if (!valid(device)) return C_ERROR;
@@ -113,27 +207,31 @@ C_Status memory_set(const C_Device, void* ptr, unsigned char value, size_t size)
   return C_SUCCESS;
 }
 
-C_Status memory_copy(const C_Device, void* dst, const void* src, size_t size) {
+// A synchronous copy returns when it is done; an asynchronous one when it is queued.
+C_Status copy(const C_Device device, void* dst, const void* src, size_t size, bool wait) {
   if (size) std::memcpy(dst, src, size);
+  if (!valid(device)) return C_SUCCESS;
+  int64_t done = enqueue(device->id, size);
+  if (wait) wait_until(device->id, done);
   return C_SUCCESS;
 }
 
-C_Status async_memory_copy(const C_Device, C_Stream, void* dst, const void* src,
-                           size_t size) {
-  if (size) std::memcpy(dst, src, size);
-  return C_SUCCESS;
+C_Status memory_copy(const C_Device device, void* dst, const void* src, size_t size) {
+  return copy(device, dst, src, size, true);
 }
 
-C_Status memory_copy_p2p(const C_Device, const C_Device, void* dst, const void* src,
-                         size_t size) {
-  if (size) std::memcpy(dst, src, size);
-  return C_SUCCESS;
+C_Status async_memory_copy(const C_Device device, C_Stream, void* dst, const void* src, size_t size) {
+  return copy(device, dst, src, size, false);
 }
 
-C_Status async_memory_copy_p2p(const C_Device, const C_Device, C_Stream, void* dst,
+// Peer copies are charged to the device that issues them.
+C_Status memory_copy_p2p(const C_Device device, const C_Device, void* dst, const void* src, size_t size) {
+  return copy(device, dst, src, size, true);
+}
+
+C_Status async_memory_copy_p2p(const C_Device device, const C_Device, C_Stream, void* dst,
                                const void* src, size_t size) {
-  if (size) std::memcpy(dst, src, size);
-  return C_SUCCESS;
+  return copy(device, dst, src, size, false);
 }
 
 C_Status get_device_count(size_t* count) {
@@ -159,7 +257,23 @@ C_Status min_chunk_size(const C_Device, size_t* size) {
   return C_SUCCESS;
 }
 
+int64_t setting(const char* name) {
+  const char* value = std::getenv(name);
+  return value == nullptr ? 0 : std::max(0LL, std::strtoll(value, nullptr, 10));
+}
+
 }  // namespace
+
+// placeenv.sim.stats(): one device's counters, for tests, benchmarks and the service's metrics.
+// out: transfers, bytes, device ns, host waits, host wait ns, device memory in use (bytes).
+extern "C" int placeenv_sim_stats(int device, uint64_t* out) {
+  if (device < 0 || static_cast<size_t>(device) >= g_device_count) return -1;
+  Timeline& t = g_timeline[device];
+  std::lock_guard<std::mutex> guard(t.lock);
+  uint64_t values[] = {t.transfers, t.bytes, t.device_ns, t.waits, t.wait_ns, g_used[device].load()};
+  std::memcpy(out, values, sizeof values);
+  return 0;
+}
 
 extern "C" void InitPlugin(CustomRuntimeParams* params) {
   PADDLE_CUSTOM_RUNTIME_CHECK_VERSION(params);
@@ -169,6 +283,11 @@ extern "C" void InitPlugin(CustomRuntimeParams* params) {
     long n = std::strtol(env, nullptr, 10);
     if (n >= 1 && n <= 64) g_device_count = static_cast<size_t>(n);
   }
+
+  g_transfer_ns = setting("PLACEENV_SIM_TRANSFER_US") * 1000;
+  const char* gbps = std::getenv("PLACEENV_SIM_GBPS");
+  double rate = gbps == nullptr ? 0.0 : std::strtod(gbps, nullptr);
+  g_ns_per_byte = rate > 0 ? 1.0 / rate : 0.0;  // 1 GB/s is 1 byte a ns
 
   params->device_type = const_cast<char*>("sim");
   params->sub_device_type = const_cast<char*>("v1");
