@@ -57,8 +57,10 @@ class PlaceChecker:
 class Worker:
     """One thread, one device, a replica of each model version it holds."""
 
-    def __init__(self, name: str, device: str, queue: DeviceQueue, entries: list[Entry], settings) -> None:
+    def __init__(self, name: str, device: str, queue: DeviceQueue, entries: list[Entry], settings,
+                 device_workers: dict[str, int] | None = None) -> None:
         self.name, self.device, self.queue = name, device, queue
+        self.device_workers = device_workers or {}  # model -> workers on accelerators holding it
         self.entries, self.settings = entries, settings
         self.isolation = settings.isolation == "on"
         self.place = placeenv.to_place(device)
@@ -123,7 +125,8 @@ class Worker:
 
     def _load(self, entry: Entry, version) -> Model:
         replica = version.model_class()
-        replica.initialize(self.place, version.context)
+        replica.initialize(self.place, dataclasses.replace(
+            version.context, device_workers=self.device_workers.get(entry.name, 1)))
         self.backends[version.context.name, version.number] = replica.backend
         stray = {k: d for k, d in replica.parameter_devices().items() if d != self.device}
         self.check("load", next(iter(stray.values()), self.device))
@@ -232,6 +235,9 @@ class WorkerPool:
         self.workers: list[Worker] = []
         self._stopping = threading.Event()
         self._supervisor = threading.Thread(target=self._supervise, name="worker-supervisor", daemon=True)
+        self.device_workers = {name: sum(entry.instances(device, settings.workers_per_device)
+                                         for device in queues if device != "cpu")
+                               for name, entry in entries.items()}
         for device, queue in queues.items():
             for i in range(settings.workers_per_device):
                 self.workers.append(self._new(f"{device}/{i}", device, queue))
@@ -239,7 +245,7 @@ class WorkerPool:
     def _new(self, name: str, device: str, queue: DeviceQueue) -> Worker:
         index = int(name.rsplit("/", 1)[1])
         held = [e for e in self.entries.values() if index < e.instances(device, self.settings.workers_per_device)]
-        return Worker(name, device, queue, held, self.settings)
+        return Worker(name, device, queue, held, self.settings, self.device_workers)
 
     def start(self, timeout: float = 300) -> None:
         for worker in self.workers:

@@ -56,6 +56,9 @@ class ModelContext:
     parameters: Mapping[str, Any]  # the config file's free-form ``parameters``
     backend: Backend = "jit"  # the config file's: what runs the saved program (models/inference.py)
     inference: InferenceOptions = dataclasses.field(default_factory=InferenceOptions)
+    # Workers on accelerators in this process that hold this version: ``auto`` runs a Predictor on a
+    # GPU only when it is 1, since a Predictor holds the GIL while its device works.
+    device_workers: int = 1
 
 
 class Model:
@@ -92,8 +95,11 @@ class Model:
         # A model.py that loads its own network keeps it. One that overrides execute() or initialize()
         # was written against self.network: auto keeps jit.load for it (backend: inference opts in).
         own = type(self).execute is not Model.execute or type(self).initialize is not Model.initialize
+        device = device_name(self.place)
+        if context.backend == "auto" and not own and (why := inference.why_jit(device, context.device_workers)):
+            self.backend = why
         if (type(self).load is Model.load and context.program is not None and not (own and context.backend == "auto")
-                and inference.chosen(context.backend, device_name(self.place)) == "inference"):
+                and inference.chosen(context.backend, device, context.device_workers) == "inference"):
             try:
                 with JIT_LOAD_LOCK:  # a Predictor builds its program through the same global insertion point
                     self.predictor = inference.create(context.program, self.place, context.inference)

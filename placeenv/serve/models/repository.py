@@ -98,8 +98,9 @@ class ModelConfig(BaseModel):
     parameters: dict[str, Any] = Field(default_factory=dict, description="free-form, for model.py")
     backend: Backend = Field(
         "auto", description="what runs the saved program: 'inference' (a Paddle Inference Predictor per worker), "
-        "'jit' (paddle.jit.load), or 'auto': a Predictor on the CPU and GPUs, paddle.jit.load on custom devices, "
-        "and paddle.jit.load when the Predictor cannot load the program")
+        "'jit' (paddle.jit.load), or 'auto': a Predictor on the CPU, and on a GPU when it is the model's only "
+        "device worker (a Predictor holds the GIL while its device works); paddle.jit.load on custom devices, on "
+        "GPUs with several device workers, and when the Predictor cannot load the program")
     inference: InferenceOptions = Field(default_factory=InferenceOptions,
                                         description="the Predictor's options (backend inference or auto)")
 
