@@ -264,6 +264,11 @@ COMPUTE_DURATION = Histogram(
 QUEUE_DEPTH = (Gauge if MULTIPROCESS_DIR is None else PolledGauge)(
     "inference_queue_depth", "Requests waiting in a device queue.", ["device"], multiprocess_mode="livesum",
 )
+# livesum, as the queue depth: the engine alone sets it.
+DEVICE_MEMORY = (Gauge if MULTIPROCESS_DIR is None else PolledGauge)(
+    "device_memory_used_bytes", "Device memory allocated to tensors (Paddle's allocator statistics), by device.",
+    ["device"], multiprocess_mode="livesum",
+)
 BATCH_SIZE = Histogram(
     "inference_batch_size", "Examples per forward pass.", ["model"],
     buckets=(1, 2, 4, 8, 16, 32, 64, 128),

@@ -9,6 +9,7 @@ naive code does, and the place checks see other workers' devices.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import threading
 import time
@@ -21,7 +22,7 @@ import placeenv
 from . import metrics
 from .dispatch import DeviceQueue, Job, resolve_all
 from .errors import ModelFailed, StartupError, Timeout
-from .models.base import JIT_LOAD_LOCK, Model, batch_tensor, move_to
+from .models.base import JIT_LOAD_LOCK, DeviceShare, Model, batch_tensor, move_to
 from .models.repository import Entry
 
 log = logging.getLogger(__name__)
@@ -58,9 +59,10 @@ class Worker:
     """One thread, one device, a replica of each model version it holds."""
 
     def __init__(self, name: str, device: str, queue: DeviceQueue, entries: list[Entry], settings,
-                 device_workers: dict[str, int] | None = None) -> None:
+                 device_workers: dict[str, int] | None = None, shares: Shares | None = None) -> None:
         self.name, self.device, self.queue = name, device, queue
         self.device_workers = device_workers or {}  # model -> workers on accelerators holding it
+        self.shares = shares  # the weights this device's workers share; None: each loads its own
         self.entries, self.settings = entries, settings
         self.isolation = settings.isolation == "on"
         self.place = placeenv.to_place(device)
@@ -125,8 +127,10 @@ class Worker:
 
     def _load(self, entry: Entry, version) -> Model:
         replica = version.model_class()
+        share = self.shares.get(self.device, entry.name, version.number) if self.shares and entry.config.share_weights \
+            else None
         replica.initialize(self.place, dataclasses.replace(
-            version.context, device_workers=self.device_workers.get(entry.name, 1)))
+            version.context, device_workers=self.device_workers.get(entry.name, 1), share=share))
         self.backends[version.context.name, version.number] = replica.backend
         stray = {k: d for k, d in replica.parameter_devices().items() if d != self.device}
         self.check("load", next(iter(stray.values()), self.device))
@@ -227,6 +231,19 @@ class Worker:
         resolve_all(answers)
 
 
+class Shares:
+    """One ``DeviceShare`` for each (device, model, version): what its workers share, for as long as
+    the pool lives, so a replacement worker takes the same copy of the weights."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._shares: dict[tuple[str, str, int], DeviceShare] = {}
+
+    def get(self, device: str, model: str, version: int) -> DeviceShare:
+        with self._lock:
+            return self._shares.setdefault((device, model, version), DeviceShare())
+
+
 class WorkerPool:
     """All workers, and a supervisor thread that replaces dead ones."""
 
@@ -235,6 +252,7 @@ class WorkerPool:
         self.workers: list[Worker] = []
         self._stopping = threading.Event()
         self._supervisor = threading.Thread(target=self._supervise, name="worker-supervisor", daemon=True)
+        self.shares = Shares()
         self.device_workers = {name: sum(entry.instances(device, settings.workers_per_device)
                                          for device in queues if device != "cpu")
                                for name, entry in entries.items()}
@@ -245,9 +263,13 @@ class WorkerPool:
     def _new(self, name: str, device: str, queue: DeviceQueue) -> Worker:
         index = int(name.rsplit("/", 1)[1])
         held = [e for e in self.entries.values() if index < e.instances(device, self.settings.workers_per_device)]
-        return Worker(name, device, queue, held, self.settings, self.device_workers)
+        return Worker(name, device, queue, held, self.settings, self.device_workers, self.shares)
 
     def start(self, timeout: float = 300) -> None:
+        for device in self.queues:
+            if device != "cpu":  # Paddle counts what its allocator gives tensors on accelerators only
+                metrics.DEVICE_MEMORY.labels(device).set_function(functools.partial(paddle.device.memory_allocated,
+                                                                                    device))
         for worker in self.workers:
             worker.start()
         deadline = time.monotonic() + timeout

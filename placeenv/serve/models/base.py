@@ -1,7 +1,8 @@
 """The model contract, like Triton's python backend: ``initialize / preprocess / execute / postprocess / finalize``.
 
 A repository entry is served by one ``Model`` per worker thread (a replica), bound to
-that worker's device by ``initialize(place)``. A request's typed tensors pass through
+that worker's device by ``initialize(place)``. The replicas on one device share one copy of
+each version's weights (``DeviceShare``). A request's typed tensors pass through
 
     preprocess(inputs)   host numpy arrays in, host arrays out; CPU, any thread, under PlaceEnv('cpu')
     -> batched along the first dimension and moved to the worker's device
@@ -43,6 +44,44 @@ class ModelError(RuntimeError):
     """A model broke its contract (the request's failure, not the client's)."""
 
 
+@dataclasses.dataclass(eq=False)
+class DeviceShare:
+    """What the replicas of one model version on one device share: one copy of its weights.
+
+    The first replica's network (or Predictor) is kept here. A later replica's network takes
+    its parameters and buffers (``adopt_weights``) and keeps its own program, scope and
+    interpreter: Paddle 3.3 caches a ``jit.load``ed layer's interpreter and scope per layer
+    without a lock, so threads calling forward on one layer crash (docs/models.md, "One copy
+    of the weights"). A Predictor is used by all of them under ``run_lock``: its ``run`` holds
+    the GIL, so they take turns anyway, and ``Predictor.clone()`` loads the weights again.
+    """
+
+    adopting: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    network: paddle.nn.Layer | None = None
+    predictor: Any = None
+    users: int = 0  # replicas that have used the Predictor
+    run_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+
+def adopt_weights(network: paddle.nn.Layer, source: paddle.nn.Layer) -> bool:
+    """Make ``network``'s parameters and buffers ``source``'s tensors, so one copy serves both;
+    False, changing nothing, unless their names, shapes and dtypes all match.
+
+    For a ``jit.load``ed layer it must run before the layer's first forward, which binds the
+    tensors it finds then into its program."""
+    mine, theirs = network.state_dict(), source.state_dict()
+    layers, sources = dict(network.named_sublayers(include_self=True)), dict(source.named_sublayers(include_self=True))
+    if mine.keys() != theirs.keys() or layers.keys() != sources.keys() or any(
+            mine[k].shape != theirs[k].shape or mine[k].dtype != theirs[k].dtype for k in mine):
+        return False
+    for prefix, layer in layers.items():
+        for name, parameter in sources[prefix].named_parameters(include_sublayers=False):
+            layer.add_parameter(name, parameter)
+        for name, buffer in sources[prefix].named_buffers(include_sublayers=False):
+            layer.register_buffer(name, buffer, persistable=f"{prefix}.{name}".lstrip(".") in theirs)
+    return True
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelContext:
     """What ``initialize`` gets besides the place: where the version's files are, and the entry's specs."""
@@ -59,6 +98,7 @@ class ModelContext:
     # Workers on accelerators in this process that hold this version: ``auto`` runs a Predictor on a
     # GPU only when it is 1, since a Predictor holds the GIL while its device works.
     device_workers: int = 1
+    share: DeviceShare | None = None  # this version's weights on this device; None: a copy of its own
 
 
 class Model:
@@ -80,6 +120,9 @@ class Model:
         self.place = None
         self.context: ModelContext | None = None
         self._env: PlaceEnv | None = None  # PlaceEnv(place), made once: it keeps no state, so reuse is safe
+        self._run_lock = threading.Lock()  # a Predictor's, shared with the replicas that share it
+        self.shares_weights = False  # whether another replica's copy of the weights serves this one
+        self._predictor_share: DeviceShare | None = None  # where this replica's Predictor came from
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -101,8 +144,18 @@ class Model:
         if (type(self).load is Model.load and context.program is not None and not (own and context.backend == "auto")
                 and inference.chosen(context.backend, device, context.device_workers) == "inference"):
             try:
+                # A model.py's own execute() would run a shared Predictor without its lock: it gets its own.
+                share = context.share if type(self).execute is Model.execute else None
                 with JIT_LOAD_LOCK:  # a Predictor builds its program through the same global insertion point
-                    self.predictor = inference.create(context.program, self.place, context.inference)
+                    if share is not None and share.predictor is not None:
+                        self.predictor, self._run_lock, self.shares_weights = share.predictor, share.run_lock, True
+                    else:
+                        self.predictor = inference.create(context.program, self.place, context.inference)
+                        if share is not None:
+                            share.predictor, self._run_lock = self.predictor, share.run_lock
+                    if share is not None:
+                        share.users += 1
+                        self._predictor_share = share
                 self.backend = "inference"
                 return
             except Exception as exc:
@@ -117,6 +170,12 @@ class Model:
             self.network = self.load(context)
         if self.network is not None:
             self.network.eval()
+            if context.share is not None:
+                with context.share.adopting:
+                    if context.share.network is None:
+                        context.share.network = self.network
+                    else:
+                        self.shares_weights = adopt_weights(self.network, context.share.network)
 
     def load(self, context: ModelContext) -> paddle.nn.Layer | None:
         """The network to run; by default the version's saved program."""
@@ -131,8 +190,13 @@ class Model:
 
     def execute(self, inputs: dict[str, paddle.Tensor]) -> dict[str, paddle.Tensor]:
         """Forward pass on this replica's place; ``inputs`` are already there, in ``self.context.inputs`` order."""
-        if self.predictor is not None:  # its outputs, in the program's order, are new tensors
-            out = self.predictor.run([inputs[spec.name] for spec in self.context.inputs])
+        if self.predictor is not None:  # its outputs are in the program's order
+            with self._run_lock:  # shared by the replicas on this device
+                out = self.predictor.run([inputs[spec.name] for spec in self.context.inputs])
+                if self._predictor_share is not None and self._predictor_share.users > 1:
+                    # They hold the Predictor's output variables' memory, which its next run (another
+                    # worker's, once the lock is free) writes over: copies, taken under the lock.
+                    out = [tensor.clone() for tensor in out]
             return {spec.name: tensor for spec, tensor in zip(self.context.outputs, out)}
         if self.network is None:
             raise RuntimeError(f"{self.context.name if self.context else 'model'}: execute before initialize")

@@ -103,6 +103,9 @@ class ModelConfig(BaseModel):
         "GPUs with several device workers, and when the Predictor cannot load the program")
     inference: InferenceOptions = Field(default_factory=InferenceOptions,
                                         description="the Predictor's options (backend inference or auto)")
+    share_weights: bool = Field(
+        True, description="the workers of a device share one copy of each version's weights; false: each worker "
+        "loads its own (for a model.py whose forward changes its parameters or buffers)")
 
 
 # -- entries -----------------------------------------------------------------------------------
