@@ -18,6 +18,7 @@ import numpy as np
 import paddle
 
 import placeenv
+import placeenv.sim
 
 from . import metrics
 from .dispatch import DeviceQueue, Job, resolve_all
@@ -231,6 +232,14 @@ class Worker:
         resolve_all(answers)
 
 
+def device_memory(device: str) -> float:
+    """Bytes ``device`` has given Paddle's allocator: the sim plugin's own count on sim devices, Paddle's
+    allocator statistics elsewhere (which miss a Predictor's weights: docs/observability.md)."""
+    if device.startswith("sim:"):
+        return placeenv.sim.stats(int(device.split(":")[1])).memory_used
+    return paddle.device.memory_reserved(device)
+
+
 class Shares:
     """One ``DeviceShare`` for each (device, model, version): what its workers share, for as long as
     the pool lives, so a replacement worker takes the same copy of the weights."""
@@ -267,9 +276,8 @@ class WorkerPool:
 
     def start(self, timeout: float = 300) -> None:
         for device in self.queues:
-            if device != "cpu":  # Paddle counts what its allocator gives tensors on accelerators only
-                metrics.DEVICE_MEMORY.labels(device).set_function(functools.partial(paddle.device.memory_allocated,
-                                                                                    device))
+            if device != "cpu":
+                metrics.DEVICE_MEMORY.labels(device).set_function(functools.partial(device_memory, device))
         for worker in self.workers:
             worker.start()
         deadline = time.monotonic() + timeout

@@ -17,6 +17,7 @@ runs it. A ``model.py`` overrides what it needs.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
@@ -166,16 +167,22 @@ class Model:
                 self.backend = f"jit (backend auto: Paddle Inference could not load the program: {problem})"
                 _say_once(context, f"model {context.name!r} version {context.version}: Paddle Inference "
                           f"could not load the program ({problem}); serving it with paddle.jit.load")
-        with self._env:
-            self.network = self.load(context)
+        share = context.share
+        with share.adopting if share is not None else contextlib.nullcontext():
+            source = share.network if share is not None else None
+            # A replica that adopts the device's copy loads its own on the host, freed once adopted, so the
+            # device never holds a second copy, not even in its allocator's cache.
+            with PlaceEnv("cpu") if source is not None else self._env:
+                self.network = self.load(context)
+            if self.network is not None and source is not None:
+                self.shares_weights = adopt_weights(self.network, source)
+                if not self.shares_weights:  # another network: its own copy, on its device
+                    with self._env:
+                        self.network = self.load(context)
+            if self.network is not None and share is not None and source is None:
+                share.network = self.network
         if self.network is not None:
             self.network.eval()
-            if context.share is not None:
-                with context.share.adopting:
-                    if context.share.network is None:
-                        context.share.network = self.network
-                    else:
-                        self.shares_weights = adopt_weights(self.network, context.share.network)
 
     def load(self, context: ModelContext) -> paddle.nn.Layer | None:
         """The network to run; by default the version's saved program."""
