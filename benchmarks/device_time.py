@@ -57,7 +57,9 @@ from bench_service import save_results, service, tree, warm, wrk  # noqa: E402
 from device_scaling import pss_mb  # noqa: E402
 
 MODEL = "tiny"
-BODY = json.dumps({"model": MODEL, "inputs": [[0.5] * 64]})
+# With max_batch_size 0 an example is the program's whole input, batch dimension included (as in
+# Triton): one example of shape [1, 64]. ``[[0.5] * 64]`` alone is refused (400) as not a list of examples.
+BODY = json.dumps({"model": MODEL, "inputs": [[[0.5] * 64]]})
 TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -144,7 +146,8 @@ def calibrate(prefix: Path, backends: list[str], times: list[float], requests: i
         if transfers <= 0:
             raise RuntimeError(f"backend {backend}: no transfers a request on sim, device time cannot be set")
         us = {t: round(t * 1000 / transfers) for t in times}
-        check = {t: json.loads(child("calibrate", str(prefix), backend, str(us[t]), str(max(5, int(200 / t)))))
+        check = {t: json.loads(child("calibrate", str(prefix), backend, str(us[t]),
+                                     str(max(5, int(200 / t)))))  # about 0.2 s of requests
                  for t in times}
         found[backend] = {"count": count, "us": us, "check": check}
     return found
@@ -165,13 +168,14 @@ def repository(tmp: Path, prefix: Path, backend: str) -> Path:
 
 
 def check(url: str) -> dict:
-    """One /predict, which must answer 200 with one example of 10 outputs: the body works."""
-    answer = httpx.post(url + "/predict", content=BODY, headers={"content-type": "application/json"}, timeout=60)
+    """One /predict, which must answer 200 with one example of [1, 10] outputs: the body works."""
+    answer = httpx.post(url + "/predict", content=BODY, headers={"content-type": "application/json"},
+                        timeout=60)
     if answer.status_code != 200:
         raise RuntimeError(f"{url}/predict answered {answer.status_code}: {answer.text[:500]}")
     got = answer.json()
-    values = list(got["outputs"][0].values())[0]
-    if len(got["outputs"]) != 1 or len(values) != 10:
+    values = list(got["outputs"][0].values())[0] if len(got["outputs"]) == 1 else None
+    if not (isinstance(values, list) and len(values) == 1 and len(values[0]) == 10):
         raise RuntimeError(f"unexpected answer: {answer.text[:500]}")
     return got
 
@@ -251,7 +255,8 @@ def main() -> None:
         prefix = Path(tmp) / "tiny" / "model"
         child("save", str(prefix))
         cal = calibrate(prefix, backends, times)
-        print("\nCalibration (sim:0, the worker's path: move_to, forward, .numpy(); a request after warm-up):\n")
+        print("\nCalibration (sim:0, the worker's path: move_to, forward, .numpy(); "
+              "a request after warm-up):\n")
         print("| backend | runs as | transfers/request | bytes/request | T ms | PLACEENV_SIM_TRANSFER_US | "
               "check: device ms/request | check: wall ms/request |")
         print("|---|---|---:|---:|---:|---:|---:|---:|")
@@ -275,7 +280,8 @@ def main() -> None:
                 us = cal[b]["us"][t]
                 if mode == "one process":
                     settings = [dict(devices=[f"sim:{i}" for i in range(n)], model=MODEL, SIM_DEVICES=n,
-                                     MODEL_REPOSITORY=repos[b], WORKERS_PER_DEVICE=workers, SIM_TRANSFER_US=us)]
+                                     MODEL_REPOSITORY=repos[b], WORKERS_PER_DEVICE=workers,
+                                     SIM_TRANSFER_US=us)]
                 else:
                     settings = [dict(devices=["sim:0"], model=MODEL, SIM_DEVICES=1, MODEL_REPOSITORY=repos[b],
                                      WORKERS_PER_DEVICE=workers, SIM_TRANSFER_US=us) for _ in range(n)]
@@ -283,14 +289,15 @@ def main() -> None:
                     servers = start(settings)
                 except Exception as exc:
                     failures.append({"run": list(run), "round": r + 1, "error": str(exc)[-2000:]})
-                    print(f"round {r + 1}: {b} {t:g} ms {n} devices {mode}: FAILED TO START: {str(exc)[-800:]}",
-                          flush=True)
+                    print(f"round {r + 1}: {b} {t:g} ms {n} devices {mode}: FAILED TO START: "
+                          f"{str(exc)[-800:]}", flush=True)
                     continue
                 try:
                     got = measure(servers, n, cpd, args.seconds)
                 except Exception as exc:
                     failures.append({"run": list(run), "round": r + 1, "error": str(exc)[-2000:]})
-                    print(f"round {r + 1}: {b} {t:g} ms {n} devices {mode}: FAILED: {str(exc)[-800:]}", flush=True)
+                    print(f"round {r + 1}: {b} {t:g} ms {n} devices {mode}: FAILED: {str(exc)[-800:]}",
+                          flush=True)
                     continue
                 finally:
                     for s in servers:
@@ -299,10 +306,12 @@ def main() -> None:
                 print(f"round {r + 1}: {b:9} {t:4g} ms {n:2} devices {mode:11}: {got['rps']:6.0f} req/s "
                       f"({got['rps'] / (n * 1000 / t):4.0%} of ideal), p50 {got['p50_ms']:.1f} ms, "
                       f"CPU {got['cpu_ms_per_request']:.2f} ms/req, PSS {got['pss_mb']:.0f} MB, "
-                      f"non-2xx {got['non_2xx']}, elapsed {(time.monotonic() - began) / 60:.1f} min", flush=True)
+                      f"non-2xx {got['non_2xx']}, elapsed {(time.monotonic() - began) / 60:.1f} min",
+                      flush=True)
 
-    print(f"\n{datetime.date.today()}, {platform.machine()}, {os.cpu_count()} cores; tiny Linear(64, 10), batches of "
-          f"one; {args.rounds} rounds of {args.seconds:g} s, {workers} workers and wrk {cpd} connections a device. "
+    print(f"\n{datetime.date.today()}, {platform.machine()}, {os.cpu_count()} cores; tiny Linear(64, 10), "
+          f"batches of one; {args.rounds} rounds of {args.seconds:g} s, {workers} workers and wrk {cpd} "
+          f"connections a device. "
           f"Ideal: N * 1000 / T. Host CPU: utime + stime of the service process trees during the wrk run, "
           f"over req/s * seconds.\n")
 
@@ -324,25 +333,29 @@ def main() -> None:
                         continue
                     rps = [x["rps"] for x in xs]
                     ideal = n * 1000 / t
-                    print(f"| {b} | {t:g} | {n} | {mode} | {statistics.median(rps):.0f} ({min(rps):.0f}..{max(rps):.0f})"
-                          f" | {statistics.median(rps) / ideal:.0%} | {med(xs, 'pss_mb'):.0f} | "
+                    print(f"| {b} | {t:g} | {n} | {mode} | {statistics.median(rps):.0f} "
+                          f"({min(rps):.0f}..{max(rps):.0f}) | {statistics.median(rps) / ideal:.0%} | "
+                          f"{med(xs, 'pss_mb'):.0f} | "
                           f"{med(xs, 'cpu_ms_per_request'):.2f} | {med(xs, 'p50_ms'):.1f} | "
                           f"{sum(x['non_2xx'] for x in xs)} |")
     if pairs:
-        print("\n| backend | T ms | devices | one process req/s | per device req/s | one / per device req/s | "
-              "one process PSS MB | per device PSS MB | one / per device PSS | host CPU ms/req one / per device |")
+        print("\n| backend | T ms | devices | one process req/s | per device req/s | "
+              "one / per device req/s | one process PSS MB | per device PSS MB | one / per device PSS | "
+              "host CPU ms/req one / per device |")
         print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for b in backends:
             for n, t in pairs:
                 one, per = found[(b, t, n, "one process")], found[(b, t, n, "per device")]
                 r1, r2, m1, m2 = med(one, "rps"), med(per, "rps"), med(one, "pss_mb"), med(per, "pss_mb")
                 print(f"| {b} | {t:g} | {n} | {r1:.0f} | {r2:.0f} | {r1 / r2:.2f} | {m1:.0f} | {m2:.0f} | "
-                      f"{m1 / m2:.2f} | {med(one, 'cpu_ms_per_request'):.2f} / {med(per, 'cpu_ms_per_request'):.2f} |")
+                      f"{m1 / m2:.2f} | {med(one, 'cpu_ms_per_request'):.2f} / "
+                      f"{med(per, 'cpu_ms_per_request'):.2f} |")
     if failures:
         print(f"\n{len(failures)} failed runs:")
         for f in failures:
             print(f"  round {f['round']} {f['run']}: {f['error'][-500:]}")
-    path = save_results("device_time", args, machine={"platform": platform.platform(), "cores": os.cpu_count()},
+    machine = {"platform": platform.platform(), "cores": os.cpu_count()}
+    path = save_results("device_time", args, machine=machine,
                         calibration={b: {"count": c["count"], "us": {f"{t:g}": u for t, u in c["us"].items()},
                                          "check": {f"{t:g}": k for t, k in c["check"].items()}}
                                      for b, c in cal.items()},
