@@ -10,6 +10,14 @@ whenever D > 0. This script measures F and D, so the bound's distance is a
 number instead of a guess. Each configuration is saturated with wrk first
 (memory a service holds under load, not idle), then its RSS is read from /proc.
 Needs ``wrk``. Prints a Markdown table; writes results/memory_scaling_MODEL.json.
+
+    python benchmarks/memory_scaling.py --workers-per-device 1 2 4 [--model mobilenet]
+
+measures instead device memory per model version against the workers of a device: one service
+on ``sim:0`` serving only ``--model``, for each backend (``jit``, ``inference``) with its
+workers sharing one copy of the weights (the default) and with ``share_weights: false``;
+``device_memory_used_bytes{device="sim:0"}`` once the service is ready and again after wrk
+has saturated it. Writes results/device_memory_MODEL.json.
 """
 
 from __future__ import annotations
@@ -19,6 +27,9 @@ import datetime
 import json
 import os
 import platform
+import shutil
+import tempfile
+from pathlib import Path
 
 from bench_service import RESULTS, example_body, metric_samples, process_per_device, service, warm, wrk
 
@@ -71,13 +82,77 @@ def table(r: dict) -> str:
     return "\n".join(lines)
 
 
+def device_memory(url: str) -> float:
+    return sum(s.value for s in metric_samples(url)
+               if s.name == "device_memory_used_bytes" and s.labels.get("device") == "sim:0")
+
+
+def device_memory_rows(model: str, workers: list[int], seconds: float, connections: int) -> list[dict]:
+    """Device memory of one model version on sim:0, per backend, sharing or not, per workers a device."""
+    from placeenv.serve.models.examples import ensure_mobilenet, mobilenet_home
+    from placeenv.serve.models.repository import BUNDLED
+
+    ensure_mobilenet()
+    body, rows = example_body(model), []
+    with tempfile.TemporaryDirectory() as tmp:
+        for backend in ("jit", "inference"):
+            for share in (True, False):
+                root = Path(tmp) / f"{backend}-{share}"
+                source = mobilenet_home() if model == "mobilenet" else BUNDLED / model
+                shutil.copytree(source, root / model, ignore=shutil.ignore_patterns("config.*"))
+                if (BUNDLED / model / "config.yaml").is_file():
+                    shutil.copy(BUNDLED / model / "config.yaml", root / model / "config.yaml")
+                with open(root / model / "config.yaml", "a") as config:
+                    config.write(f"\nbackend: {backend}\nshare_weights: {str(share).lower()}\n")
+                for n in workers:
+                    one = service(["sim:0"], model, MODEL_REPOSITORY=str(root), WORKERS_PER_DEVICE=n)
+                    try:
+                        ready = device_memory(one.url)
+                        load = wrk([one.url], body, connections, seconds)
+                        rows.append({"backend": backend, "share": share, "workers": n, "ready_mb": ready / 2**20,
+                                     "loaded_mb": device_memory(one.url) / 2**20, "rps": load["rps"],
+                                     "non_2xx": load["non_2xx"]})
+                    finally:
+                        one.stop()
+                    print(rows[-1], flush=True)
+    return rows
+
+
+def device_memory_table(r: dict) -> str:
+    lines = [f"Device memory of {r['model']} on sim:0, {r['date']}, {r['machine']}; after wrk {r['seconds']:g} s "
+             f"at {r['connections']} connections\n",
+             "| backend | weights | " + " | ".join(f"{n} worker{'s' * (n > 1)}: ready / after load, MB"
+                                                  for n in r["workers"]) + " | after load, per worker |",
+             "|---|---|" + "---:|" * (len(r["workers"]) + 1)]
+    for backend in ("jit", "inference"):
+        for share in (True, False):
+            rows = {x["workers"]: x for x in r["rows"] if x["backend"] == backend and x["share"] == share}
+            cells = [f"{rows[n]['ready_mb']:.2f} / {rows[n]['loaded_mb']:.2f}" for n in r["workers"]]
+            top = max(r["workers"])
+            lines.append(f"| {backend} | {'one copy a device' if share else 'share_weights: false'} | "
+                         + " | ".join(cells) + f" | {rows[top]['loaded_mb'] / top:.2f} |")
+    lines.append(f"\nnon-2xx answers: {sum(x['non_2xx'] for x in r['rows'])}")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="digits")
     parser.add_argument("--devices", type=int, nargs="+", default=[1, 2, 4], help="N values; must include 1")
     parser.add_argument("--seconds", type=float, default=8)
     parser.add_argument("--connections", type=int, default=16)
+    parser.add_argument("--workers-per-device", type=int, nargs="+", metavar="N",
+                        help="device memory per model version against workers a device, instead")
     args = parser.parse_args()
+    if args.workers_per_device:
+        r = {"model": args.model, "seconds": args.seconds, "connections": args.connections,
+             "workers": args.workers_per_device, "date": str(datetime.date.today()),
+             "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+             "rows": device_memory_rows(args.model, args.workers_per_device, args.seconds, args.connections)}
+        RESULTS.mkdir(exist_ok=True)
+        (RESULTS / f"device_memory_{args.model}.json").write_text(json.dumps(r, indent=2))
+        print(device_memory_table(r))
+        return
     if 1 not in args.devices or len(args.devices) < 2:
         parser.error("--devices needs 1 (the per-process cost) and at least one N > 1")
     body = example_body(args.model)
