@@ -266,7 +266,7 @@ QUEUE_DEPTH = (Gauge if MULTIPROCESS_DIR is None else PolledGauge)(
 )
 # livesum, as the queue depth: the engine alone sets it.
 DEVICE_MEMORY = (Gauge if MULTIPROCESS_DIR is None else PolledGauge)(
-    "device_memory_used_bytes", "Device memory allocated to tensors (Paddle's allocator statistics), by device.",
+    "device_memory_used_bytes", "Device memory the device has given Paddle's allocator, its cache included.",
     ["device"], multiprocess_mode="livesum",
 )
 BATCH_SIZE = Histogram(

@@ -60,9 +60,9 @@ class Worker:
     """One thread, one device, a replica of each model version it holds."""
 
     def __init__(self, name: str, device: str, queue: DeviceQueue, entries: list[Entry], settings,
-                 device_workers: dict[str, int] | None = None, shares: Shares | None = None) -> None:
+                 accelerators: int = 1, shares: Shares | None = None) -> None:
         self.name, self.device, self.queue = name, device, queue
-        self.device_workers = device_workers or {}  # model -> workers on accelerators holding it
+        self.accelerators = accelerators  # the devices of this process that are not the CPU
         self.shares = shares  # the weights this device's workers share; None: each loads its own
         self.entries, self.settings = entries, settings
         self.isolation = settings.isolation == "on"
@@ -128,10 +128,10 @@ class Worker:
 
     def _load(self, entry: Entry, version) -> Model:
         replica = version.model_class()
-        share = self.shares.get(self.device, entry.name, version.number) if self.shares and entry.config.share_weights \
-            else None
+        share = self.shares.get(self.device, entry.name, version.number) \
+            if self.shares is not None and entry.config.share_weights is not False else None
         replica.initialize(self.place, dataclasses.replace(
-            version.context, device_workers=self.device_workers.get(entry.name, 1), share=share))
+            version.context, accelerators=self.accelerators, share=share))
         self.backends[version.context.name, version.number] = replica.backend
         stray = {k: d for k, d in replica.parameter_devices().items() if d != self.device}
         self.check("load", next(iter(stray.values()), self.device))
@@ -232,12 +232,22 @@ class Worker:
         resolve_all(answers)
 
 
+_memory_failed: set[str] = set()
+
+
 def device_memory(device: str) -> float:
     """Bytes ``device`` has given Paddle's allocator: the sim plugin's own count on sim devices, Paddle's
-    allocator statistics elsewhere (which miss a Predictor's weights: docs/observability.md)."""
-    if device.startswith("sim:"):
-        return placeenv.sim.stats(int(device.split(":")[1])).memory_used
-    return paddle.device.memory_reserved(device)
+    allocator statistics elsewhere (which miss a Predictor's weights: docs/observability.md). NaN, said
+    once, where they cannot be read: a scrape must not fail for one gauge."""
+    try:
+        if device.startswith("sim:"):
+            return placeenv.sim.stats(int(device.split(":")[1])).memory_used
+        return paddle.device.memory_reserved(device)
+    except Exception as exc:  # noqa: BLE001 - reported once, the gauge reads NaN
+        if device not in _memory_failed:
+            _memory_failed.add(device)
+            log.warning("device_memory_used_bytes{device=%r}: cannot read it: %s", device, exc)
+        return float("nan")
 
 
 class Shares:
@@ -262,9 +272,7 @@ class WorkerPool:
         self._stopping = threading.Event()
         self._supervisor = threading.Thread(target=self._supervise, name="worker-supervisor", daemon=True)
         self.shares = Shares()
-        self.device_workers = {name: sum(entry.instances(device, settings.workers_per_device)
-                                         for device in queues if device != "cpu")
-                               for name, entry in entries.items()}
+        self.accelerators = sum(1 for device in queues if device != "cpu")
         for device, queue in queues.items():
             for i in range(settings.workers_per_device):
                 self.workers.append(self._new(f"{device}/{i}", device, queue))
@@ -272,7 +280,7 @@ class WorkerPool:
     def _new(self, name: str, device: str, queue: DeviceQueue) -> Worker:
         index = int(name.rsplit("/", 1)[1])
         held = [e for e in self.entries.values() if index < e.instances(device, self.settings.workers_per_device)]
-        return Worker(name, device, queue, held, self.settings, self.device_workers, self.shares)
+        return Worker(name, device, queue, held, self.settings, self.accelerators, self.shares)
 
     def start(self, timeout: float = 300) -> None:
         for device in self.queues:

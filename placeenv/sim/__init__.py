@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import functools
 import hashlib
 import importlib.util
 import os
@@ -122,9 +123,9 @@ def _time_settings(transfer_us: int | None, gbps: float | None) -> dict[str, str
             number = int(text) if name.endswith("_US") else float(text)
         except ValueError:
             number = -1
-        if not 0 <= number < 10**9:
-            raise SimSetupError(f"{name} is a number of {'µs' if name.endswith('_US') else 'GB/s'} "
-                                f"(0: off), got {text[:40]!r}")
+        if not (0 <= number < 10**9 and (number == 0 or number >= 1e-6)):
+            raise SimSetupError(f"{name} is a number of {'µs' if name.endswith('_US') else 'GB/s'}, "
+                                f"0 (off) or from 1e-6 to 1e9, got {text[:40]!r}")
         values[name] = str(number)
     return values
 
@@ -159,6 +160,20 @@ def prepare(devices: int = DEFAULT_DEVICES, transfer_us: int | None = None,
     return env
 
 
+@functools.cache
+def _stats_function(root: str):
+    """The loaded plugin's ``placeenv_sim_stats``: RTLD_NOLOAD finds the copy Paddle loaded from ``root``
+    and never loads a second, empty one."""
+    try:
+        library = ctypes.CDLL(str(Path(root) / LIBRARY_NAME), mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+    except OSError:
+        raise SimSetupError("no sim plugin is loaded in this process: call prepare() before "
+                            "`import paddle`") from None
+    function = library.placeenv_sim_stats
+    function.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_uint64)]
+    return function
+
+
 @dataclasses.dataclass(frozen=True)
 class DeviceStats:
     """One sim device's counters since Paddle loaded the plugin."""
@@ -173,13 +188,7 @@ class DeviceStats:
 
 def stats(device: int) -> DeviceStats:
     """The counters of ``sim:<device>``, from the plugin this process loaded (after ``import paddle``)."""
-    root = os.environ.get("CUSTOM_DEVICE_ROOT")
-    library = Path(root or ".") / LIBRARY_NAME
-    if "paddle" not in sys.modules or not root or not library.is_file():
-        raise SimSetupError("no sim plugin is loaded in this process: call prepare() before `import paddle`")
-    # The same path as Paddle's dlopen: the loaded plugin, not a second copy.
-    function = ctypes.CDLL(str(library)).placeenv_sim_stats
-    function.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_uint64)]
+    function = _stats_function(os.environ.get("CUSTOM_DEVICE_ROOT", ""))
     values = (ctypes.c_uint64 * 6)()
     if function(int(device), values) != 0:
         raise SimSetupError(f"there is no sim:{device} in this process")

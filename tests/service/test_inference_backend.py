@@ -23,7 +23,6 @@ import placeenv
 from placeenv import PlaceEnv
 from placeenv.serve.config import Settings
 from placeenv.serve.models import inference, local, scan
-from placeenv.serve.models.repository import InstanceGroup
 from placeenv.serve.models.repository import BUNDLED
 from placeenv.serve.models.examples import ensure_mobilenet, mobilenet_home
 from placeenv.serve.workers import WorkerPool
@@ -105,26 +104,24 @@ def test_auto_takes_a_predictor_on_the_cpu_and_jit_load_on_a_sim_device(reposito
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5, err_msg=name)
 
 
-def test_auto_runs_a_predictor_on_a_gpu_only_as_its_one_device_worker():
-    # A Predictor's run holds the GIL while its device works (benchmarks/gil_probe.py): several device
-    # workers' Predictors would take turns, so auto gives them paddle.jit.load, whose forward does not.
-    assert inference.chosen("auto", "gpu:0", device_workers=1) == "inference"
-    assert inference.chosen("auto", "gpu:1", device_workers=2) == "jit"
-    assert "2 device workers hold the model" in inference.why_jit("gpu:1", 2)
-    assert inference.chosen("auto", "cpu", device_workers=8) == "inference"
-    assert inference.chosen("auto", "sim:0", device_workers=1) == "jit" and inference.why_jit("sim:0", 4) is None
-    assert inference.chosen("inference", "gpu:0", device_workers=8) == "inference"  # asked for, it is kept
+def test_auto_runs_a_predictor_on_a_gpu_only_as_the_process_one_accelerator():
+    # A Predictor's run holds the GIL while its device works (benchmarks/gil_probe.py): several devices'
+    # Predictors would take turns, so auto gives them paddle.jit.load, whose forward does not.
+    assert inference.chosen("auto", "gpu:0", accelerators=1) == "inference"
+    assert inference.chosen("auto", "gpu:1", accelerators=2) == "jit"
+    assert "this process serves 2 accelerators" in inference.why_jit("gpu:1", 2)
+    assert inference.chosen("auto", "cpu", accelerators=8) == "inference"
+    assert inference.chosen("auto", "sim:0", accelerators=1) == "jit" and inference.why_jit("sim:0", 4) is None
+    assert inference.chosen("inference", "gpu:0", accelerators=8) == "inference"  # asked for, it is kept
 
 
-def test_the_pool_counts_the_device_workers_that_hold_each_model(repository):
-    entries, errors = scan([repository], ["two-auto", "two-jit"], max_batch_size=8, max_batch_delay_ms=0)
+def test_the_pool_counts_the_accelerators_it_serves(repository):
+    entries, errors = scan([repository], ["two-auto"], max_batch_size=8, max_batch_delay_ms=0)
     assert not errors
-    entries["two-jit"].config.instance_group = [InstanceGroup(kind="sim", count=1)]
-    settings = Settings(workers_per_device=2)
-    pool = WorkerPool({"sim:0": None, "sim:1": None, "cpu": None}, entries, settings)
-    # CPU workers do not count: a Predictor there is the fast path whatever the count.
-    assert pool.device_workers == {"two-auto": 4, "two-jit": 2}
-    assert {w.name: w.device_workers for w in pool.workers}["sim:1/1"] == pool.device_workers
+    pool = WorkerPool({"sim:0": None, "sim:1": None, "cpu": None}, entries, Settings(workers_per_device=2))
+    # The CPU does not count: a Predictor there is the fast path whatever the count.
+    assert pool.accelerators == 2
+    assert {w.accelerators for w in pool.workers} == {2}
 
 
 @pytest.mark.parametrize("name", ["digits", "mobilenet"])

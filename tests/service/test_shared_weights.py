@@ -9,6 +9,7 @@ find nothing.
 from __future__ import annotations
 
 import shutil
+import textwrap
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -38,15 +39,28 @@ class Wide(paddle.nn.Layer):
 
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory) -> Path:
-    """``wide`` (jit on sim, as auto picks there), ``wide-inference``, ``wide-own`` (no sharing)."""
+    """``wide`` (jit on sim, as auto picks there), ``wide-inference``, ``wide-own`` (no sharing), and
+    ``wide-doubled``, whose model.py doubles its weights in place after loading them."""
     root = tmp_path_factory.mktemp("repository")
     paddle.seed(1)
     with PlaceEnv("cpu"):
         paddle.jit.save(Wide(), str(root / "wide" / "1" / "model"),
                         input_spec=[paddle.static.InputSpec([None, 256], "float32", "x")])
-    for name, config in (("wide-inference", "backend: inference\n"), ("wide-own", "share_weights: false\n")):
+    for name, config in (("wide-inference", "backend: inference\n"), ("wide-own", "share_weights: false\n"),
+                         ("wide-doubled", "")):
         shutil.copytree(root / "wide", root / name)
         (root / name / "config.yaml").write_text(config)
+    (root / "wide-doubled" / "1" / "model.py").write_text(textwrap.dedent("""
+        import paddle
+        from placeenv.serve.models import Model as Base
+
+        class Model(Base):
+            def initialize(self, place, context):
+                super().initialize(place, context)
+                with paddle.no_grad():
+                    for parameter in self.network.parameters():
+                        parameter.set_value(parameter * 2)  # once per replica: its own copy, or wrong
+    """))
     return root
 
 
@@ -90,7 +104,7 @@ def test_the_workers_of_a_device_hold_one_copy_of_the_weights(repository, model)
     assert one_worker >= COPY  # the weights are on the device, counted
     with serve(repository, model, 4) as proc:
         config = httpx.get(f"{proc.url}/v2/models/{model}/config", timeout=10).json()
-        assert config["share_weights"] is True
+        assert config["share_weights"] is None  # the default: shared, as the defaults load it
         four_workers = device_memory(proc)
         hammer(proc, repository, model)
         after_load = device_memory(proc)
@@ -106,6 +120,15 @@ def test_negative_control_without_sharing_each_worker_holds_a_copy(repository):
         four_workers = device_memory(proc)
         hammer(proc, repository, "wide-own")
     assert four_workers >= one_worker + 3 * COPY * 0.95, (one_worker, four_workers)
+
+
+def test_a_model_py_that_changes_its_weights_at_initialize_keeps_a_copy_a_worker(repository):
+    """Shared, the fourth worker would double weights already doubled three times: by default a
+    model.py that overrides initialize() or load() is not shared, and every answer is right."""
+    with serve(repository, "wide-doubled", 4) as proc:
+        hammer(proc, repository, "wide-doubled")
+        four_workers = device_memory(proc)
+    assert four_workers >= 4 * COPY * 0.95
 
 
 def test_adopting_weights_takes_the_same_tensors_or_refuses_a_different_network():

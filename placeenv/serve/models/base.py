@@ -60,7 +60,6 @@ class DeviceShare:
     adopting: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     network: paddle.nn.Layer | None = None
     predictor: Any = None
-    users: int = 0  # replicas that have used the Predictor
     run_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
 
@@ -96,10 +95,13 @@ class ModelContext:
     parameters: Mapping[str, Any]  # the config file's free-form ``parameters``
     backend: Backend = "jit"  # the config file's: what runs the saved program (models/inference.py)
     inference: InferenceOptions = dataclasses.field(default_factory=InferenceOptions)
-    # Workers on accelerators in this process that hold this version: ``auto`` runs a Predictor on a
-    # GPU only when it is 1, since a Predictor holds the GIL while its device works.
-    device_workers: int = 1
+    # The accelerators this process serves: ``auto`` runs a Predictor on a GPU only when it is 1, since a
+    # Predictor holds the GIL while its device works.
+    accelerators: int = 1
     share: DeviceShare | None = None  # this version's weights on this device; None: a copy of its own
+    # The config's: None shares a replica's weights only where the defaults load them (a model.py's own
+    # load() or initialize() may make or change tensors per replica); True and False say so for it.
+    share_weights: bool | None = None
 
 
 class Model:
@@ -140,13 +142,16 @@ class Model:
         # was written against self.network: auto keeps jit.load for it (backend: inference opts in).
         own = type(self).execute is not Model.execute or type(self).initialize is not Model.initialize
         device = device_name(self.place)
-        if context.backend == "auto" and not own and (why := inference.why_jit(device, context.device_workers)):
+        plain = type(self).load is Model.load and context.program is not None
+        if context.backend == "auto" and plain and not own and (why := inference.why_jit(device, context.accelerators)):
             self.backend = why
-        if (type(self).load is Model.load and context.program is not None and not (own and context.backend == "auto")
-                and inference.chosen(context.backend, device, context.device_workers) == "inference"):
+        defaults = type(self).load is Model.load and type(self).initialize is Model.initialize
+        sharing = context.share if context.share_weights or (context.share_weights is None and defaults) else None
+        if (plain and not (own and context.backend == "auto")
+                and inference.chosen(context.backend, device, context.accelerators) == "inference"):
             try:
                 # A model.py's own execute() would run a shared Predictor without its lock: it gets its own.
-                share = context.share if type(self).execute is Model.execute else None
+                share = sharing if type(self).execute is Model.execute else None
                 with JIT_LOAD_LOCK:  # a Predictor builds its program through the same global insertion point
                     if share is not None and share.predictor is not None:
                         self.predictor, self._run_lock, self.shares_weights = share.predictor, share.run_lock, True
@@ -154,9 +159,7 @@ class Model:
                         self.predictor = inference.create(context.program, self.place, context.inference)
                         if share is not None:
                             share.predictor, self._run_lock = self.predictor, share.run_lock
-                    if share is not None:
-                        share.users += 1
-                        self._predictor_share = share
+                    self._predictor_share = share
                 self.backend = "inference"
                 return
             except Exception as exc:
@@ -167,7 +170,7 @@ class Model:
                 self.backend = f"jit (backend auto: Paddle Inference could not load the program: {problem})"
                 _say_once(context, f"model {context.name!r} version {context.version}: Paddle Inference "
                           f"could not load the program ({problem}); serving it with paddle.jit.load")
-        share = context.share
+        share = sharing
         with share.adopting if share is not None else contextlib.nullcontext():
             source = share.network if share is not None else None
             # A replica that adopts the device's copy loads its own on the host, freed once adopted, so the
@@ -200,7 +203,7 @@ class Model:
         if self.predictor is not None:  # its outputs are in the program's order
             with self._run_lock:  # shared by the replicas on this device
                 out = self.predictor.run([inputs[spec.name] for spec in self.context.inputs])
-                if self._predictor_share is not None and self._predictor_share.users > 1:
+                if self._predictor_share is not None:
                     # They hold the Predictor's output variables' memory, which its next run (another
                     # worker's, once the lock is free) writes over: copies, taken under the lock.
                     out = [tensor.clone() for tensor in out]
@@ -220,7 +223,8 @@ class Model:
         return {name: tensor.numpy() for name, tensor in outputs.items()}
 
     def finalize(self) -> None:
-        """Drop the network (or Predictor) so its device memory can be reclaimed."""
+        """Drop this replica's network (or Predictor), so its device memory can be reclaimed; what the
+        replicas of a device share stays with the worker pool, for a replacement worker."""
         self.network, self.predictor, self._env = None, None, None
 
     # -- what the service checks -------------------------------------------------------------

@@ -3,10 +3,10 @@ Paddle's own deployment tools (PaddleX, FastDeploy, Triton's Paddle backend) run
 with its graph passes and oneDNN on the CPU (TensorRT on GPUs).
 
 A model's ``backend`` (config file) is ``jit`` (``paddle.jit.load``), ``inference`` (a Predictor),
-or ``auto``: a Predictor on the CPU, and on a GPU when it is the model's only device worker in the
-process; ``paddle.jit.load`` on custom devices, where Paddle Inference runs no faster, and on GPUs
-with several device workers. A Predictor's ``run`` holds the GIL while its device works, so the
-Predictors of several device workers take turns, where ``paddle.jit.load``'s forward lets them
+or ``auto``: a Predictor on the CPU, and on a GPU when it is the process's only accelerator;
+``paddle.jit.load`` on custom devices, where Paddle Inference runs no faster, and on GPUs when the
+process serves several. A Predictor's ``run`` holds the GIL while its device works, so the
+Predictors of several devices take turns, where ``paddle.jit.load``'s forward lets them
 overlap (docs/models.md, "Backends"; docs/benchmarks.md, "Device time"). With ``auto``, a program
 the Predictor cannot load falls back to ``paddle.jit.load``, said once in the log and in the
 model's ``/v2/models/{m}/config``.
@@ -68,20 +68,21 @@ class InferenceOptions(BaseModel):
 _PRECISION = {"fp32": "Float32", "fp16": "Half", "int8": "Int8"}
 
 
-def chosen(backend: Backend, device: str, device_workers: int = 1) -> Literal["jit", "inference"]:
-    """The backend a worker on ``device`` runs, when ``device_workers`` workers on accelerators hold
-    the model: ``auto`` takes a Predictor on the CPU, and on a GPU only as the one device worker."""
+def chosen(backend: Backend, device: str, accelerators: int = 1) -> Literal["jit", "inference"]:
+    """The backend a worker on ``device`` runs in a process that serves ``accelerators`` accelerators:
+    ``auto`` takes a Predictor on the CPU, and on a GPU only where it is the process's one accelerator
+    (the workers of a device share one Predictor and take turns on it)."""
     if backend != "auto":
         return backend
-    if device == "cpu" or (device.startswith("gpu:") and device_workers <= 1):
+    if device == "cpu" or (device.startswith("gpu:") and accelerators <= 1):
         return "inference"
     return "jit"
 
 
-def why_jit(device: str, device_workers: int) -> str | None:
+def why_jit(device: str, accelerators: int) -> str | None:
     """Why ``auto`` runs ``paddle.jit.load`` on ``device``, where that is not the plain rule."""
-    if device.startswith("gpu:") and device_workers > 1:
-        return (f"jit (backend auto: {device_workers} device workers hold the model, and a Predictor holds "
+    if device.startswith("gpu:") and accelerators > 1:
+        return (f"jit (backend auto: this process serves {accelerators} accelerators, and a Predictor holds "
                 "the GIL while its device works, so theirs would take turns)")
     return None
 

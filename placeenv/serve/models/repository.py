@@ -98,14 +98,15 @@ class ModelConfig(BaseModel):
     parameters: dict[str, Any] = Field(default_factory=dict, description="free-form, for model.py")
     backend: Backend = Field(
         "auto", description="what runs the saved program: 'inference' (a Paddle Inference Predictor per worker), "
-        "'jit' (paddle.jit.load), or 'auto': a Predictor on the CPU, and on a GPU when it is the model's only "
-        "device worker (a Predictor holds the GIL while its device works); paddle.jit.load on custom devices, on "
-        "GPUs with several device workers, and when the Predictor cannot load the program")
+        "'jit' (paddle.jit.load), or 'auto': a Predictor on the CPU, and on a GPU when it is the process's only "
+        "accelerator (a Predictor holds the GIL while its device works); paddle.jit.load on custom devices, on "
+        "GPUs when the process serves several, and when the Predictor cannot load the program")
     inference: InferenceOptions = Field(default_factory=InferenceOptions,
                                         description="the Predictor's options (backend inference or auto)")
-    share_weights: bool = Field(
-        True, description="the workers of a device share one copy of each version's weights; false: each worker "
-        "loads its own (for a model.py whose forward changes its parameters or buffers)")
+    share_weights: bool | None = Field(
+        None, description="whether the workers of a device share one copy of each version's weights. Default: "
+        "yes, unless a model.py overrides load() or initialize() (which may make or change tensors per worker); "
+        "true: share them anyway; false: each worker loads its own (e.g. a forward that changes its buffers)")
 
 
 # -- entries -----------------------------------------------------------------------------------
@@ -290,7 +291,8 @@ def read_version(name: str, directory: Path, config: ModelConfig) -> Version:
         if len(set(names)) != len(names):
             raise RepositoryError(name, where, f"{kind} names repeat: {names}")
     return Version(model_class, ModelContext(name, int(directory.name), directory, program, inputs, outputs,
-                                             config.parameters, config.backend, config.inference))
+                                             config.parameters, config.backend, config.inference,
+                                             share_weights=config.share_weights))
 
 
 def find_program(name: str, directory: Path) -> Path | None:
