@@ -226,6 +226,17 @@ def tree(*roots: int) -> dict[int, tuple[int, str, int]]:
     return found
 
 
+def cpu_cores(roots: list[int], work) -> tuple[float, object]:
+    """The CPU the trees of ``roots`` use while ``work()`` runs, in cores (1.0: one core all the
+    time), and what ``work`` returned."""
+    before, began = tree(*roots), time.perf_counter()
+    done = work()
+    seconds, after = time.perf_counter() - began, tree(*roots)
+    ticks = sum(cpu - before[pid][2] if pid in before and before[pid][0] == start else cpu
+                for pid, (start, _, cpu) in after.items())
+    return ticks / os.sysconf("SC_CLK_TCK") / seconds, done
+
+
 def service(devices: list[str], model: str, port: int | None = None, checkout: Path = ROOT, **settings) -> Server:
     """The service of the checkout at ``checkout`` (``python -m placeenv.serve`` run there imports it)."""
     port = port or free_port()

@@ -53,14 +53,13 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench_service import save_results, service, tree, warm, wrk  # noqa: E402
+from bench_service import cpu_cores, save_results, service, warm, wrk  # noqa: E402
 from device_scaling import pss_mb  # noqa: E402
 
 MODEL = "tiny"
 # With max_batch_size 0 an example is the program's whole input, batch dimension included (as in
 # Triton): one example of shape [1, 64]. ``[[0.5] * 64]`` alone is refused (400) as not a list of examples.
 BODY = json.dumps({"model": MODEL, "inputs": [[[0.5] * 64]]})
-TICK = os.sysconf("SC_CLK_TCK")
 
 
 # -- children: saving the program, counting a request's transfers ---------------------------------
@@ -180,11 +179,6 @@ def check(url: str) -> dict:
     return got
 
 
-def cpu_ticks(servers) -> dict:
-    """{(pid, start): CPU ticks} over the servers' process trees."""
-    return {(pid, start): ticks for s in servers for pid, (start, _, ticks) in tree(s.proc.pid).items()}
-
-
 def start(settings: list[dict]) -> list:
     """Servers started at once (each ``service(**settings)``); all of them, or none left running."""
     with concurrent.futures.ThreadPoolExecutor(len(settings)) as pool:
@@ -203,13 +197,12 @@ def measure(servers, n: int, connections: int, seconds: float) -> dict:
     answer = check(servers[0].url)
     for s in servers:
         warm(s.url, BODY, 10)
-    before = cpu_ticks(servers)
-    result = wrk([s.url for s in servers], BODY, connections * n, seconds)
-    after = cpu_ticks(servers)
-    ticks = sum(t - before.get(key, 0) for key, t in after.items())
+    started = time.perf_counter()
+    cores, result = cpu_cores([s.proc.pid for s in servers],
+                              lambda: wrk([s.url for s in servers], BODY, connections * n, seconds))
     requests = result["rps"] * seconds
-    result["cpu_s"] = ticks / TICK
-    result["cpu_ms_per_request"] = ticks / TICK * 1000 / requests if requests else float("nan")
+    result["cpu_s"] = cores * (time.perf_counter() - started)
+    result["cpu_ms_per_request"] = result["cpu_s"] * 1000 / requests if requests else float("nan")
     result["pss_mb"] = sum(pss_mb(s.proc.pid) for s in servers)
     result["device"], result["worker"] = answer.get("device"), answer.get("worker")
     return result
@@ -339,16 +332,21 @@ def main() -> None:
                           f"{med(xs, 'cpu_ms_per_request'):.2f} | {med(xs, 'p50_ms'):.1f} | "
                           f"{sum(x['non_2xx'] for x in xs)} |")
     if pairs:
+        def ratios(one: list[dict], per: list[dict], key: str) -> str:
+            """The per-round ratio one / per device (the same round's runs): median (min..max)."""
+            values = [a[key] / b[key] for a, b in zip(one, per)]
+            return f"{statistics.median(values):.2f} ({min(values):.2f}..{max(values):.2f})"
+
         print("\n| backend | T ms | devices | one process req/s | per device req/s | "
-              "one / per device req/s | one process PSS MB | per device PSS MB | one / per device PSS | "
-              "host CPU ms/req one / per device |")
+              "one / per device req/s, per round | one process PSS MB | per device PSS MB | "
+              "one / per device PSS, per round | host CPU ms/req one / per device |")
         print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for b in backends:
             for n, t in pairs:
                 one, per = found[(b, t, n, "one process")], found[(b, t, n, "per device")]
-                r1, r2, m1, m2 = med(one, "rps"), med(per, "rps"), med(one, "pss_mb"), med(per, "pss_mb")
-                print(f"| {b} | {t:g} | {n} | {r1:.0f} | {r2:.0f} | {r1 / r2:.2f} | {m1:.0f} | {m2:.0f} | "
-                      f"{m1 / m2:.2f} | {med(one, 'cpu_ms_per_request'):.2f} / "
+                print(f"| {b} | {t:g} | {n} | {med(one, 'rps'):.0f} | {med(per, 'rps'):.0f} | "
+                      f"{ratios(one, per, 'rps')} | {med(one, 'pss_mb'):.0f} | {med(per, 'pss_mb'):.0f} | "
+                      f"{ratios(one, per, 'pss_mb')} | {med(one, 'cpu_ms_per_request'):.2f} / "
                       f"{med(per, 'cpu_ms_per_request'):.2f} |")
     if failures:
         print(f"\n{len(failures)} failed runs:")

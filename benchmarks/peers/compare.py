@@ -82,7 +82,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_service import (  # noqa: E402
-    Server, example_body, free_port, processes, save_results, service, tree, warm, wrk,
+    Server, cpu_cores, example_body, free_port, processes, save_results, service, tree, warm, wrk,
 )
 
 MODEL = "digits"
@@ -101,17 +101,6 @@ METRICS = [  # key, label, format
 
 
 # -- the process tree ------------------------------------------------------------------------------
-
-
-def cpu_cores(roots: list[int], work) -> tuple[float, object]:
-    """The CPU the trees of ``roots`` use while ``work()`` runs, in cores (1.0: one core all the
-    time), and what ``work`` returned."""
-    before, began = tree(*roots), time.perf_counter()
-    done = work()
-    seconds, after = time.perf_counter() - began, tree(*roots)
-    ticks = sum(cpu - before[pid][2] if pid in before and before[pid][0] == start else cpu
-                for pid, (start, _, cpu) in after.items())
-    return ticks / os.sysconf("SC_CLK_TCK") / seconds, done
 
 
 def machine_busy() -> tuple[int, int]:

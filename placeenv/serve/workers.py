@@ -128,8 +128,8 @@ class Worker:
 
     def _load(self, entry: Entry, version) -> Model:
         replica = version.model_class()
-        share = self.shares.get(self.device, entry.name, version.number) \
-            if self.shares is not None and entry.config.share_weights is not False else None
+        # The replica decides whether it takes the share (its config's share_weights, its own code).
+        share = self.shares.get(self.device, entry.name, version.number) if self.shares is not None else None
         replica.initialize(self.place, dataclasses.replace(
             version.context, accelerators=self.accelerators, share=share))
         self.backends[version.context.name, version.number] = replica.backend
@@ -272,10 +272,14 @@ class WorkerPool:
         self._stopping = threading.Event()
         self._supervisor = threading.Thread(target=self._supervise, name="worker-supervisor", daemon=True)
         self.shares = Shares()
-        self.accelerators = sum(1 for device in queues if device != "cpu")
+        self.accelerator_devices = [device for device in queues if device != "cpu"]
         for device, queue in queues.items():
             for i in range(settings.workers_per_device):
                 self.workers.append(self._new(f"{device}/{i}", device, queue))
+
+    @property
+    def accelerators(self) -> int:
+        return len(self.accelerator_devices)
 
     def _new(self, name: str, device: str, queue: DeviceQueue) -> Worker:
         index = int(name.rsplit("/", 1)[1])
@@ -283,9 +287,8 @@ class WorkerPool:
         return Worker(name, device, queue, held, self.settings, self.accelerators, self.shares)
 
     def start(self, timeout: float = 300) -> None:
-        for device in self.queues:
-            if device != "cpu":
-                metrics.DEVICE_MEMORY.labels(device).set_function(functools.partial(device_memory, device))
+        for device in self.accelerator_devices:
+            metrics.DEVICE_MEMORY.labels(device).set_function(functools.partial(device_memory, device))
         for worker in self.workers:
             worker.start()
         deadline = time.monotonic() + timeout

@@ -288,7 +288,7 @@ extern "C" void InitPlugin(CustomRuntimeParams* params) {
   const char* env = std::getenv("PLACEENV_SIM_DEVICES");
   if (env != nullptr) {
     long n = std::strtol(env, nullptr, 10);
-    if (n >= 1 && n <= 64) g_device_count = static_cast<size_t>(n);
+    if (n >= 1 && n <= kMaxDevices) g_device_count = static_cast<size_t>(n);
   }
 
   g_transfer_ns = setting("PLACEENV_SIM_TRANSFER_US") * 1000;

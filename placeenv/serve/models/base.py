@@ -170,9 +170,8 @@ class Model:
                 self.backend = f"jit (backend auto: Paddle Inference could not load the program: {problem})"
                 _say_once(context, f"model {context.name!r} version {context.version}: Paddle Inference "
                           f"could not load the program ({problem}); serving it with paddle.jit.load")
-        share = sharing
-        with share.adopting if share is not None else contextlib.nullcontext():
-            source = share.network if share is not None else None
+        with sharing.adopting if sharing is not None else contextlib.nullcontext():
+            source = sharing.network if sharing is not None else None
             # A replica that adopts the device's copy loads its own on the host, freed once adopted, so the
             # device never holds a second copy, not even in its allocator's cache.
             with PlaceEnv("cpu") if source is not None else self._env:
@@ -182,8 +181,8 @@ class Model:
                 if not self.shares_weights:  # another network: its own copy, on its device
                     with self._env:
                         self.network = self.load(context)
-            if self.network is not None and share is not None and source is None:
-                share.network = self.network
+            if self.network is not None and sharing is not None and source is None:
+                sharing.network = self.network
         if self.network is not None:
             self.network.eval()
 
