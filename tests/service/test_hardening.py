@@ -174,7 +174,19 @@ def test_sustained_overload_sheds_load_and_recovers():
             wait_until(recovered, max(0.0, 5 - (time.perf_counter() - load_ended)),
                        lambda: f"{seen} {proc.output()[-6000:]}", interval=0.1)
         recovered_in = time.perf_counter() - load_ended
-        single_after = statistics.median(_sequential_latency(proc.url, content, 5))
+        # As fast as before the overload (same machine, same request): a median of 5, taken again until
+        # it is, within a deadline. Once is not enough on a shared machine: in CI, beside a busy loop and
+        # the other xdist worker, one median landed in another process's burst (646 ms against 104);
+        # a service that stays slow still fails.
+        afters: list[float] = []
+
+        def fast_again() -> bool:
+            afters.append(statistics.median(_sequential_latency(proc.url, content, 5)))
+            return afters[-1] < 3 * single_before + 0.2
+
+        wait_until(fast_again, 30, lambda: f"single {single_before * 1000:.0f} ms before, medians after: "
+                   f"{[round(a * 1000) for a in afters]} ms", interval=0.5)
+        single_after = afters[-1]
         served = proc.total("inference_requests_total", status="ok")
         overloaded = proc.total("inference_requests_total", status="overloaded")
         others = {
@@ -196,7 +208,7 @@ def test_sustained_overload_sheds_load_and_recovers():
         f"{len(results)} requests, {len(ok)} ok, {len(shed)} shed; "
         f"accepted p50 {percentile([r[1] for r in ok], 50) * 1000:.0f} p99 {accepted_p99 * 1000:.0f} ms; "
         f"shed p50 {shed_p50 * 1000:.0f} p99 {shed_p99 * 1000:.0f} ms; client lag {lag:.2f}s; "
-        f"single {single_before * 1000:.0f} -> {single_after * 1000:.0f} ms; "
+        f"single {single_before * 1000:.0f} -> {single_after * 1000:.0f} ms (try {len(afters)}); "
         f"RSS {rss_before / MiB:.0f} -> max {peak / MiB:.0f} -> {rss_after / MiB:.0f} MiB; "
         f"recovered in {recovered_in:.2f}s; served in over 2.5 s by the service's clock: {server_slow:g}"
     )
@@ -216,7 +228,7 @@ def test_sustained_overload_sheds_load_and_recovers():
         assert headers.get("retry-after") == "1", (status, dict(headers), body)
         assert json.loads(body)["detail"]
     # The service counted each answer once: the overload's, plus the before/after singles and capacity run.
-    assert served == len(ok) + len(measured) + 3 + 5 + 5, report
+    assert served == len(ok) + len(measured) + 3 + 5 + 5 * len(afters), report
     assert overloaded == len(shed), report
     assert not any(others.values()), others
 
