@@ -35,12 +35,22 @@ def copies(place, n=3):
         move_to(host, place)  # a blocking host-to-device copy: what a worker does with its inputs
 
 def timed(*targets):
-    threads = [threading.Thread(target=t) for t in targets]
+    errors = []
+
+    def guarded(target):
+        try:
+            target()
+        except BaseException as exc:  # re-raised below: a thread's failure fails the scenario
+            errors.append(exc)
+
+    threads = [threading.Thread(target=guarded, args=(t,)) for t in targets]
     start = time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    if errors:
+        raise errors[0]
     return time.perf_counter() - start
 
 out = {}
