@@ -20,6 +20,7 @@ import warnings
 
 __all__ = [
     "PlaceEnv",
+    "ScopeError",
     "UnsupportedPaddleError",
     "aio",
     "available_devices",
@@ -39,6 +40,7 @@ __all__ = [
 _LAZY = {
     "aio": None,
     "PlaceEnv": "placeenv.env",
+    "ScopeError": "placeenv.state",
     "bind": "placeenv.env",
     "current_place": "placeenv.env",
     "install": "placeenv.patch",

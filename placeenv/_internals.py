@@ -354,7 +354,7 @@ def paddle_dtype(dtype):
 
 def injections(**helpers) -> dict:
     """The globals the replacement bodies read, by name: placeenv's ``helpers`` (``own=...``,
-    ``push=...``, ...) as ``_placeenv_<name>``, and the stock functions some of them wrap."""
+    ``attach_guard=...``, ...) as ``_placeenv_<name>``, and the stock functions some of them wrap."""
     names = {f"_placeenv_{name}": helper for name, helper in helpers.items()}
     names["_placeenv_stock_set_device"] = stock["device.set_device"]
     names["_placeenv_stock_get_paddle_place"] = stock["base.framework._get_paddle_place"]
@@ -370,7 +370,7 @@ def _current_expected_place_():
         # generic core.Place that stock Paddle also treats as "not chosen".
         place = _global_expected_place_  # noqa: F821
         return _placeenv_init_global() if place is None else place  # noqa: F821
-    return scope[0]
+    return scope.place
 
 
 def _set_expected_place(place):
@@ -378,11 +378,11 @@ def _set_expected_place(place):
 
 
 def _dygraph_place_guard(place):
-    token = _placeenv_push(place)  # noqa: F821
+    token = _placeenv_attach_guard(place)  # noqa: F821
     try:
         yield
     finally:
-        _placeenv_pop(token)  # noqa: F821
+        _placeenv_detach(token)  # noqa: F821
 
 
 def __setattr__(self, name, val):

@@ -12,7 +12,7 @@ from .places import device_name, to_place
 
 __all__ = ["PlaceEnv", "bind", "current_place"]
 
-_push, _pop, _innermost = state.push, state.pop, state.override.get  # bound once: hot on request paths
+_attach, _detach = state.attach, state.detach  # bound once: hot on request paths
 
 
 def current_place():
@@ -31,7 +31,10 @@ class PlaceEnv:
     The scope belongs to the calling thread or asyncio task only. The
     instance holds nothing per use (the scope lives in a ContextVar, and
     remembers how to undo itself), so one instance can be entered from many
-    threads and tasks at once, nested and re-entered.
+    threads and tasks at once, nested and re-entered. An exit that does not
+    end the innermost scope this instance entered in the calling context (out
+    of order, twice, in another thread or task) raises ``placeenv.ScopeError``
+    and changes nothing.
 
     As a decorator it handles plain functions and methods, ``async def``
     functions (the device holds inside the coroutine across its awaits, not in
@@ -47,22 +50,19 @@ class PlaceEnv:
     def __repr__(self) -> str:
         return f"PlaceEnv({device_name(self.place)!r})"
 
-    def __enter__(self):
-        _push(self.place)
-        return self.place
-
-    def __exit__(self, exc_type, exc, tb):
-        # The innermost scope is this block's token, or what a set_device
-        # inside the block made of it: the instance keeps nothing per use.
-        _pop(_innermost())
-        return False
+    # The token stays in the context (the innermost scope, its opener this
+    # instance), since the instance is shared and keeps nothing per use. Both
+    # methods are placeenv.state's functions themselves: no frame of their own
+    # on the way in and out of every request's scope.
+    __enter__ = state.enter
+    __exit__ = state.leave
 
     def __call__(self, fn):
         place = self.place
         if inspect.isasyncgenfunction(fn):
             @functools.wraps(fn)
             async def async_gen_wrapper(*args, **kwargs):
-                agen, carry = fn(*args, **kwargs), [(place, None, state.RETARGET)]
+                agen, carry = fn(*args, **kwargs), [state.body_scope(place)]
                 try:
                     value, error = None, None
                     while True:
@@ -85,7 +85,7 @@ class PlaceEnv:
         if inspect.iscoroutinefunction(fn):
             @functools.wraps(fn)
             async def coroutine_wrapper(*args, **kwargs):
-                return await _step([(place, None, state.RETARGET)], fn(*args, **kwargs))
+                return await _step([state.body_scope(place)], fn(*args, **kwargs))
 
             return coroutine_wrapper
 
@@ -93,17 +93,17 @@ class PlaceEnv:
             @functools.wraps(fn)
             def generator_wrapper(*args, **kwargs):
                 gen = fn(*args, **kwargs)
-                return (yield from _stepped([(place, None, state.RETARGET)], gen))
+                return (yield from _stepped([state.body_scope(place)], gen))
 
             return generator_wrapper
 
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
-            _push(place)
+            token = _attach(place)
             try:
                 return fn(*args, **kwargs)
             finally:
-                _pop(_innermost())  # as __exit__
+                _detach(token)
 
         return wrapper
 
@@ -111,30 +111,30 @@ class PlaceEnv:
 def _stepped(carry, gen):
     """Drive ``gen`` with its device active during each step and inactive between steps.
 
-    ``carry[0]`` is the body's own scope (its base is the decorator's, with no
-    outer scope): each step resumes it and pops back to the consumer's, so a
-    ``paddle.set_device`` or an open ``with PlaceEnv`` inside the body carries
-    to its next step, never to the consumer.
+    ``carry[0]`` is the body's own scope (:func:`state.body_scope` at first,
+    with no outer scope): each step resumes it and detaches back to the
+    consumer's, so a ``paddle.set_device`` or an open ``with PlaceEnv`` inside
+    the body carries to its next step, never to the consumer.
     """
     send, throw = gen.send, gen.throw
     value, error = None, None
     while True:
-        token = state.push(carry[0][0], carry[0])
+        token = state.resume(carry[0])
         try:
             item = throw(error) if error is not None else send(value)
         except StopIteration as stop:
             return stop.value
         finally:
-            carry[0] = state.scope()
-            state.pop(token)
+            carry[0] = state.innermost()
+            state.detach(token)
         try:
             value, error = (yield item), None
         except GeneratorExit:
-            token = state.push(carry[0][0], carry[0])  # the body's finally blocks run on its device
+            token = state.resume(carry[0])  # the body's finally blocks run on its device
             try:
                 gen.close()
             finally:
-                state.pop(token)
+                state.detach(token)
             raise
         except BaseException as exc:  # forwarded into the body, as ``yield from`` does
             value, error = None, exc

@@ -11,7 +11,7 @@ import numpy as np
 from . import _internals as _pd
 from . import fixes, state
 from .env import PlaceEnv
-from .places import canonical, explain_device, to_place
+from .places import canonical, device_name, explain_device, to_place
 
 __all__ = ["install", "installed", "uninstall"]
 
@@ -23,25 +23,40 @@ _MISSING = object()
 _guard_tokens: ContextVar = ContextVar("placeenv_guards", default=None)
 
 
-def _guard_push(place):
-    """A scope for Paddle's own guards (see ``state.push``'s ``GUARD``)."""
-    return state.push(canonical(place), state.GUARD)
+def _guard_attach(place, origin=None):
+    """A scope for Paddle's own guards (``state.attach_guard``)."""
+    return state.attach_guard(canonical(place), origin)
 
 
 def _guard_enter(self):
     # Paddle keeps the previous device on the instance (device) or on a
     # class-level stack (Device); both are shared between threads.
     attr = next(attr for cls, attr in _pd.guard_classes if isinstance(self, cls))
-    token = _guard_push(to_place(str(self)) if attr is None else getattr(self, attr))
+    token = _guard_attach(to_place(str(self)) if attr is None else getattr(self, attr), self)
     _guard_tokens.set((token, _guard_tokens.get()))
     return self if attr is None else None  # as stock: only paddle.device('x') returns itself
 
 
 def _guard_exit(self, exc_type, exc, tb):
-    token, rest = _guard_tokens.get()
+    guards = _guard_tokens.get()
+    if guards is None or guards[0].origin is not self:
+        # The instance is shared: the innermost guard of this context must be one it entered.
+        innermost = ("none is open" if guards is None
+                     else f"the innermost one is {_guard_name(guards[0].origin)} on {device_name(guards[0].place)}")
+        raise state.ScopeError(
+            f"{_guard_name(self)}.__exit__: it is not the innermost device guard open in this thread or task "
+            f"(an exit out of order, a second exit, or an exit in another thread or task); {innermost} "
+            f"(nothing was changed)"
+        )
+    token, rest = guards
+    state.detach(token)  # first: if it raises, the guards stay as they were
     _guard_tokens.set(rest)
-    state.pop(token)
     return False
+
+
+def _guard_name(guard) -> str:
+    name = f"paddle.device.{type(guard).__name__}"
+    return f"{name}({str(guard)!r})" if isinstance(guard, str) else name
 
 
 def _injected() -> dict:
@@ -49,8 +64,8 @@ def _injected() -> dict:
         own=state.override.get,
         init_global=state.init_global,
         set_place=state.set_place,
-        push=_guard_push,
-        pop=state.pop,
+        attach_guard=_guard_attach,
+        detach=state.detach,
         tracer_switched=state.tracer_switched,
         explain_device=explain_device,
         explain_place=fixes.explain_place,
@@ -91,7 +106,7 @@ def install() -> None:
         # Whatever the main thread set before install is the global device.
         state.set_global(_pd.global_place())
         _make_custom_device_generators()
-        state.enabled = True
+        state.enable()
         _make_custom_device_event_pools()
 
 

@@ -10,12 +10,18 @@ The model, in two lines:
   the scope's device, so Paddle's C++ side (which reads the calling thread's
   Tracer) agrees with the Python side.
 
-Every way in and out of a scope is one pair, :func:`push` and :func:`pop`, as
-OpenTelemetry's attach/detach: ``PlaceEnv``, Paddle's own guards, decorated
-generators and coroutines (each step resumes the body's own scope), and
-``paddle.set_device`` off the bare main thread (a push that is never popped;
-inside a scope it changes that scope's device). ``paddle.set_device`` on the
-main thread outside any scope moves the global device (stock behaviour).
+Every way into a scope returns a token (a :class:`Scope`), and one way out,
+:func:`detach`, ends it with that token, as OpenTelemetry's attach/detach and
+``ContextVar.reset``: :func:`attach` (``paddle.set_device`` off the bare main
+thread, decorated functions), :func:`attach_guard` (Paddle's own guards), and
+:func:`resume` (each step of a decorated generator or coroutine resumes the
+body's own scope). ``PlaceEnv`` instances are shared between threads, so a
+``with PlaceEnv`` keeps its token in the context itself: the innermost scope,
+which :func:`leave` ends after checking that the ``PlaceEnv`` exiting is the one
+that entered it. An exit that does not match the context's innermost scope
+raises :class:`ScopeError` and changes nothing. ``paddle.set_device`` inside a
+scope changes that scope's device; on the bare main thread outside any scope it
+moves the global device (stock behaviour).
 
 Nothing here names a Paddle internal: :mod:`placeenv._internals` does.
 """
@@ -26,20 +32,54 @@ import threading
 import weakref
 from contextvars import ContextVar
 from threading import get_ident
+from typing import final
 
 from . import _internals as _pd
-from .places import canonical
+from .places import canonical, device_name
 
-#: A scope, and the token that ends it: the tuple ``(place, outer, undo)``.
-#: ``place`` is its device; ``outer`` the scope :func:`pop` returns to (None:
-#: follow the main thread; :data:`UNSCOPED`: none was changed); ``undo`` what
-#: else :func:`pop` does: :data:`KEPT`, :data:`RETARGET`, or else the global
-#: device to put back (None or a place).
-#: A plain tuple: frozen, and the cheapest object to make on the hot path.
-Token = tuple
 
-#: This context's innermost scope (a :data:`Token`), or None to follow the main thread.
+@final
+class Scope:
+    """A scope of one context, and the token that ends it.
+
+    ``place`` is its device; ``outer`` the scope the context returns to when it
+    ends (None: follow the main thread; :data:`UNSCOPED`: the token changed no
+    scope); ``undo`` what else ending it does: :data:`KEPT`, :data:`RETARGET`,
+    or else the global device to put back (None or a place).
+
+    ``origin`` is what the exit is checked against. For a scope as it was
+    opened, its opener: the ``PlaceEnv`` or Paddle guard that entered it, None
+    when the token alone ends it, :data:`RESUMED` for the token of a resumed
+    step. A ``paddle.set_device`` inside a scope replaces it with a scope on the
+    new device whose ``origin`` is the scope it stands for, so the token (or the
+    ``PlaceEnv``) that opened the scope still ends it.
+
+    Why a replacement and not a change in place: a context copied inside the
+    scope (a task, :func:`placeenv.bind`, ``asyncio.to_thread``) holds the same
+    scope object, and a ``set_device`` in the copy must not move the original.
+    Scopes are therefore never changed once made, except ``used``, which only
+    the error messages read.
+
+    ``ctx`` is the ``contextvars.Token`` of the ContextVar set that opened the
+    scope: ending it resets the ContextVar with it. ``used`` is set when
+    :func:`detach` has ended the token. The tokens of ``PlaceEnv`` and
+    :func:`attach` leave it unset until then, since their way in is on every
+    request's path and only a mistake reads it.
+    """
+
+    __slots__ = ("place", "outer", "undo", "origin", "ctx", "used")
+
+    def __repr__(self) -> str:
+        return f"<placeenv scope on {_name(self.place)}>"
+
+
+class ScopeError(RuntimeError):
+    """A scope's exit does not match the calling context's innermost scope (nothing was changed)."""
+
+
+#: This context's innermost scope (a :class:`Scope`), or None to follow the main thread.
 override: ContextVar = ContextVar("placeenv_override", default=None)
+_get, _set, _reset = override.get, override.set, override.reset  # bound once: every scope uses them
 
 #: ``undo``: the scope kept the device it found, so leaving it changes nothing.
 KEPT = object()
@@ -47,13 +87,25 @@ KEPT = object()
 RETARGET = object()
 #: ``outer`` of a token that changed no scope: a guard that moved the global device.
 UNSCOPED = object()
-#: ``push(place, GUARD)``: a scope for Paddle's own guards.
-GUARD = object()
+#: ``origin`` of a resumed step's token: the body may leave scopes open across a yield.
+RESUMED = object()
 _MAIN = threading.main_thread().ident
 
 #: True while installed. Uninstalled, a scope does what Paddle's own guard does
 #: (swap the global device, put it back after): stock semantics, leaks included.
 enabled = False
+#: ``_internals.global_place``, bound by :func:`enable`. The contract module
+#: resolves its names on first read through a module ``__getattr__``, and
+#: Python does not specialise attribute reads on such a module, so the scope's
+#: way in, which reads the global device, calls it through this global.
+_global_place = None
+
+
+def enable() -> None:
+    """install(): placeenv's scopes from now on."""
+    global enabled, _global_place
+    _global_place = _pd.global_place
+    enabled = True
 
 
 class _Thread(threading.local):
@@ -112,103 +164,297 @@ def current():
     """The device of the calling thread/task."""
     if not enabled:
         return _pd.current_expected_place()
-    token = override.get()
-    if token is None:
-        place = _pd.global_place()
+    scope = _get()
+    if scope is None:
+        place = _global_place()
         return init_global() if place is None else place
-    return token[0]
+    return scope.place
 
 
 def own_place():
     """The calling context's own device, or None when it follows the main thread."""
-    token = override.get()
-    return None if token is None else token[0]
+    scope = _get()
+    return None if scope is None else scope.place
 
 
-# -- scopes ------------------------------------------------------------------
-
-
-def push(place, via=None) -> Token:
-    """Make ``place`` (canonical) the calling context's device until :func:`pop` of the token returned.
-
-    ``via`` says who asks, when it is not a plain scope (``PlaceEnv``, ``set_device``):
-
-    * :data:`GUARD`, Paddle's own guards. On the bare main thread they move the
-      global device instead, as stock Paddle's do (``paddle.disable_static``
-      holds one open for the whole program, and threads that follow the main
-      thread follow it); elsewhere they always re-aim the Tracer, since Paddle
-      may have just switched the thread to a fresh Tracer of its own
-      (``dygraph.guard``).
-    * a suspended body's scope (:func:`scope` at the end of its last step; its
-      device is ``place``), installed as it was, inner scopes and all, instead
-      of a new one: how decorated generators and coroutines step.
-
-    ``via`` is positional, and the plain scope is checked first: this is every
-    ``with PlaceEnv``'s way in.
-    """
-    outer = override.get()
-    if not enabled:  # stock Paddle: every scope swaps the one global device
-        previous = _pd.current_expected_place()
-        _pd.set_expected_place(place)
-        if via is GUARD:
-            return (place, UNSCOPED, previous)
-        token = (place, outer, previous)
-        override.set(token)
-        return token
-    if via is None:
-        if outer is None:
-            # A child thread that follows the main thread has no device of its own to keep.
-            kept = get_ident() == _MAIN and place is _pd.global_place()
-        else:
-            kept = place is outer[0]
-        if kept:
-            token = (place, outer, KEPT)
-            override.set(token)
-            return token
-    elif via is GUARD:
-        if outer is None and get_ident() == _MAIN:
-            token = (place, UNSCOPED, _pd.global_place())
-            set_global(place)
-            return token
-    else:  # resume a body's scope
-        override.set(via)
-        sync_tracer(place)
-        return (place, outer, RETARGET)
-    token = (place, outer, RETARGET)
-    override.set(token)
-    sync_tracer(place)
-    return token
-
-
-def pop(token: Token) -> None:
-    """End the scope ``token`` opened: the context returns to the scope it had before.
-
-    ``token`` is the context's innermost scope (a ``paddle.set_device`` inside
-    a scope replaces its token: pop the replacement, as ``PlaceEnv`` does), or
-    the token of a resumed step. A token kept across ``install()`` or
-    ``uninstall()`` still ends its scope cleanly: it says how to undo itself.
-    """
-    _, outer, undo = token
-    if undo is KEPT:
-        override.set(outer)
-        return
-    if outer is UNSCOPED:  # a guard that moved the global device, and no scope
-        _restore_global(undo)
-        return
-    override.set(outer)
-    if undo is not RETARGET:  # the scope moved the global device: put it back
-        _restore_global(undo)
-    sync_tracer(None if outer is None else outer[0])
-
-
-def scope() -> Token | None:
+def innermost() -> Scope | None:
     """The calling context's innermost scope: what a suspended body resumes at its next step.
 
     Stock Paddle keeps no scopes, only the global device: uninstalled, a scope of just that.
     """
     if not enabled:
-        return (_pd.current_expected_place(), None, RETARGET)
-    return override.get()
+        return body_scope(_pd.current_expected_place())
+    return _get()
+
+
+# -- into a scope: each returns the token that detach() ends it with ---------
+# A Scope is made with no arguments and its fields set one by one: a class
+# with an __init__ costs one Python call more on every way in.
+
+
+def attach(place, origin=None) -> Scope:
+    """Make ``place`` (canonical) the calling context's device until :func:`detach` of the token returned.
+
+    ``origin`` is the opener whose exit ends the scope (the ``PlaceEnv`` of
+    :func:`enter`), or None when the token does.
+    """
+    outer = _get()
+    scope = Scope()
+    scope.place = place
+    scope.outer = outer
+    scope.origin = origin
+    if not enabled:  # stock Paddle: every scope swaps the one global device
+        scope.undo = _pd.current_expected_place()
+        _pd.set_expected_place(place)
+        scope.ctx = _set(scope)
+        return scope
+    if outer is None:
+        # A child thread that follows the main thread has no device of its own to keep.
+        kept = get_ident() == _MAIN and place is _global_place()
+    else:
+        kept = place is outer.place
+    if kept:
+        scope.undo = KEPT
+        scope.ctx = _set(scope)
+        return scope
+    scope.undo = RETARGET
+    scope.ctx = _set(scope)
+    sync_tracer(place)
+    return scope
+
+
+def enter(env):
+    """``PlaceEnv.__enter__`` itself: :func:`attach` of ``env.place``, with ``env`` as the opener.
+
+    Returns the place. The scope on the device the context already has (a
+    request's scope on its worker's own device) is made here, without the call
+    to :func:`attach` that any other takes.
+    """
+    place = env.place
+    if enabled:
+        outer = _get()
+        if outer is None:
+            kept = get_ident() == _MAIN and place is _global_place()
+        else:
+            kept = place is outer.place
+        if kept:
+            scope = Scope()
+            scope.place = place
+            scope.outer = outer
+            scope.undo = KEPT
+            scope.origin = env
+            scope.ctx = _set(scope)
+            return place
+    attach(place, env)
+    return place
+
+
+def attach_guard(place, origin=None) -> Scope:
+    """A scope for Paddle's own guards (``origin``: the guard's instance, if any).
+
+    On the bare main thread they move the global device instead, as stock
+    Paddle's do (``paddle.disable_static`` holds one open for the whole program,
+    and threads that follow the main thread follow it): that token changes no
+    scope. Elsewhere they always re-aim the Tracer, since Paddle may have just
+    switched the thread to a fresh Tracer of its own (``dygraph.guard``).
+    """
+    outer = _get()
+    token = Scope()
+    token.place = place
+    token.origin = origin
+    token.used = False  # detach() reads it: this token may change no scope
+    if not enabled:
+        token.outer, token.undo = UNSCOPED, _pd.current_expected_place()
+        _pd.set_expected_place(place)
+        return token
+    if outer is None and get_ident() == _MAIN:
+        token.outer, token.undo = UNSCOPED, _global_place()
+        set_global(place)
+        return token
+    token.outer, token.undo = outer, RETARGET
+    token.ctx = _set(token)
+    sync_tracer(place)
+    return token
+
+
+def body_scope(place) -> Scope:
+    """The scope a decorated body starts in: ``place``, with no outer scope of its own.
+
+    No token ends it, and no exit inside the body can (its ``origin`` is None):
+    only the steps, which :func:`resume` it and :func:`detach` their own tokens.
+    """
+    scope = Scope()
+    scope.place = place
+    scope.outer = scope.origin = None
+    scope.undo = RETARGET
+    return scope
+
+
+def resume(scope: Scope) -> Scope:
+    """Install a suspended body's scope (:func:`innermost` at the end of its last step) as it was,
+    inner scopes and all, until :func:`detach` of the token returned.
+
+    The body may leave scopes open across a yield (a ``with`` around it), so
+    this token's detach does not ask for its scope to be the innermost one.
+    """
+    place = scope.place
+    token = Scope()
+    token.place = place
+    token.outer = _get()
+    token.origin = RESUMED
+    token.used = False  # detach() reads it: its scope is not the innermost
+    if not enabled:  # stock Paddle: the step swaps the global device; its scopes nest in the token
+        token.undo = _pd.current_expected_place()
+        _pd.set_expected_place(place)
+        token.ctx = _set(token)
+        return token
+    token.undo = RETARGET
+    token.ctx = _set(scope)
+    sync_tracer(place)
+    return token
+
+
+# -- out of a scope ------------------------------------------------------------
+# Leaving resets the ContextVar with the token its set returned, as
+# ContextVar.reset means: cheaper than a second set, and it refuses a context
+# that is a copy of the one that entered (a task or bind() started inside the
+# scope sees the same innermost scope, but must not end it).
+
+
+def detach(token: Scope) -> None:
+    """End the scope ``token`` opened: the context returns to the scope it had before.
+
+    The scope must be the context's innermost one, or the replacement a
+    ``paddle.set_device`` inside it made; anything else (an exit out of order,
+    a token used twice, a token of another thread or task) raises
+    :class:`ScopeError` and changes nothing. A token kept across ``install()``
+    or ``uninstall()`` still ends its scope cleanly: it says how to undo itself.
+    """
+    scope = _get()
+    if scope is not token and (scope is None or scope.origin is not token):
+        _detach_other(token, scope)
+        return
+    if scope.undo is KEPT:
+        try:
+            _reset(token.ctx)
+        except (ValueError, RuntimeError) as error:
+            raise ScopeError(_copied(_token(token), scope)) from error
+    else:
+        _end(scope, token)
+    token.used = True
+
+
+def leave(env, exc_type=None, exc=None, tb=None) -> bool:
+    """``PlaceEnv.__exit__`` itself: end the calling context's innermost scope, which ``env`` entered.
+
+    The instance is shared between threads and tasks, so its token is the
+    scope it left in the context, and the check is that the innermost scope
+    (or the replacement a ``set_device`` made of it) is one that this instance
+    entered. Anything else raises :class:`ScopeError` and changes nothing.
+    """
+    scope = _get()
+    if scope is None or scope.origin is not env:
+        _leave_replaced(env, scope)
+        return False
+    if scope.undo is KEPT:
+        try:
+            _reset(scope.ctx)
+        except (ValueError, RuntimeError) as error:
+            raise ScopeError(_copied(f"{env!r}.__exit__", scope)) from error
+        return False
+    _end(scope, scope)
+    return False
+
+
+def _end(scope: Scope, token: Scope) -> None:
+    """Undo what ``token`` did: its scope is ``scope`` (the innermost, or what a set_device made of
+    it); a token that changed no scope has none."""
+    outer, undo = scope.outer, scope.undo
+    if outer is UNSCOPED:  # a guard that moved the global device, and no scope
+        _restore_global(undo)
+        return
+    try:
+        _reset(token.ctx)
+    except (ValueError, RuntimeError) as error:
+        raise ScopeError(_copied(_token(token), scope)) from error
+    if undo is KEPT:
+        return
+    if undo is not RETARGET:  # the scope moved the global device: put it back
+        _restore_global(undo)
+    sync_tracer(None if outer is None else outer.place)
+
+
+def _detach_other(token: Scope, scope: Scope | None) -> None:
+    """detach() of a token whose scope is not the innermost: one that changed no scope (a guard on
+    the bare main thread), a resumed step's, or a mistake (raised, and nothing changes)."""
+    if token.outer is UNSCOPED or token.origin is RESUMED:
+        if token.used:
+            raise ScopeError(f"{_token(token)}: this token has already been used once (nothing was changed)")
+        _end(token, token)
+        token.used = True
+        return
+    if getattr(token, "used", False):  # unset until a detach() ends it
+        gone = "this token has already been used once: its scope was exited already"
+    else:
+        gone = "its scope is not open in this thread or task: the token was attached in another one"
+    raise ScopeError(_mismatch(_token(token), scope, lambda s: s is token, gone))
+
+
+def _leave_replaced(env, scope: Scope | None) -> None:
+    """leave() when the innermost scope is not one ``env`` entered as such: what a set_device made
+    of one (ended), or a mistake (raised, and nothing changes)."""
+    if scope is not None:
+        original = scope.origin
+        if type(original) is Scope and original.origin is env:
+            _end(scope, original)
+            return
+    gone = ("no scope it entered is open in this thread or task: it was exited already, "
+            "or entered in another thread or task")
+    raise ScopeError(_mismatch(f"{env!r}.__exit__", scope, lambda s: s.origin is env, gone))
+
+
+def _token(token: Scope) -> str:
+    return f"detach() of the scope on {_name(token.place)}"
+
+
+def _copied(what: str, scope: Scope) -> str:
+    return (
+        f"{what}: the scope {_describe(scope)} was entered in another context, of which this one is a "
+        f"copy (a task, bind(), asyncio.to_thread or Context.run started inside the scope): a copy sees "
+        f"the scope but may not end it (nothing was changed)"
+    )
+
+
+def _mismatch(what: str, scope: Scope | None, opened, gone: str) -> str:
+    """Why ``what`` cannot end its scope: the calling context's innermost scope is ``scope``, another one.
+
+    ``opened(s)`` tells the scope ``what`` opened; ``gone`` says why it is not open here at all.
+    """
+    depth, inner = 0, scope
+    while inner is not None and inner is not UNSCOPED:
+        if opened(inner.origin if type(inner.origin) is Scope else inner):
+            return (
+                f"{what}: exit out of order: {depth} scope(s) entered inside its scope are still open in "
+                f"this thread or task, the innermost {_describe(scope)}. Exit those first (nothing was changed)."
+            )
+        depth, inner = depth + 1, inner.outer
+    where = ("no scope is open in this thread or task" if scope is None
+             else f"its innermost scope is the one {_describe(scope)}")
+    return f"{what}: {gone}; {where} (nothing was changed)."
+
+
+def _describe(scope: Scope) -> str:
+    original = scope.origin if type(scope.origin) is Scope else scope
+    opener = original.origin
+    by = "" if opener is None or opener is RESUMED else f" entered by {opener!r}"
+    return f"on {_name(scope.place)}{by}"
+
+
+def _name(place) -> str:
+    try:
+        return device_name(place)
+    except Exception:  # noqa: BLE001 - a message must not fail on an odd place
+        return repr(place)
 
 
 def _restore_global(place) -> None:
@@ -223,15 +469,19 @@ def _restore_global(place) -> None:
 def set_place(place) -> None:
     """What ``paddle.set_device`` does: global on the bare main thread, else the innermost scope's device."""
     place = canonical(place)
-    token = override.get()
-    if token is None:
+    scope = _get()
+    if scope is None:
         if get_ident() == _MAIN:
             set_global(place)
         else:
-            push(place)  # never popped: the thread's own device from now on
+            attach(place)  # never detached: the thread's own device from now on
         return
-    _, outer, undo = token
-    override.set((place, outer, RETARGET if undo is KEPT else undo))
+    replacement = Scope()
+    replacement.place, replacement.outer = place, scope.outer
+    replacement.undo = RETARGET if scope.undo is KEPT else scope.undo
+    # The scope it stands for: the original, also when this replaces a replacement.
+    replacement.origin = scope.origin if type(scope.origin) is Scope else scope
+    _set(replacement)
     sync_tracer(place)
 
 
@@ -256,7 +506,7 @@ def sync_tracer(place) -> None:
         restore_thread()
         return
     thread = _current_record()
-    if place is not None and place is _pd.global_place() and get_ident() == _MAIN:
+    if place is not None and place is _global_place() and get_ident() == _MAIN:
         # The main thread's own Tracer carries the global device, and only the
         # main thread outside any scope moves it: run on it.
         place = None

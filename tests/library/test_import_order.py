@@ -27,6 +27,20 @@ USES = {
         with env:
             used = str(paddle.ones([1]).place)
     """,
+    "ScopeError": """
+        from placeenv import PlaceEnv, ScopeError
+        outer, inner = PlaceEnv("sim:1"), PlaceEnv("sim:2")
+        import paddle
+        outer.__enter__()
+        inner.__enter__()
+        try:
+            outer.__exit__(None, None, None)  # out of order: refused, nothing changes
+        except ScopeError as error:
+            used = [type(error).__mro__[1].__name__, "out of order" in str(error), paddle.get_device()]
+        inner.__exit__(None, None, None)
+        outer.__exit__(None, None, None)
+        used.append(paddle.get_device())
+    """,
     "UnsupportedPaddleError": """
         from placeenv import UnsupportedPaddleError
         used = UnsupportedPaddleError.__mro__[1].__name__
@@ -125,6 +139,7 @@ USES = {
 #: name -> what ``used`` must be (a callable of the order where it depends on it).
 EXPECTED = {
     "PlaceEnv": "Place(sim:1)",
+    "ScopeError": ["RuntimeError", True, "sim:2", "sim:0"],
     "UnsupportedPaddleError": "RuntimeError",
     "aio": ["Place(sim:1)", "Place(sim:2)"],
     "aio.install": True,
