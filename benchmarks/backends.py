@@ -84,13 +84,14 @@ def gil(repo: Path, seconds: float) -> dict[str, float]:
     import numpy as np
 
     import placeenv
-    from placeenv.serve.models import local, scan
+    from placeenv.serve.engine import standalone
+    from placeenv.serve.models import scan
 
     entries, errors = scan([repo], None, max_batch_size=8, max_batch_delay_ms=0)
     assert not errors, errors
     found = {}
     for backend in ("jit", "inference"):
-        replica = local.replica(entries[f"resnet-{backend}"], placeenv.to_place("cpu"))
+        replica = standalone.replica(entries[f"resnet-{backend}"], placeenv.to_place("cpu"))
         images = {"image": np.full((4, 3, SIDE, SIDE), 0.25, np.float32)}
         count, stop = [0], threading.Event()
 
@@ -109,7 +110,7 @@ def gil(repo: Path, seconds: float) -> dict[str, float]:
 
             idle = speed(lambda: time.sleep(0.01))
             found[f"{backend}: a Python thread's speed beside, share of idle"] = speed(
-                lambda: local.forward(replica, images)) / idle
+                lambda: standalone.forward(replica, images)) / idle
         finally:
             stop.set()
             thread.join()

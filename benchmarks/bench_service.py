@@ -88,7 +88,7 @@ def bare(model: str, devices: list[str]) -> None:
     import paddle
 
     import placeenv
-    from placeenv.serve.models.local import Local
+    from placeenv.serve.engine.standalone import Standalone as Local
 
     inputs = json.loads(example_body(model))["inputs"]
     go = [threading.Event() for _ in devices]

@@ -159,7 +159,7 @@ def children(pid: int) -> list[tuple[int, str]]:
                 command = Path(f"/proc/{child}/cmdline").read_bytes()
             except OSError:  # gone since the listing
                 continue
-            found.append((child, "engine" if b"placeenv.serve.engine" in command else "frontend"))
+            found.append((child, "engine" if b"placeenv.serve.process.engine_main" in command else "frontend"))
     return found
 
 

@@ -24,7 +24,7 @@ from fastapi import FastAPI  # noqa: E402
 from pydantic import BaseModel  # noqa: E402
 
 import placeenv  # noqa: E402
-from placeenv.serve.models.local import Local  # noqa: E402
+from placeenv.serve.engine.standalone import Standalone as Local  # noqa: E402
 
 placeenv.uninstall()  # stock Paddle: the lock is the only protection
 

@@ -6,8 +6,9 @@ over ipc, with a stub service whose ``run`` answers at once, so only the hop is 
 Each variant runs in fresh interpreters (a client process that starts its engine process):
 
 - ``local``: the K=0 hop, ``await service.run(work, arrays)`` in the same process (a function call);
-- ``link``: ``placeenv/serve/link.py`` as it is in this checkout;
-- ``link@REV`` (``--against REV``): ``link.py`` as it was at git revision REV, loaded from ``git show``.
+- ``link``: the link (``placeenv/serve/process/link.py``) as it is in this checkout;
+- ``link@REV`` (``--against REV``): the link as it was at git revision REV: the package of a git
+  worktree at REV, put first on the clients' and engines' ``PYTHONPATH``.
 
 A request is a digits request (one row of 64 float32, one output of 10 float32). Per variant: the
 median round trip of sequential requests (c=1), then the throughput with ``--concurrency`` requests
@@ -19,7 +20,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
+import importlib
+import inspect
 import json
 import os
 import platform
@@ -39,25 +41,26 @@ TICK = os.sysconf("SC_CLK_TCK")
 SETTINGS = SimpleNamespace(queue_capacity=256, workers_per_device=1, request_timeout_s=30.0)
 
 
-def load_link(path: str | None):
-    """``placeenv.serve.link``, or the same module's text from ``path`` (its relative imports resolve
-    in placeenv.serve)."""
-    if not path:
-        from placeenv.serve import link
+def load_link():
+    """The link module of the ``placeenv`` on the path: ``placeenv.serve.process.link``, or where an
+    older tree keeps it, ``placeenv.serve.link``."""
+    try:
+        return importlib.import_module("placeenv.serve.process.link")
+    except ModuleNotFoundError:
+        return importlib.import_module("placeenv.serve.link")
 
-        return link
-    spec = importlib.util.spec_from_file_location("placeenv.serve._hop_link", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+
+def engine_client(link, endpoint: str):
+    """``EngineClient`` as the loaded tree builds it (an older one takes the settings too)."""
+    takes = inspect.signature(link.EngineClient).parameters
+    return link.EngineClient(endpoint, SETTINGS) if "settings" in takes else link.EngineClient(endpoint)
 
 
 class StubService:
-    """What the engine's side of the link asks of ``core.Service``, answering every request at once."""
+    """What the engine's side of the link asks of the engine, answering every request at once."""
 
     def __init__(self) -> None:
-        from placeenv.serve.request import Catalog, Result
+        Catalog, Result = request_types("Catalog", "Result")
 
         self.Result = Result
         self.outputs = {"probabilities": np.full((1, 10), 0.1, np.float32)}
@@ -78,16 +81,28 @@ class StubService:
                            True, {"preprocess_ms": 0.0, "queue_ms": 0.0, "compute_ms": 0.0, "total_ms": 0.0})
 
     async def run(self, work, arrays):
-        return self.answer(work, arrays)
+        """The K=0 hop: a call and a future, as ``LocalEngine.run`` makes it over ``submit``."""
+        future = asyncio.get_running_loop().create_future()
+        self.submit(work, arrays, lambda result, error: future.set_result(result))
+        return await future
 
     def submit(self, work, arrays, done) -> None:
-        """The engine's callback form of ``run`` (where link.py uses it): ``done(result, error)``."""
+        """The engine's one way in: ``done(result, error)``."""
         done(self.answer(work, arrays), None)
 
 
-def engine_main(endpoint: str, link_path: str | None, switch_ms: float) -> None:
+def request_types(*names: str):
+    """Classes of the request module of the ``placeenv`` on the path (an older tree keeps it elsewhere)."""
+    try:
+        module = importlib.import_module("placeenv.serve.protocol.request")
+    except ModuleNotFoundError:
+        module = importlib.import_module("placeenv.serve.request")
+    return [getattr(module, name) for name in names]
+
+
+def engine_main(endpoint: str, switch_ms: float) -> None:
     sys.setswitchinterval(switch_ms / 1000)
-    link = load_link(link_path)
+    link = load_link()
 
     async def serve() -> None:
         server = link.EngineServer(StubService(), endpoint)
@@ -102,9 +117,13 @@ def cpu_ticks(pid: int) -> int:
 
 
 def request():
-    from placeenv.serve.request import Work
-
+    (Work,) = request_types("Work")
     row = np.arange(64, dtype=np.float32).reshape(1, 64)
+    if "deadline" in Work.__struct_fields__:
+        def make():
+            now = time.perf_counter()
+            return Work("digits", 1, 1, ["probabilities"], now, now + 30.0, True), {"inputs": row}
+        return make
     return lambda: (Work("digits", 1, 1, ["probabilities"], time.perf_counter(), True), {"inputs": row})
 
 
@@ -134,7 +153,7 @@ async def measure(run, requests: int, concurrency: int, engine_pid: int | None) 
             "client_us": client_cpu / requests * 1e6, "engine_us": engine_cpu / requests * 1e6}
 
 
-def client_main(variant: str, link_path: str | None, requests: int, concurrency: int, switch_ms: float) -> None:
+def client_main(variant: str, requests: int, concurrency: int, switch_ms: float) -> None:
     sys.setswitchinterval(switch_ms / 1000)
     if variant == "local":
         service = StubService()
@@ -143,12 +162,12 @@ def client_main(variant: str, link_path: str | None, requests: int, concurrency:
         run_dir = tempfile.mkdtemp(prefix="hop-")
         endpoint = f"ipc://{run_dir}/engine.sock"
         command = [sys.executable, __file__, "--engine", endpoint, "--switch-ms", str(switch_ms)]
-        engine = subprocess.Popen(command + (["--link", link_path] if link_path else []))
+        engine = subprocess.Popen(command)
         try:
-            link = load_link(link_path)
+            link = load_link()
 
             async def main() -> dict:
-                client = link.EngineClient(endpoint, SETTINGS)
+                client = engine_client(link, endpoint)
                 await client.connect()
                 try:
                     return await measure(client.run, requests, concurrency, engine.pid)
@@ -178,21 +197,20 @@ def main() -> None:
     parser.add_argument("--against", help="also time link.py as it was at this git revision")
     parser.add_argument("--engine", help=argparse.SUPPRESS)
     parser.add_argument("--client", help=argparse.SUPPRESS)
-    parser.add_argument("--link", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.engine:
-        return engine_main(args.engine, args.link, args.switch_ms)
+        return engine_main(args.engine, args.switch_ms)
     if args.client:
-        return client_main(args.client, args.link, args.requests, args.concurrency, args.switch_ms)
+        return client_main(args.client, args.requests, args.concurrency, args.switch_ms)
 
+    # Each variant's PYTHONPATH: None is this checkout's package.
     variants: dict[str, str | None] = {"local": None, "link": None}
-    scratch = None
+    worktree = None
     if args.against:
-        scratch = tempfile.NamedTemporaryFile("w", suffix=".py", delete=False)
-        scratch.write(subprocess.run(["git", "show", f"{args.against}:placeenv/serve/link.py"], cwd=ROOT,
-                                     check=True, capture_output=True, text=True).stdout)
-        scratch.close()
-        variants[f"link@{args.against}"] = scratch.name
+        worktree = tempfile.mkdtemp(prefix="hop-against-")
+        subprocess.run(["git", "worktree", "add", "--detach", worktree, args.against], cwd=ROOT, check=True,
+                       capture_output=True)
+        variants[f"link@{args.against}"] = worktree
     names = list(variants)
     found: dict[str, list[dict]] = {name: [] for name in names}
     try:
@@ -201,14 +219,15 @@ def main() -> None:
             for name in order:
                 command = [sys.executable, __file__, "--client", name.split("@")[0], "--requests", str(args.requests),
                            "--concurrency", str(args.concurrency), "--switch-ms", str(args.switch_ms)]
+                env = dict(os.environ)
                 if variants[name]:
-                    command += ["--link", variants[name]]
-                out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+                    env["PYTHONPATH"] = os.pathsep.join(filter(None, [variants[name], env.get("PYTHONPATH")]))
+                out = subprocess.run(command, check=True, capture_output=True, text=True, env=env).stdout
                 found[name].append(json.loads(out.strip().splitlines()[-1]))
                 print(f"round {round_ + 1} {name}: {found[name][-1]}", file=sys.stderr, flush=True)
     finally:
-        if scratch:
-            os.unlink(scratch.name)
+        if worktree:
+            subprocess.run(["git", "worktree", "remove", "--force", worktree], cwd=ROOT, check=False)
     print(f"\n{platform.machine()}, {os.cpu_count()} cores, {args.rounds} rounds of {args.requests} requests, "
           f"concurrency {args.concurrency}, switch interval {args.switch_ms:g} ms; median (min..max)\n")
     print("| variant | " + " | ".join(title for _, title, _ in COLUMNS) + " |")

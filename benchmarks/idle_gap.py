@@ -35,7 +35,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel
 
 import placeenv
-from placeenv.serve.models.local import Local
+from placeenv.serve.engine.standalone import Standalone as Local
 
 
 class Body(BaseModel):

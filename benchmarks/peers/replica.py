@@ -1,7 +1,7 @@
 """The service's model code for one device, for the peers' workers (litserve_app.py, ray_app.py).
 
 Import it after ``placeenv.sim.prepare()``: it imports Paddle. The repository entry is
-loaded by ``placeenv.serve.models.local.Local`` (scan, ``model.py``'s ``Model``,
+loaded by ``placeenv.serve.engine.standalone.Standalone`` (scan, ``model.py``'s ``Model``,
 ``initialize`` on the device); ``decode`` is what the service does with a ``/predict``
 body before queueing it (the model's ``preprocess`` on the host, under
 ``PlaceEnv('cpu')``), and ``forward`` what a service worker does with a batch
@@ -17,7 +17,7 @@ import paddle
 from placeenv import PlaceEnv
 from placeenv.serve.models import InputError
 from placeenv.serve.models.base import batch_tensor, host_inputs, move_to
-from placeenv.serve.models.local import Local
+from placeenv.serve.engine.standalone import Standalone as Local
 
 
 class BadRequest(ValueError):

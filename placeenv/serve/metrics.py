@@ -9,8 +9,8 @@ whoever starts the process sets it in the process's environment, never later:
 
 * **single process** (unset; ``--frontends 0``): ``/metrics`` is this process's
   default registry, with the process and platform collectors.
-* **multiprocess** (set by the supervisor for the engine and its front ends,
-  issue 28): every metric is a prometheus_client metric whose values live in
+* **multiprocess** (set by the supervisor for the engine and its front ends):
+  every metric is a prometheus_client metric whose values live in
   files under that directory, and ``exposition()`` merges the files of every
   process, so any front end's ``/metrics`` shows the whole service. The names,
   types, buckets and labels are the same, plus a ``frontend`` label on the
@@ -64,12 +64,14 @@ disable_created_metrics()  # *_created series double the exposition for no use h
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 # The request path's series, (name, help, labels): one definition for both modes' classes.
-REQUESTS = ("inference_requests", "Predict requests answered, by outcome.", ("model", "device", "status"))
-REQUEST_DURATION = ("inference_request_duration_seconds", "Time from arrival to answer of successful predicts.",
-                    ("model", "device"))
-PREPROCESS_DURATION = ("inference_preprocess_duration_seconds", "CPU preprocessing time of a request.",
+REQUESTS = ("inference_requests", "Inference requests answered (/predict, v2 REST and gRPC), by model, the "
+            "device that answered and outcome.", ("model", "device", "status"))
+REQUEST_DURATION = ("inference_request_duration_seconds", "Time from arrival to answer of inference requests "
+                    "answered with a result (every protocol).", ("model", "device"))
+PREPROCESS_DURATION = ("inference_preprocess_duration_seconds", "Time from a request's arrival to the end of "
+                       "its CPU preprocessing, reading the body and the hop to the engine included.",
                        ("model",))
-IN_FLIGHT = ("inference_in_flight_requests", "Requests accepted and not yet answered.", ())
+IN_FLIGHT = ("inference_in_flight_requests", "Inference requests handed to the engine and not yet answered.", ())
 
 
 _CHILDREN: dict[tuple, Any] = {}
@@ -257,10 +259,11 @@ QUEUE_DURATION = Histogram(
     ["model", "device"], buckets=LATENCY_BUCKETS,
 )
 COMPUTE_DURATION = Histogram(
-    "inference_compute_duration_seconds", "Forward pass time of a batch, copy to device included.",
+    "inference_compute_duration_seconds", "Time a worker spends on a batch: its host tensors, the copy to the "
+    "device, the forward pass and postprocess.",
     ["model", "device"], buckets=LATENCY_BUCKETS,
 )
-# livesum: the jobs waiting for a device in every running process (one engine today).
+# livesum: the jobs waiting for a device in every running process (only the engine has queues).
 QUEUE_DEPTH = (Gauge if MULTIPROCESS_DIR is None else PolledGauge)(
     "inference_queue_depth", "Requests waiting in a device queue.", ["device"], multiprocess_mode="livesum",
 )
@@ -280,7 +283,8 @@ WORKER_UP = Gauge("worker_up", "1 while a worker thread is alive and has its mod
                   ["worker", "device"], multiprocess_mode="livemax")
 WORKER_RESTARTS = Counter("worker_restarts", "Workers replaced after their thread died.", ["device"])
 PLACE_CHECKS = Counter(
-    "placeenv_place_checks", "Place checks made on the request path.", ["stage", "device"]
+    "placeenv_place_checks", "Place checks made, by stage (load, preprocess, worker, batch, execute, "
+    "output) and the device checked for.", ["stage", "device"]
 )
 DEVICE_LEAKS = Counter(
     "placeenv_device_leaks",
@@ -290,7 +294,7 @@ DEVICE_LEAKS = Counter(
 # livemin: 1 only while every running process that imported this module says 1. The service is
 # ready when the engine and every front end are; each process starts at 0, sets 1 when it is
 # ready itself and 0 when it stops, and a dead one's vote goes with process_dead().
-READY = Gauge("service_ready", "1 when every worker is up and the service is not draining.",
+READY = Gauge("service_ready", "1 while every worker is up and no process of the service is stopping.",
               multiprocess_mode="livemin")
 
 

@@ -239,7 +239,7 @@ def _routes(module: Path) -> set[str]:
 @pytest.fixture(scope="module")
 def routes() -> set[str]:
     serve = ROOT / "placeenv" / "serve"
-    found = _routes(serve / "app.py") | _routes(serve / "v2.py") | _routes(serve / "predict.py")
+    found = _routes(serve / "http" / "app.py") | _routes(serve / "http" / "v2.py") | _routes(serve / "http" / "predict.py")
     assert {"/predict", "/healthz", "/readyz", "/v2/health/live", "/v2/health/ready"} <= found, found
     return found
 

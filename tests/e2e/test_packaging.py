@@ -88,7 +88,8 @@ def test_wheel_has_only_placeenv_and_the_plugin_module_at_top_level(wheel):
     assert modules == TOP_LEVEL
     assert not modules & GENERIC
     # the service moved inside the package, with its package data
-    for needed in ("placeenv/serve/__init__.py", "placeenv/serve/__main__.py", "placeenv/serve/app.py",
+    for needed in ("placeenv/serve/__init__.py", "placeenv/serve/__main__.py", "placeenv/serve/http/app.py",
+                   "placeenv/serve/process/cli.py", "placeenv/serve/engine/engine.py", "placeenv/serve/protocol/gateway.py",
                    "placeenv/serve/models/repository.py", "placeenv/serve/models/bundled/digits/config.yaml",
                    "placeenv/serve/models/bundled/digits/1/model.py",
                    "placeenv/serve/models/bundled/digits/1/model.json",
@@ -126,7 +127,7 @@ def test_wheel_entry_points_plugin_module_and_console_script(wheel):
     entry_points.optionxform = str  # names are case-sensitive
     entry_points.read_string(_dist_info_file(wheel, "entry_points.txt"))
     assert dict(entry_points["pytest11"]) == {"placeenv": "pytest_placeenv"}
-    assert entry_points["console_scripts"]["placeenv-serve"] == "placeenv.serve.__main__:main"
+    assert entry_points["console_scripts"]["placeenv-serve"] == "placeenv.serve.process.cli:main"
 
 
 # --------------------------------------------------------------------------- the pytest plugin

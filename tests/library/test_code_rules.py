@@ -218,3 +218,160 @@ def test_no_test_sleeps_outside_the_poll_helpers():
 @pytest.mark.parametrize("source", ["time.sleep(0.2)  # let the worker start\n", "from time import sleep\n"])
 def test_the_sleep_scanner_catches_them(source):
     assert TIME_SLEEP.search(source)
+
+
+# -- the service's rooms: each imports only the rooms below it (docs/architecture.md) -------------
+
+SERVE = ROOT / "placeenv" / "serve"
+#: The modules every room may import, which import no room themselves.
+BASE = {"config", "metrics"}
+#: Each room, and the rooms it may import besides itself and ``BASE``.
+ROOMS = {
+    "protocol": set(),
+    "models": {"protocol"},
+    "engine": {"protocol", "models"},
+    "http": {"protocol"},
+    "grpc": {"protocol"},
+    "process": {"protocol", "models", "engine", "http", "grpc"},
+    "__main__": {"process"},
+    "__init__": set(),
+}
+#: The adapters: each protocol's reading of a request. They hand it to ``Gateway.infer`` and count nothing.
+ADAPTERS = ("placeenv/serve/http/predict.py", "placeenv/serve/http/v2.py", "placeenv/serve/grpc.py")
+
+
+def room(module: str) -> str:
+    """The room of a module of placeenv.serve: ``placeenv.serve.http.app`` is in "http"."""
+    parts = module.split(".")[2:]
+    return parts[0] if parts else "__init__"
+
+
+def serve_module(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def imported_modules(source: str, module: str, is_package: bool = False) -> list[str]:
+    """Every placeenv.serve module ``source`` imports (function bodies included), relative imports
+    resolved against ``module``; ``from X import y`` counts X.y when y is a module of the tree."""
+    package = module if is_package else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - node.level + 1]
+                origin = ".".join(base + ([node.module] if node.module else []))
+            else:
+                origin = node.module or ""
+            names = [origin]
+            for alias in node.names:
+                candidate = f"{origin}.{alias.name}"
+                path = ROOT.joinpath(*candidate.split("."))
+                if path.with_suffix(".py").exists() or (path / "__init__.py").exists():
+                    names.append(candidate)
+        else:
+            continue
+        found += [name for name in names if name == "placeenv.serve" or name.startswith("placeenv.serve.")]
+    return found
+
+
+def layering_violations(module: str, imports: list[str]) -> list[str]:
+    """The imports of ``module`` that break the rule."""
+    own = room(module)
+    bad = []
+    for imported in imports:
+        if imported.endswith(".__main__") or imported == "placeenv.serve.__main__":
+            if module != "placeenv.serve.__main__":
+                bad.append(imported)
+            continue
+        target = room(imported)
+        if imported == "placeenv.serve" or target == own:
+            continue
+        if own in BASE or (target not in BASE and target not in ROOMS[own]):
+            bad.append(imported)
+    return bad
+
+
+def test_every_module_of_the_service_is_in_a_room():
+    rooms = {room(serve_module(path)) for path in SERVE.rglob("*.py")}
+    assert rooms <= set(ROOMS) | BASE, rooms - set(ROOMS) - BASE
+
+
+def test_each_room_of_the_service_imports_only_the_rooms_below_it():
+    offenders = {}
+    for path in sorted(SERVE.rglob("*.py")):
+        module = serve_module(path)
+        bad = layering_violations(module, imported_modules(path.read_text(), module, path.name == "__init__.py"))
+        if bad:
+            offenders[relative(path)] = bad
+    assert offenders == {}
+
+
+@pytest.mark.parametrize("module, line", [
+    ("placeenv.serve.http.app", "from ..engine.engine import Engine"),  # an adapter reaching the engine
+    ("placeenv.serve.http.app", "    from ..process.server import serve\n"),  # inside a function too
+    ("placeenv.serve.process.frontend_main", "from ..__main__ import main"),  # the old DrainingServer import
+    ("placeenv.serve.grpc", "from .http import v2"),  # one protocol importing another
+    ("placeenv.serve.protocol.gateway", "from ..engine import local"),
+    ("placeenv.serve.engine.workers", "from placeenv.serve.http.responses import JSON"),
+    ("placeenv.serve.metrics", "from .protocol.errors import ServiceError"),  # a base module importing a room
+    ("placeenv.serve.process.supervisor", "from .. import __main__"),
+])
+def test_the_layering_scanner_catches_them(module, line):
+    assert layering_violations(module, imported_modules(line.strip(), module))
+
+
+def test_the_layering_scanner_passes_what_the_rule_allows():
+    allowed = [("placeenv.serve.process.server", "from ..http.app import create_app"),
+               ("placeenv.serve.engine.engine", "from ..protocol.errors import ServiceError"),
+               ("placeenv.serve.http.v2", "from .. import metrics"),
+               ("placeenv.serve.grpc", "from .protocol import wire")]
+    for module, line in allowed:
+        assert layering_violations(module, imported_modules(line, module)) == [], line
+
+
+def calls(source: str, name: str) -> list[str]:
+    """The receivers of every call of method ``name`` in ``source``: ``self.engine.submit(...)`` gives "self.engine"."""
+    return [ast.unparse(node.func.value) for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == name]
+
+
+def test_every_request_enters_the_engine_one_way_and_is_counted_in_one_place():
+    """The single process (engine/local.py) and the engine process (process/link.py) call the same
+    ``Engine.submit``; every adapter hands its request to ``Gateway.infer`` and counts nothing; only
+    the gateway counts answers, and only the dispatcher refuses for overload or stopping."""
+    sources = {relative(path): path.read_text() for path in SERVE.rglob("*.py")}
+    submitters = {path for path, source in sources.items() if "self.engine" in calls(source, "submit")}
+    assert submitters == {"placeenv/serve/engine/local.py", "placeenv/serve/process/link.py"}
+    engine = next(node for node in ast.walk(ast.parse(sources["placeenv/serve/engine/engine.py"]))
+                  if isinstance(node, ast.ClassDef) and node.name == "Engine")
+    public = {f.name for f in engine.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+              and not f.name.startswith("_")}
+    assert public == {"submit", "start", "stop", "begin_stopping", "ready", "catalog", "status", "statistics"}
+    for adapter in ADAPTERS:
+        assert calls(sources[adapter], "infer") == ["self.gateway" if adapter.endswith("grpc.py") else "gateway"]
+        imports = imported_modules(sources[adapter], serve_module(ROOT / adapter))
+        assert not calls(sources[adapter], "refuse") and "placeenv.serve.metrics" not in imports, adapter
+    counters = {path for path, source in sources.items() if "metrics.ON_LOOP" in calls(source, "count")}
+    assert counters == {"placeenv/serve/protocol/gateway.py"}
+    # The link refuses past the engine's capacity (its catalog's, the dispatcher's figure) only while
+    # the engine answers nothing: a stalled engine cannot grow a front end.
+    for error, where in (("Overloaded", {"placeenv/serve/process/link.py"}), ("Draining", set())):
+        raisers = {path for path, source in sources.items() if re.search(rf"\b{error}\(", source)
+                   and path != "placeenv/serve/protocol/errors.py"}
+        assert raisers == {"placeenv/serve/engine/dispatch.py", *where}, error
+    readers = {path for path, source in sources.items() if "request_timeout_s" in source}
+    assert readers == {"placeenv/serve/config.py", "placeenv/serve/protocol/gateway.py"}
+
+
+def test_the_one_entry_rule_sees_a_second_way_in():
+    """Negative control: a second engine entry, or an adapter counting a refusal, is seen."""
+    assert calls("async def run(self, work):\n    return await self.engine.submit(work)\n", "submit") == \
+        ["self.engine"]
+    assert calls("gateway.refuse(error, name)\n", "refuse") == ["gateway"]
+    assert calls("metrics.ON_LOOP.count(label, 'none', 'invalid')\n", "count") == ["metrics.ON_LOOP"]

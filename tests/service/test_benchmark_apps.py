@@ -102,7 +102,7 @@ def test_null_model_device_runs_one_sleep_at_a_time(tmp_path):
     import numpy as np
 
     from placeenv.serve.models.base import host_tensor
-    from placeenv.serve.models.local import replica
+    from placeenv.serve.engine.standalone import replica
     from placeenv.serve.models.repository import scan
 
     entries, errors = scan([device_scaling.repository(tmp_path, 1.0)], ["null"], max_batch_size=1,

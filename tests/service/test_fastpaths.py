@@ -17,42 +17,12 @@ import pytest
 
 import placeenv
 from placeenv import PlaceEnv
-from placeenv.serve.app import create_app
 from placeenv.serve.config import Settings
-from placeenv.serve.fastjson import FastJSONRequest, FastJSONResponse
+from placeenv.serve.engine.local import local_gateway
+from placeenv.serve.http.app import create_app
+from placeenv.serve.http.responses import JSON
 from placeenv.serve.models import BUNDLED, scan
 from placeenv.serve.models.base import host_tensor, move_to
-
-BODIES = [
-    b'{"model": "digits", "inputs": [[0, 1.5, -0.0, 1e400]]}',
-    b'{"a": NaN, "b": Infinity, "c": -Infinity}',
-    b'{"a": 123456789012345678901234567890, "a": 2}',
-    b'"\\ud800"',  # a lone surrogate: pydantic-core refuses it, json.loads takes it
-    '{"é": "ü"}'.encode("utf-16"),  # json.loads detects UTF-16; pydantic-core reads UTF-8 only
-    b"[" * 300 + b"]" * 300,  # deeper than pydantic-core's limit
-]
-INVALID = [b"{", b'{"a": 1} trailing', b"\xff\xfe\x00", b"[" * 5000 + b"]" * 5000, b'{"a": nan}']
-
-
-def _parse(body: bytes):
-    async def receive():
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    request = FastJSONRequest({"type": "http", "method": "POST", "headers": []}, receive)
-    return asyncio.run(request.json())
-
-
-def _outcome(parse, body):
-    try:
-        return "value", repr(parse(body))
-    except Exception as exc:  # noqa: BLE001 - the type and message are what is compared
-        return type(exc).__name__, str(exc)
-
-
-@pytest.mark.parametrize("body", BODIES + INVALID)
-def test_fast_json_body_parses_exactly_as_json_loads(body):
-    assert _outcome(_parse, body) == _outcome(json.loads, body)
-
 
 ANSWERS = [
     {"model": "digits", "outputs": [{"label": 3, "probabilities": [0.1 + 0.2, 1e-300, 5e-324, 1 / 3, 0.0]}],
@@ -62,26 +32,33 @@ ANSWERS = [
 
 
 @pytest.mark.parametrize("answer", ANSWERS)
-def test_fast_json_response_is_the_json_of_json_dumps(answer):
-    fast = FastJSONResponse(answer)
+def test_the_json_renderer_writes_the_json_of_json_dumps(answer):
+    fast = JSON(answer)
     plain = json.dumps(answer, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
     assert json.loads(fast.body) == json.loads(plain) == answer  # every float round-trips exactly
     assert fast.headers["content-type"] == "application/json"
 
 
-def test_fast_json_response_names_non_finite_floats_where_json_dumps_raises():
+def test_the_json_renderer_names_non_finite_floats_where_json_dumps_raises():
     answer = {"outputs": [math.nan, math.inf, -math.inf]}
     with pytest.raises(ValueError):
         json.dumps(answer, allow_nan=False)
-    assert json.loads(FastJSONResponse(answer).body) == {"outputs": ["NaN", "Infinity", "-Infinity"]}
+    assert json.loads(JSON(answer).body) == {"outputs": ["NaN", "Infinity", "-Infinity"]}
+
+
+def test_the_json_renderer_escapes_a_lone_surrogate_which_utf8_cannot_encode():
+    answer = {"error": "unknown model '\ud800'", "nan": math.nan}
+    body = JSON(answer).body
+    assert body.isascii() and json.loads(body) == {**answer, "nan": "NaN"}
 
 
 # In a child process: an OpenTelemetry tracer provider is process-global and can be set once.
 _OTEL_PROBE = textwrap.dedent("""
     import sys, httpx, asyncio
     from opentelemetry import trace
-    from placeenv.serve.app import create_app
     from placeenv.serve.config import Settings
+    from placeenv.serve.engine.local import local_gateway
+    from placeenv.serve.http.app import create_app
 
     class Counting(trace.TracerProvider):  # a configured provider, to FastAPI
         asked = 0
@@ -90,7 +67,7 @@ _OTEL_PROBE = textwrap.dedent("""
             return trace.NoOpTracer()
 
     trace.set_tracer_provider(Counting())
-    app = create_app(Settings(opentelemetry=sys.argv[1] == "on", devices="cpu", models="digits"))
+    app = create_app(Settings(opentelemetry=sys.argv[1] == "on", devices="cpu", models="digits"), local_gateway)
 
     async def main():
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
@@ -111,7 +88,7 @@ def test_opentelemetry_setting_turns_fastapis_tracing_on_and_off(setting, traced
 
 def test_create_app_returns_the_complete_app_with_its_body_limit():
     # No lifespan here (ASGITransport runs none): no service, no workers; the limit comes first.
-    app = create_app(Settings(devices="cpu", models="digits", max_body_bytes=1024))
+    app = create_app(Settings(devices="cpu", models="digits", max_body_bytes=1024), local_gateway)
 
     async def post(path: str, content) -> httpx.Response:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
@@ -122,7 +99,7 @@ def test_create_app_returns_the_complete_app_with_its_body_limit():
             yield b"{" * 100
 
     at_limit = asyncio.run(post("/predict", b"{" * 1024))
-    assert at_limit.status_code == 422, at_limit.text  # read and parsed: not JSON (the control)
+    assert at_limit.status_code == 503, at_limit.text  # read (the control): then no engine yet
     for path, key in (("/predict", "detail"), ("/v2/models/digits/infer", "error")):
         over = asyncio.run(post(path, b"{" * 1025))
         assert over.status_code == 413 and "1024 bytes" in over.json()[key], over.text

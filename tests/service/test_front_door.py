@@ -158,7 +158,7 @@ def test_many_real_examples_still_get_the_batch_limit(service):
 
 def test_an_example_of_several_dimensions_is_recognised():
     # mobilenet's images, [3, 32, 32] each: one sent without its list (in process: no model to build).
-    from placeenv.serve.predict import not_a_list_of_examples
+    from placeenv.serve.http.predict import not_a_list_of_examples
 
     entry = SimpleNamespace(name="mobilenet", max_batch_size=8)
     spec = SimpleNamespace(name="image", shape=(-1, 3, 32, 32))

@@ -26,7 +26,7 @@ import tritonclient.http as th
 from support import wait_until
 from support.servers import ServiceProcess, free_port, workers_held
 
-from placeenv.serve import runtime
+from placeenv.serve.process import runtime
 
 DIGITS = np.arange(3 * 64, dtype=np.float32).reshape(3, 64) % 17
 SETTINGS = {"FRONTENDS": 2, "DEVICES": "sim:0,sim:1", "WORKERS_PER_DEVICE": 1, "MODELS": "digits,gate"}
@@ -46,7 +46,7 @@ def children(supervisor: int) -> dict[str, list[int]]:
         parent = int(stat.rsplit(")", 1)[1].split()[1])
         if parent == supervisor:
             for role in found:
-                if f"placeenv.serve.{role}".encode() in command:
+                if f"placeenv.serve.process.{role}_main".encode() in command:
                     found[role].append(int(entry.name))
     return found
 

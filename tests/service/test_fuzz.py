@@ -37,8 +37,8 @@ from hypothesis.extra import numpy as hnp
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 import placeenv
-from placeenv.serve import wire
-from placeenv.serve.errors import InvalidInput
+from placeenv.serve.protocol import wire
+from placeenv.serve.protocol.errors import InvalidInput
 from placeenv.serve.models import BUNDLED, DATATYPES, InputError, Model, scan
 from placeenv.serve.models.examples import ensure_mobilenet
 

@@ -109,13 +109,13 @@ def test_typed_contents_as_well_as_raw(served):
 def test_fp16_without_raw_contents_is_told_to_send_raw_input_contents():
     """FP16 has no typed field in InferTensorContents: an FP16 input of an FP16 model sent without
     raw bytes is told where its data goes (the service's models take FP32, so this is the parser's)."""
-    from placeenv.serve import grpc_v2
-    from placeenv.serve.errors import InvalidInput
+    from placeenv.serve import grpc as grpc_service
+    from placeenv.serve.protocol.errors import InvalidInput
 
     half = pb.ModelInferRequest(model_name="m", inputs=[pb.ModelInferRequest.InferInputTensor(
         name="pixels", datatype="FP16", shape=[1, 64])])
     with pytest.raises(InvalidInput) as caught:
-        grpc_v2.inputs_of(half, {"pixels": "FP16"})
+        grpc_service.inputs_of(half, {"pixels": "FP16"})
     assert "raw_input_contents" in str(caught.value)
     assert "FP16 has no typed contents" in str(caught.value)
 

@@ -1,7 +1,8 @@
-"""The lean request path (issue 15) gives the answers of the ways it replaces.
+"""The lean request path gives the answers of the ways it replaces.
 
-- ``HotRoutes`` serves ``/predict`` and ``/v2/.../infer`` ahead of FastAPI: every answer, good
-  or bad, equals the FastAPI route's for the same request, and the hot path really is taken;
+- ``InferRouter`` serves ``/predict`` and ``/v2/.../infer`` ahead of FastAPI, from the table that
+  documents them: each request gets its status, and a body that is not a predict request gets
+  FastAPI's 422 in FastAPI's words (a FastAPI route reading the same body is the reference);
 - a worker gathering a batch is woken when the queue may fill it, not by every job, and sends it
   when requests stop arriving;
 - ``LoopMetrics`` exports what prometheus_client's Counter, Histogram and Gauge would.
@@ -16,12 +17,18 @@ import time
 
 import httpx
 import pytest
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from placeenv.serve import metrics
-from placeenv.serve.app import create_app
 from placeenv.serve.config import Settings
-from placeenv.serve.dispatch import DeviceQueue, Job
+from placeenv.serve.engine.local import local_gateway
+from placeenv.serve.http.app import create_app
+from placeenv.serve.http.predict import PredictRequest
+from placeenv.serve.http.responses import JSON as JSONAnswer
+from placeenv.serve.http.responses import validation_detail
+from placeenv.serve.engine.dispatch import DeviceQueue, Job
 from support import ManualClock, wait_until
 
 DIGIT = [0, 0, 5, 13, 9, 1, 0, 0] * 8
@@ -33,17 +40,18 @@ REQUESTS = [
     ("/predict", {"model": "digits", "version": 1, "inputs": [DIGIT, DIGIT]},
      {"content-type": "Application/JSON; charset=utf-8"}),
     ("/predict", {"model": "digits", "inputs": [DIGIT]}, {}),  # 415: no content type, not read as JSON
+    ("/predict", b"", JSON),  # 422: no body
     ("/predict", {"model": "nope", "inputs": [DIGIT]}, JSON),  # 404
     ("/predict", {"model": "digits", "version": 7, "inputs": [DIGIT]}, JSON),  # 404, version
     ("/predict", {"model": "digits", "inputs": [[1, 2]]}, JSON),  # 400, shape
-    ("/predict", {"model": "digits", "inputs": [DIGIT] * 33}, JSON),  # 413: too many for this app's limit
+    ("/predict", {"model": "digits", "inputs": [DIGIT] * 60}, JSON),  # 413: too many for this app's limit
     ("/predict", {"model": "digits", "inputs": [DIGIT], "extra": 1}, JSON),  # 422, FastAPI's words
     ("/predict", {"inputs": [DIGIT]}, JSON),  # 422
     ("/predict", b"{not json", JSON),  # 422, json_invalid
     ("/predict", {"model": "digits", "inputs": [DIGIT]}, {"content-type": "text/plain"}),  # 415
     ("/predict", {"model": "digits", "inputs": [DIGIT]}, {"content-type": "application/vnd.x+json"}),
-    ("/predict", b"[" * 3000, JSON),  # 413: over the limit
-    # JSON that json.loads reads and pydantic-core does not: FastAPI reads it, the same handler answers.
+    ("/predict", b"[" * 8001, JSON),  # 413: over the limit
+    # JSON that json.loads reads and pydantic-core does not: read as FastAPI reads it.
     ("/predict", b'{"model": "\\ud800", "inputs": [[1]]}', JSON),  # 404, a lone surrogate
     ("/predict", b'{"model": "digits", "inputs": ["\\ud800"]}', JSON),  # 400
     ("/predict", json.dumps({"model": "digits", "inputs": [DIGIT]}).encode("utf-16"), JSON),  # 200
@@ -55,36 +63,21 @@ REQUESTS = [
     ("/v2/models/digits/infer", {"inputs": [{**V2["inputs"][0], "datatype": "INT8"}]}, JSON),  # 400
     ("/v2/models/digits/infer", b"[]", JSON),  # 400
     ("/v2/models/digits/infer", b"\xff", JSON),  # 400
+    ("/predict", b"\xff\xfe\x00", JSON),  # 400: not JSON text in any encoding
+    ("/predict", b"[" * 3000 + b"]" * 3000, JSON),  # 400: nested past json.loads' depth
 ]
 
 #: Each request's status, either way (a body over the limit is a 413 before anything reads it).
-STATUSES = [200, 200, 415, 404, 404, 400, 413, 422, 422, 422, 415, 200, 413, 404, 400, 200, 200,
-            200, 200, 404, 404, 400, 400, 400]
+STATUSES = [200, 200, 415, 422, 404, 404, 400, 413, 422, 422, 422, 415, 200, 413, 404, 400, 200, 200,
+            200, 200, 404, 404, 400, 400, 400, 400, 400]
 assert len(STATUSES) == len(REQUESTS)
-
-
-def _comparable(response: httpx.Response) -> tuple:
-    """Status, content type, Retry-After and body, without what differs between two good answers."""
-    body = response.json()
-    if isinstance(body, dict):
-        for varying in ("worker", "device", "batch_size", "timings"):
-            body.pop(varying, None)
-    return response.status_code, response.headers.get("content-type"), response.headers.get("retry-after"), body
 
 
 @pytest.fixture(scope="module")
 def app():
-    """The app with its service started (lifespan), on the CPU; ``fallbacks`` counts what FastAPI served."""
-    application = create_app(Settings(devices="cpu", models="digits", workers_per_device=1, max_body_bytes=2048))
-    fastapi_way = application.hot.app
-    application.fallbacks = 0
-
-    async def counted(scope, receive, send):
-        application.fallbacks += 1
-        await fastapi_way(scope, receive, send)
-
-    application.hot.app = counted
-    application.fastapi_way = fastapi_way
+    """The app with its engine started (lifespan), on the CPU, and a body limit small enough to reach."""
+    application = create_app(Settings(devices="cpu", models="digits", workers_per_device=1, max_body_bytes=8000),
+                             local_gateway)
     loop = asyncio.new_event_loop()
     lifespan = application.router.lifespan_context(application)
     loop.run_until_complete(lifespan.__aenter__())
@@ -92,6 +85,22 @@ def app():
     yield application
     loop.run_until_complete(lifespan.__aexit__(None, None, None))
     loop.close()
+
+
+def fastapi_reading_predict() -> FastAPI:
+    """The reference for FastAPI's words: a FastAPI route that reads /predict's body itself, with the
+    service's handler of FastAPI's validation errors (a prefix of each input)."""
+    reference = FastAPI()
+
+    @reference.post("/predict")
+    async def predict(body: PredictRequest) -> dict:
+        return {"read": True}
+
+    @reference.exception_handler(RequestValidationError)
+    async def invalid(request, exc: RequestValidationError):
+        return JSONAnswer({"detail": validation_detail(exc.errors())}, status_code=422)
+
+    return reference
 
 
 def _post(app, asgi, path, body, headers) -> httpx.Response:
@@ -105,29 +114,29 @@ def _post(app, asgi, path, body, headers) -> httpx.Response:
 
 
 @pytest.mark.parametrize("path, body, headers, status", [(*r, s) for r, s in zip(REQUESTS, STATUSES, strict=True)])
-def test_the_hot_route_answers_as_the_fastapi_route(app, path, body, headers, status):
-    def fastapi_way(scope, receive, send):
-        scope["app"] = app
-        return app.fastapi_way(scope, receive, send)
-
-    hot = _post(app, app, path, body, headers)
-    slow = _post(app, fastapi_way, path, body, headers)
-    assert _comparable(hot) == _comparable(slow), (hot.text, slow.text)
-    assert hot.status_code == status, hot.text
-
-
-def test_good_requests_take_the_hot_path_and_fastapi_words_a_422(app):
-    before = app.fallbacks
-    assert _post(app, app, *REQUESTS[0]).status_code == 200
-    assert _post(app, app, *next(r for r in REQUESTS if r[0].startswith("/v2"))).status_code == 200
-    assert _post(app, app, "/predict", {"model": "nope", "inputs": [DIGIT]}, JSON).status_code == 404
-    assert app.fallbacks == before  # the control: the next request does reach FastAPI
-    answer = _post(app, app, "/predict", {"inputs": [DIGIT]}, JSON)
-    assert answer.status_code == 422 and answer.json()["detail"][0]["loc"] == ["body", "model"]
-    assert app.fallbacks == before + 1
+def test_each_inference_request_gets_its_answer_and_a_422_is_in_fastapis_words(app, path, body, headers, status):
+    answer = _post(app, app, path, body, headers)
+    assert answer.status_code == status, answer.text
+    assert answer.headers["content-type"] == "application/json"
+    if status == 422:
+        reference = _post(app, fastapi_reading_predict(), path, body, headers)
+        assert (answer.status_code, answer.json()) == (reference.status_code, reference.json())
+    if status == 415:
+        assert "Content-Type: application/json" in answer.json()["detail"]
 
 
-def test_openapi_still_documents_the_hot_routes(app):
+def test_the_router_answers_every_method_on_an_inference_path(app):
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+            return await client.get("/predict"), await client.put("/v2/models/digits/infer", content=b"{}")
+
+    get, put = app.loop.run_until_complete(go())
+    assert (get.status_code, get.headers["allow"]) == (405, "POST")
+    assert "use POST /predict" in get.json()["detail"] and "simple JSON API" in get.json()["detail"]
+    assert (put.status_code, put.headers["allow"]) == (405, "POST") and "use POST" in put.json()["error"]
+
+
+def test_openapi_documents_the_inference_routes(app):
     async def go():
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
@@ -136,22 +145,24 @@ def test_openapi_still_documents_the_hot_routes(app):
     paths = app.loop.run_until_complete(go())["paths"]
     assert "post" in paths["/predict"] and "post" in paths["/v2/models/{name}/infer"]
     assert "post" in paths["/v2/models/{name}/versions/{version}/infer"]
+    assert "PredictRequest" in json.dumps(paths["/predict"]["post"]["requestBody"])
     # The documented version is a path parameter only, not also a query parameter.
     versioned = paths["/v2/models/{name}/versions/{version}/infer"]["post"]["parameters"]
     assert [(p["name"], p["in"]) for p in versioned] == [("name", "path"), ("version", "path")]
 
 
-def test_one_route_table_is_both_the_hot_path_and_the_documentation(app):
-    """Every documented inference route comes from the table, and the hot path serves the table: an
-    inference route added beside it (documented, but not hot, or the reverse) fails here."""
-    from placeenv.serve.app import INFER_ROUTES
+def test_one_route_table_is_the_router_the_documentation_and_the_index(app):
+    """Every documented inference route comes from the table, and the router serves the table: an
+    inference route added beside it (documented, but not routed, or the reverse) fails here."""
+    from placeenv.serve.http.app import ENDPOINTS, INFER_ROUTES
 
     posts = {path for path, operations in app.openapi()["paths"].items() if "post" in operations}
     assert posts - {"/v2/repository/index"} == {route.path for route in INFER_ROUTES}
-    assert [route.path for route in app.hot.routes] == [route.path for route in INFER_ROUTES]
-    assert app.hot.find("/v2/models/digits/versions/1/infer")[1] == {"name": "digits", "version": "1"}
+    assert [route.path for route in app.infer.routes] == [route.path for route in INFER_ROUTES]
+    assert [e["path"] for e in ENDPOINTS if e["method"] == "POST"] == [route.path for route in INFER_ROUTES]
+    assert app.infer.find("/v2/models/digits/versions/1/infer")[1] == {"name": "digits", "version": "1"}
     for path in ("/v2/models/digits/infer/more", "/v2/models//infer", "/predict/", "/v2/models/digits"):
-        assert app.hot.find(path) is None, path
+        assert app.infer.find(path) is None, path
 
 
 # -- batching: who wakes whom ---------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Paddle Inference as a model's backend (issue 29): a Predictor per worker, its answers those of
 ``paddle.jit.load``, the config's ``backend`` (``auto``, ``jit``, ``inference``) and its errors.
 
-In process: replicas made as a worker makes them (``models.local``), on the CPU and a sim device.
+In process: replicas made as a worker makes them (``engine.standalone``), on the CPU and a sim device.
 Over HTTP: one service whose repository holds a model of each backend, under concurrent load.
 """
 
@@ -17,15 +17,17 @@ import httpx
 import numpy as np
 import paddle
 import pytest
+from support.models import replica_of, run
 from support.servers import ServiceProcess
 
 import placeenv
 from placeenv import PlaceEnv
 from placeenv.serve.config import Settings
-from placeenv.serve.models import inference, local, scan
+from placeenv.serve.engine import standalone
+from placeenv.serve.models import inference, scan
 from placeenv.serve.models.repository import BUNDLED
 from placeenv.serve.models.examples import ensure_mobilenet, mobilenet_home
-from placeenv.serve.workers import WorkerPool
+from placeenv.serve.engine.workers import WorkerPool
 
 RNG = np.random.default_rng(0)
 
@@ -69,37 +71,31 @@ def v2_body(inputs: dict[str, np.ndarray]) -> dict:
                         "data": a.ravel().tolist()} for n, a in inputs.items()]}
 
 
-def replica(repository: Path, name: str, device: str):
-    entries, errors = scan([repository], [name], max_batch_size=8, max_batch_delay_ms=0)
-    assert not errors, errors
-    return local.replica(entries[name], placeenv.to_place(device))
-
-
 def test_each_backend_answers_as_jit_load_with_two_inputs_of_two_datatypes(repository):
-    jit = replica(repository, "two-jit", "cpu")
-    predictor = replica(repository, "two-inference", "cpu")
+    jit = replica_of(repository, "two-jit", "cpu")
+    predictor = replica_of(repository, "two-inference", "cpu")
     assert (jit.backend, predictor.backend) == ("jit", "inference")
     assert predictor.predictor is not None and predictor.network is None  # the control: jit's is a Layer
     for rows, length in ((1, 1), (4, 7), (3, 30)):  # the sequence length changes between calls
         inputs = two_inputs(rows, length)
-        want, _ = local.forward(jit, inputs)
-        got, raw = local.forward(predictor, inputs)
+        want, _ = run(jit, inputs)
+        got, raw = run(predictor, inputs)
         assert list(got) == ["output_0", "output_1"] or list(got) == list(want), got.keys()
         np.testing.assert_allclose(got[list(got)[0]], want[list(want)[0]], rtol=1e-5, atol=1e-5)
         np.testing.assert_array_equal(got[list(got)[1]], want[list(want)[1]])
         assert got[list(got)[1]].dtype == np.int64
-        assert {placeenv.device_name(t.place) for t in raw.values()} == {"cpu"}
+        assert raw["output"] == {"cpu"}
 
 
 def test_auto_takes_a_predictor_on_the_cpu_and_jit_load_on_a_sim_device(repository):
-    assert replica(repository, "two-auto", "cpu").backend == "inference"
-    on_sim = replica(repository, "two-auto", "sim:1")
+    assert replica_of(repository, "two-auto", "cpu").backend == "inference"
+    on_sim = replica_of(repository, "two-auto", "sim:1")
     assert on_sim.backend == "jit" and on_sim.network is not None
-    forced = replica(repository, "two-inference", "sim:1")  # asked for: a Predictor on the custom device
+    forced = replica_of(repository, "two-inference", "sim:1")  # asked for: a Predictor on the custom device
     assert forced.backend == "inference"
     inputs = two_inputs(2, 5)
-    want, _ = local.forward(on_sim, inputs)
-    got, _ = local.forward(forced, inputs)
+    want, _ = run(on_sim, inputs)
+    got, _ = run(forced, inputs)
     for (name, a), b in zip(want.items(), got.values()):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5, err_msg=name)
 
@@ -132,12 +128,12 @@ def test_the_bundled_models_answer_alike_on_both_backends(name, tmp_path):
         target = tmp_path / backend / name
         shutil.copytree((mobilenet_home() if name == "mobilenet" else source) / "1", target / "1")
         (target / "config.yaml").write_text(f"backend: {backend}\n")
-    jit, predictor = (replica(tmp_path / backend, name, "cpu") for backend in ("jit", "inference"))
+    jit, predictor = (replica_of(tmp_path / backend, name, "cpu") for backend in ("jit", "inference"))
     assert (jit.backend, predictor.backend) == ("jit", "inference")
     (spec,) = jit.context.inputs
     inputs = {spec.name: RNG.random((4, *spec.shape[1:]), dtype=np.float32) * (16 if name == "digits" else 1)}
-    want, _ = local.forward(jit, inputs)
-    got, _ = local.forward(predictor, inputs)
+    want, _ = run(jit, inputs)
+    got, _ = run(predictor, inputs)
     for key in want:
         np.testing.assert_allclose(got[key], want[key], rtol=1e-4, atol=1e-4, err_msg=key)
 
@@ -157,9 +153,9 @@ def test_a_program_the_predictor_cannot_load_is_a_named_error_or_with_auto_falls
             params.write(b"not parameters")
     cpu = placeenv.to_place("cpu")
     with pytest.raises(RuntimeError, match=r"Paddle Inference cannot load the program \(backend: inference\)"):
-        local.replica(entries["inference"], cpu)
+        standalone.replica(entries["inference"], cpu)
     with caplog.at_level(logging.WARNING), pytest.raises(Exception) as jit_error:
-        local.replica(entries["auto"], cpu)
+        standalone.replica(entries["auto"], cpu)
     assert "Paddle Inference could not load the program" in caplog.text
     assert "serving it with paddle.jit.load" in caplog.text
     assert "Paddle Inference" not in str(jit_error.value)
@@ -188,7 +184,7 @@ def test_a_service_serves_every_backend_under_concurrent_load_and_says_which(rep
                         MODELS="two-auto,two-jit,two-inference") as proc:
         requests = [(name, two_inputs(1 + i % 3, 1 + i % 9))
                     for i in range(64) for name in ("two-auto", "two-jit", "two-inference")][:64 * 3]
-        reference = replica(repository, "two-jit", "cpu")
+        reference = replica_of(repository, "two-jit", "cpu")
 
         def one(request) -> tuple[str, dict, dict]:
             name, inputs = request
@@ -199,7 +195,7 @@ def test_a_service_serves_every_backend_under_concurrent_load_and_says_which(rep
         with ThreadPoolExecutor(16) as pool:
             answers = list(pool.map(one, requests))
         for name, inputs, outputs in answers:
-            want, _ = local.forward(reference, inputs)
+            want, _ = run(reference, inputs)
             for key, value in want.items():
                 np.testing.assert_allclose(outputs[key], value, rtol=1e-5, atol=1e-5, err_msg=f"{name} {key}")
         backends = {name: httpx.get(f"{proc.url}/v2/models/{name}/config", timeout=10).json()
@@ -247,13 +243,13 @@ def test_a_model_py_that_overrides_execute_keeps_jit_load_under_auto_and_may_opt
                 outputs = super().execute(inputs)
                 return {**outputs, "output_0": outputs["output_0"] * 2}
     """))
-    plain = replica(repository, "two-jit", "cpu")
+    plain = replica_of(repository, "two-jit", "cpu")
     inputs = two_inputs(3, 4)
-    want, _ = local.forward(plain, inputs)
+    want, _ = run(plain, inputs)
     for config, device, backend in (("auto", "cpu", "jit"), ("inference", "cpu", "inference"), ("auto", "sim:2", "jit")):
         (tmp_path / "scaled" / "config.yaml").write_text(f"backend: {config}\n")
-        scaled = replica(tmp_path, "scaled", device)
+        scaled = replica_of(tmp_path, "scaled", device)
         assert scaled.backend == backend
-        got, _ = local.forward(scaled, inputs)
+        got, _ = run(scaled, inputs)
         np.testing.assert_allclose(got["output_0"], want["output_0"] * 2, rtol=1e-5, atol=1e-5)
         np.testing.assert_array_equal(got["output_1"], want["output_1"])

@@ -17,18 +17,20 @@ from pathlib import Path
 import numpy as np
 import paddle
 import pytest
+from support.models import replica, run
 from support import run_threads, where
 from support.servers import TEST_REPOSITORY
 
 import placeenv
 from placeenv import PlaceEnv
-from placeenv.serve import metrics, wire
-from placeenv.serve.errors import InvalidInput
-from placeenv.serve.models import BUNDLED, InputError, Model, RepositoryError, local, scan
+from placeenv.serve import metrics
+from placeenv.serve.protocol import wire
+from placeenv.serve.protocol.errors import InvalidInput
+from placeenv.serve.models import BUNDLED, InputError, Model, RepositoryError, scan
 from placeenv.serve.models import examples as bundled
 from placeenv.serve.models.base import host_tensor, move_to
 from placeenv.serve.models.train_digits import PIXEL_MAX, held_out_split
-from placeenv.serve.workers import PlaceChecker
+from placeenv.serve.engine.workers import PlaceChecker
 
 bundled.ensure_mobilenet()  # what the service does at start: mobilenet is built, not committed
 ENTRIES, ERRORS = scan([BUNDLED], None, max_batch_size=8, max_batch_delay_ms=2.0)
@@ -48,12 +50,6 @@ def template(name: str) -> Model:
     return model
 
 
-def replica(name: str, device: str) -> Model:
-    """One worker's replica of ``name`` on ``device``."""
-    return local.replica(ENTRIES[name], placeenv.to_place(device))
-
-
-run = local.forward  # what the service and a worker do with one request: (postprocessed arrays, raw outputs)
 
 
 def checked(name: str, examples, spec: int = 0) -> np.ndarray:
@@ -100,7 +96,7 @@ def test_a_model_not_in_the_repository_is_refused_naming_what_it_holds(name):
 
 def test_digits_held_out_accuracy_on_cpu(held_out):
     x, y = held_out
-    outputs, _ = run(replica("digits", "cpu"), {"pixels": x})
+    outputs, _ = run(replica(ENTRIES["digits"], "cpu"), {"pixels": x})
     assert (outputs["label"] == y).mean() >= 0.95
     assert outputs["label"].dtype == np.int64 and outputs["probabilities"].shape == (len(x), 10)
     np.testing.assert_allclose(outputs["probabilities"].sum(axis=1), 1, atol=1e-6)
@@ -109,12 +105,12 @@ def test_digits_held_out_accuracy_on_cpu(held_out):
 
 def test_digits_on_sim1_keeps_its_weights_there_and_matches_the_program_run_locally(held_out):
     x, _ = held_out
-    model = replica("digits", "sim:1")
+    model = replica(ENTRIES["digits"], "sim:1")
     assert set(model.parameter_devices().values()) == {"sim:1"}
     assert {where(v) for v in model.network.state_dict().values()} == {"sim:1"}
     outputs, raw = run(model, {"pixels": x})
     # The sim exception: a saved program runs on CPU-fallback kernels and returns CPU tensors.
-    assert model.output_device() == "cpu" and {where(t) for t in raw.values()} == {"cpu"}
+    assert model.output_device() == "cpu" and raw["output"] == {"cpu"}
     assert paddle.get_device() == "sim:0"  # the forward did not move this thread
     with PlaceEnv("cpu"):  # the reference: the same program, loaded and run by hand
         program = paddle.jit.load(str(ENTRIES["digits"].default.program))
@@ -122,7 +118,7 @@ def test_digits_on_sim1_keeps_its_weights_there_and_matches_the_program_run_loca
     expected = np.exp(logits - logits.max(axis=1, keepdims=True))
     np.testing.assert_allclose(outputs["probabilities"], expected / expected.sum(axis=1, keepdims=True),
                                atol=1e-5)
-    cpu, _ = run(replica("digits", "cpu"), {"pixels": x})
+    cpu, _ = run(replica(ENTRIES["digits"], "cpu"), {"pixels": x})
     np.testing.assert_array_equal(outputs["label"], cpu["label"])
 
 
@@ -132,11 +128,11 @@ def test_replicas_built_in_threads_land_on_their_own_devices(held_out):
 
     def worker(device):
         paddle.set_device("sim:0")  # the thread's default differs from the replica's place
-        model = replica("digits", device)
+        model = replica(ENTRIES["digits"], device)
         results[device] = (set(model.parameter_devices().values()), run(model, {"pixels": x})[0])
 
     run_threads(*(lambda d=d: worker(d) for d in ("sim:1", "sim:2", "sim:3")))
-    reference, _ = run(replica("digits", "cpu"), {"pixels": x})
+    reference, _ = run(replica(ENTRIES["digits"], "cpu"), {"pixels": x})
     for device, (places, outputs) in results.items():
         assert places == {device}
         np.testing.assert_array_equal(outputs["label"], reference["label"])
@@ -145,7 +141,7 @@ def test_replicas_built_in_threads_land_on_their_own_devices(held_out):
 
 def test_the_place_checker_counts_a_batch_on_another_device_as_a_leak():
     # Model.execute does not check where its inputs are; the worker's place checks do.
-    model = replica("digits", "sim:1")
+    model = replica(ENTRIES["digits"], "sim:1")
     check = PlaceChecker("test-worker", "sim:1")
     labels = {"worker": "test-worker", "expected": "sim:1", "actual": "cpu", "stage": "batch"}
 
@@ -291,10 +287,10 @@ def test_mobilenet_replicas_on_sim0_and_sim3_are_the_seeded_network():
     replicas = {}
 
     def worker(device):
-        replicas[device] = replica("mobilenet", device)
+        replicas[device] = replica(ENTRIES["mobilenet"], device)
 
     # Concurrently, beside another model loading: the loads share Paddle's one program builder.
-    run_threads(lambda: worker("sim:0"), lambda: worker("sim:3"), lambda: replica("digits", "sim:1"))
+    run_threads(lambda: worker("sim:0"), lambda: worker("sim:3"), lambda: replica(ENTRIES["digits"], "sim:1"))
     a, b = replicas["sim:0"], replicas["sim:3"]
     assert set(a.parameter_devices().values()) == {"sim:0"}
     assert set(b.parameter_devices().values()) == {"sim:3"}
@@ -305,7 +301,7 @@ def test_mobilenet_replicas_on_sim0_and_sim3_are_the_seeded_network():
     out_a, raw_a = run(a, {"image": images})
     out_b, raw_b = run(b, {"image": images})
     assert a.output_device() == b.output_device() == "cpu"  # the sim exception (docs/service.md)
-    assert {where(t) for t in [*raw_a.values(), *raw_b.values()]} == {"cpu"}
+    assert raw_a["output"] | raw_b["output"] == {"cpu"}
     assert set(out_a) == {"output_0"} and out_a["output_0"].shape == (4, 10)
     np.testing.assert_allclose(out_a["output_0"], out_b["output_0"], atol=1e-5)
     with PlaceEnv("cpu"):  # the saved program is the network examples.py builds from its seed
@@ -366,7 +362,7 @@ def test_a_model_py_without_a_program_runs_in_python_on_its_device():
     model.initialize(placeenv.to_place("sim:2"), entry.default.context)
     assert set(model.parameter_devices().values()) == {"sim:2"} and model.output_device() == "sim:2"
     outputs, raw = run(model, {"values": np.array([[1, 2, 3, 4], [0, 0, 0, 0.5]], np.float32)})
-    assert {where(t) for t in raw.values()} == {"sim:2"}
+    assert raw["output"] == {"sim:2"}
     np.testing.assert_allclose(outputs["sum"], [[10], [0.5]])
     with pytest.raises(RuntimeError, match="injected model failure"):
         run(model, {"values": np.array([[-1, 0, 0, 0]], np.float32)})

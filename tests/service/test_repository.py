@@ -27,16 +27,17 @@ import httpx
 import numpy as np
 import paddle
 import pytest
+from support.models import replica, run
 from support.servers import ServiceProcess
 
 import placeenv
 from placeenv import PlaceEnv
 from placeenv.serve.config import Settings
-from placeenv.serve.core import read_repository
-from placeenv.serve.dispatch import DeviceQueue
-from placeenv.serve.models import Model, RepositoryError, local, scan
+from placeenv.serve.engine.engine import read_repository
+from placeenv.serve.engine.dispatch import DeviceQueue
+from placeenv.serve.models import Model, RepositoryError, scan
 from placeenv.serve.models.base import TensorSpec
-from placeenv.serve.workers import WorkerPool
+from placeenv.serve.engine.workers import WorkerPool
 
 SIM = ("sim:0", "sim:1", "sim:2", "sim:3")
 
@@ -117,11 +118,6 @@ def read(*repos: Path, select: list[str] | None = None):
     return scan(list(repos), select, max_batch_size=8, max_batch_delay_ms=2.0)
 
 
-def replica(entry, device: str, version: int | None = None) -> Model:
-    return local.replica(entry, placeenv.to_place(device), version)
-
-
-forward = local.forward  # what the service and a worker do: (postprocessed arrays, raw outputs)
 
 
 def reference(program: Path, *arrays: np.ndarray) -> list[np.ndarray]:
@@ -229,13 +225,13 @@ def test_each_saved_program_runs_on_a_sim_device_as_it_does_by_hand(programs, tm
         # whose weights are in its own scope on the place its config names.
         assert two.backend == ("jit" if device.startswith("sim:") else "inference")
         assert set(two.parameter_devices().values()) == ({device} if two.backend == "jit" else set())
-        out, raw = forward(two, {"x": x, "ids": ids})
-        assert {placeenv.device_name(t.place) for t in raw.values()} == {two.output_device()} == {"cpu"}
+        out, raw = run(two, {"x": x, "ids": ids})
+        assert raw["output"] == {two.output_device()} == {"cpu"}
         expected = reference(programs["two"], x, ids)
         np.testing.assert_allclose(out["output_0"], expected[0], rtol=1e-6)
         np.testing.assert_array_equal(out["output_1"], ids.sum(axis=1, keepdims=True))
         masked = replica(entries["masked"], device)
-        out, _ = forward(masked, {"m": mask})
+        out, _ = run(masked, {"m": mask})
         np.testing.assert_array_equal(out["output_0"], mask * 2.0)
     assert paddle.get_device() == "sim:0"  # nothing moved this thread
 
@@ -248,7 +244,7 @@ def test_a_program_without_parameters_serves_without_a_pdiparams_file(programs, 
     model = replica(entries["doubled"], "sim:3")
     assert model.parameter_devices() == {}
     mask = np.array([[True, False, True, True, False]])
-    out, _ = forward(model, {"m": mask})
+    out, _ = run(model, {"m": mask})
     np.testing.assert_array_equal(out["output_0"], mask * 2.0)
     # The negative control: a program WITH parameters and no .pdiparams loads, then fails at its first
     # forward; the repository refuses it at start (test_a_broken_model_..._problem[missing_params]).
@@ -286,7 +282,7 @@ def test_the_highest_version_is_the_default_and_other_directories_are_not_versio
     assert [s.name for s in entry.default.inputs] == ["x", "ids"]  # the default version's specs
     assert [s.name for s in entry.versions[2].inputs] == ["x"]
     x = np.ones((1, 4), np.float32)
-    out, _ = forward(replica(entry, "sim:3", version=1), {"x": x})
+    out, _ = run(replica(entry, "sim:3", version=1), {"x": x})
     np.testing.assert_allclose(out["output_0"], reference(programs["linear"], x)[0], rtol=1e-6)
 
 
@@ -299,7 +295,7 @@ def test_a_paddlex_export_with_the_inference_prefix_is_a_version_as_it_is(progra
     assert entry.default.program == directory / "inference"
     assert entry.describe()["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}]
     x = np.arange(8, dtype=np.float32).reshape(2, 4)
-    out, _ = forward(replica(entry, "sim:1"), {"x": x})
+    out, _ = run(replica(entry, "sim:1"), {"x": x})
     np.testing.assert_allclose(out["output_0"], reference(programs["linear"], x)[0], rtol=1e-6)
 
 

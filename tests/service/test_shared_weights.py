@@ -17,11 +17,12 @@ import httpx
 import numpy as np
 import paddle
 import pytest
+from support.models import replica, run
 from support.servers import ServiceProcess
 
 import placeenv
 from placeenv import PlaceEnv
-from placeenv.serve.models import local, scan
+from placeenv.serve.models import scan
 from placeenv.serve.models.base import adopt_weights
 
 COPY = (256 * 1024 + 1024 + 1024 * 256 + 256) * 4  # bytes of Wide's parameters
@@ -77,7 +78,7 @@ def hammer(proc: ServiceProcess, repository: Path, model: str) -> None:
     """Concurrent requests; every answer that of a replica of the model's own, no leak."""
     entries, errors = scan([repository], [model], max_batch_size=4, max_batch_delay_ms=0)
     assert not errors
-    reference = local.replica(entries[model], placeenv.to_place("cpu"))
+    reference = replica(entries[model], "cpu")
     rng = np.random.default_rng(0)
     inputs = [rng.standard_normal((1 + i % 3, 256)).astype(np.float32) for i in range(96)]
 
@@ -91,7 +92,7 @@ def hammer(proc: ServiceProcess, repository: Path, model: str) -> None:
     with ThreadPoolExecutor(12) as pool:
         answers = list(pool.map(one, inputs))
     for x, got in zip(inputs, answers):
-        (want,) = local.forward(reference, {"x": x})[0].values()
+        (want,) = run(reference, {"x": x})[0].values()
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     assert proc.by_label("placeenv_device_leaks_total", "stage") == {}
     assert proc.total("placeenv_place_checks_total", device=DEVICE) > 0

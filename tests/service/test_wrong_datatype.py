@@ -2,7 +2,7 @@
 
 ``INT8`` with the data ``[0.5, ...]`` for mobilenet's FP32 ``image`` used to be answered "has the
 value 0.5 at position [0]; expected integers" (the data read as the datatype sent). One rule
-(``wire.check_datatype`` with the model's datatypes from ``Catalog.resolve``) now answers 400 / INVALID_ARGUMENT
+(``wire.check_input`` with the model's datatypes from ``Catalog.resolve``) now answers 400 / INVALID_ARGUMENT
 naming the input, the datatype sent and the model's, the same for REST JSON, REST binary, gRPC raw
 and gRPC typed contents. Controls: the right datatype is served, and without the model's datatype
 the data check gives the old answer.
@@ -21,8 +21,8 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as rpc
 from tritonclient.utils import InferenceServerException
 
-from placeenv.serve import wire
-from placeenv.serve.errors import InvalidInput
+from placeenv.serve.protocol import wire
+from placeenv.serve.protocol.errors import InvalidInput
 
 SHAPE = [1, 3, 32, 32]
 VALUES = [0.5] * (3 * 32 * 32)
@@ -88,7 +88,9 @@ def test_control_without_the_models_datatype_the_data_check_answers_as_before():
     with pytest.raises(InvalidInput, match=r"has the value 0\.5 at position \[0\]; expected integers"):
         wire.from_json([0.5], "INT8", "image")
     with pytest.raises(InvalidInput, match="expected FP32"):
-        wire.check_datatype("INT8", "image", "FP32")
-    assert wire.check_datatype("FP32", "image", "FP32") == np.float32
+        wire.check_input({}, "image", "INT8", {"image": "FP32"})
+    wire.check_input({}, "image", "FP32", {"image": "FP32"})
     with pytest.raises(InvalidInput, match="the service takes"):  # an unknown datatype: as before
-        wire.check_datatype("FLOAT", "image", "FP32")
+        wire.check_input({}, "image", "FLOAT", {"image": "FP32"})
+    with pytest.raises(InvalidInput, match="appears twice"):
+        wire.check_input({"image": np.zeros(1)}, "image", "FP32", {"image": "FP32"})

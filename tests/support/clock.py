@@ -29,7 +29,7 @@ class _Sleeper:
 
 
 class ManualClock:
-    """``now()`` and ``wait(condition, timeout)`` as ``placeenv.serve.dispatch.Clock`` has them, on a
+    """``now()`` and ``wait(condition, timeout)`` as ``placeenv.serve.engine.dispatch.Clock`` has them, on a
     time that only ``advance`` moves."""
 
     def __init__(self, start: float = 0.0) -> None:

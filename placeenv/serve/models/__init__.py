@@ -4,7 +4,7 @@ A ``model.py`` in a repository writes ``from placeenv.serve.models import Model,
 Import after ``placeenv.sim.prepare()`` when using simulated devices: this imports Paddle.
 """
 
-from ..wire import DATATYPES
+from ..protocol.wire import DATATYPES
 from .base import InputError, Model, ModelContext, TensorSpec
 from .repository import BUNDLED, Entry, ModelConfig, RepositoryError, scan
 

@@ -32,7 +32,7 @@ import placeenv
 from placeenv import PlaceEnv, device_name
 from placeenv.tensors import JIT_LOAD_LOCK, host_tensor, move_to
 
-from ..request import InputError, TensorSpec
+from ..protocol.request import InputError, TensorSpec
 from . import inference
 from .inference import Backend, InferenceOptions
 

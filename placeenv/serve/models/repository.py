@@ -28,7 +28,7 @@ from placeenv import PlaceEnv
 from placeenv.tensors import program_signature
 
 from ..config import BUNDLED
-from ..wire import DATATYPES, datatype_of
+from ..protocol.wire import DATATYPES, datatype_of
 from . import examples
 from .base import JIT_LOAD_LOCK, Model, ModelContext, TensorSpec
 from .inference import Backend, InferenceOptions

@@ -1,10 +1,10 @@
 """One request for every protocol, and what a front end knows of the models: no Paddle, no HTTP.
 
-Every adapter (``/predict``, v2 REST JSON and binary, v2 gRPC) builds one
-``InferRequest`` and hands it to its ``Gateway`` (gateway.py). The gateway checks it
+Every adapter (``/predict``, v2 REST JSON and binary, v2 gRPC) reads its request into
+one ``InferRequest`` through its ``Gateway`` (gateway.py). The gateway checks it
 against the ``Catalog`` (the served models' names, versions, tensor specs and
-batching), then the engine runs it: in this process (``--frontends 0``) or across
-a link to the engine process. The answer is a ``Result``, or a ``ServiceError``.
+batching) into a ``Work``, then the engine runs it: in this process (``--frontends 0``)
+or across a link to the engine process. The answer is a ``Result``, or a ``ServiceError``.
 """
 
 from __future__ import annotations
@@ -78,9 +78,6 @@ class InferRequest:
     outputs: list[str] | None = None  # None: every output, in the model's order
     arrived: float = 0.0  # time.perf_counter() when the adapter received it (a system-wide clock)
     size: int = 0  # bytes of the request body: a small one is preprocessed without a thread hand-off
-    # The model and version as ``Catalog.resolve`` found them, when the adapter needed their tensors
-    # to read the body: the check then does not look them up again.
-    target: tuple[ModelInfo, VersionInfo] | None = None
 
 
 class Work(msgspec.Struct, array_like=True):
@@ -91,7 +88,8 @@ class Work(msgspec.Struct, array_like=True):
     examples: int  # rows; 1 for a model that does not batch
     outputs: list[str]  # the outputs to answer, in order
     arrived: float
-    inline: bool  # preprocess on the engine's event loop thread: a small request
+    deadline: float  # time.perf_counter() past which it is answered 504 (the gateway's one deadline)
+    inline: bool  # small enough to preprocess on the engine's event loop thread
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -147,6 +145,7 @@ class Catalog(msgspec.Struct):
     skipped: dict[str, str]
     devices: list[str]
     max_examples: int  # examples in one request (--max-examples-per-request)
+    capacity: int = 0  # requests the engine holds at most: queued, and on its workers' batches
 
     def model(self, name: Any) -> ModelInfo:
         """The model named ``name``; ``UnknownModel`` or ``NotReady`` naming what exists."""
@@ -176,13 +175,13 @@ class Catalog(msgspec.Struct):
         model = self.model(name)
         return model, self.version(model, version)
 
-    def check(self, request: InferRequest, inline_bytes: int) -> tuple[Work, dict[str, np.ndarray]]:
-        """The request as the engine takes it, and its arrays in the model's input order; ``InvalidInput``,
-        ``UnknownModel`` or ``NotReady`` naming what is wrong and what to send."""
-        model, version = request.target or self.resolve(request.model, request.version)
+    def check(self, request: InferRequest, model: ModelInfo, version: VersionInfo, inline_bytes: int,
+              deadline: float) -> tuple[Work, dict[str, np.ndarray]]:
+        """The request to ``version`` of ``model`` (``resolve``) as the engine takes it, and its arrays in
+        the model's input order; ``InvalidInput`` naming what is wrong and what to send."""
         arrays, examples = self._inputs(model, version, request.inputs)
         return Work(model.name, version.number, examples, self._outputs(version, request.outputs),
-                    request.arrived, request.size <= inline_bytes), arrays
+                    request.arrived, deadline, request.size <= inline_bytes), arrays
 
     @staticmethod
     def check_names(model: ModelInfo, version: VersionInfo, names) -> None:

@@ -32,9 +32,9 @@ import numpy as np
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from . import errors
-from .errors import EngineUnavailable, ModelFailed, Overloaded, ServiceError, Timeout
-from .request import Catalog, Result, Work
+from ..protocol import errors
+from ..protocol.errors import EngineUnavailable, ModelFailed, Overloaded, ServiceError, Timeout
+from ..protocol.request import Catalog, Result, Work
 
 log = logging.getLogger(__name__)
 
@@ -74,21 +74,24 @@ class Query(msgspec.Struct, array_like=True):
     version: int | None = None
 
 
-class Answer(msgspec.Struct, array_like=True):
+class Reply(msgspec.Struct, array_like=True):
+    """The engine's reply to a ``Query``."""
+
     id: int
     value: Any
 
 
 _encode = msgspec.msgpack.Encoder().encode
-_run = msgspec.msgpack.Decoder(RunHeader)
-_result = msgspec.msgpack.Decoder(ResultHeader)
-_error = msgspec.msgpack.Decoder(ErrorHeader)
-_query = msgspec.msgpack.Decoder(Query)
-_answer = msgspec.msgpack.Decoder(Answer)
+_decode_run = msgspec.msgpack.Decoder(RunHeader).decode
+_decode_result = msgspec.msgpack.Decoder(ResultHeader).decode
+_decode_error = msgspec.msgpack.Decoder(ErrorHeader).decode
+_decode_query = msgspec.msgpack.Decoder(Query).decode
+_decode_reply = msgspec.msgpack.Decoder(Reply).decode
 
-#: How often a front end looks for requests the engine left past their deadline (a backstop: the
-#: engine answers 504 itself at the deadline, a second before the front end's own).
+#: How often a front end looks for requests the engine left past their deadline (a backstop for an
+#: engine that cannot answer: it answers 504 itself at the deadline, ``GRACE_S`` before this).
 SWEEP_S = 0.25
+GRACE_S = 1.0
 
 #: The errors an engine may answer with, by name: each crosses as its class and message.
 _ERRORS = {cls.__name__: cls for cls in errors.OUTCOMES}
@@ -176,15 +179,15 @@ def send_now(socket: zmq.Socket, frames: list) -> bool:
     return True
 
 
-def address(run_dir: str) -> str:
+def endpoint(run_dir: str) -> str:
     return f"ipc://{run_dir}/engine.sock"
 
 
 class EngineClient:
     """A front end's side of the link: ``run`` a checked request on the engine, ask its status."""
 
-    def __init__(self, endpoint: str, settings) -> None:
-        self.endpoint, self.settings = endpoint, settings
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
         self.context = zmq.Context()
         self.socket = self.context.socket(zmq.DEALER)
         # Nothing queues for an engine that is not there: a send then fails at once, and is answered.
@@ -193,7 +196,6 @@ class EngineClient:
         self.pending: dict[int, asyncio.Future] = {}
         # Each request's last moment (perf_counter), past which the front end answers it itself.
         self.deadlines: dict[int, float] = {}
-        self.limit = 0  # set with the catalog: see connect()
         self.ids = itertools.count(1)
         self.catalog: Catalog | None = None
         self.up = False
@@ -206,7 +208,7 @@ class EngineClient:
         """Connect, and wait for the engine's catalog (the engine answers once its workers are up)."""
         monitor = self.socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
         self.socket.connect(self.endpoint)
-        self.pump = Pump(self.socket, self._answer)
+        self.pump = Pump(self.socket, self._on_message)
         self._pumps = [self.pump, Pump(monitor, self._watch, copy=True)]
         self._tasks = [asyncio.create_task(self._sweep())]
         while self.catalog is None:
@@ -216,12 +218,6 @@ class EngineClient:
                 await asyncio.sleep(0.05)  # the engine is still starting: its socket is not bound yet
             except Timeout:
                 continue  # bound, still loading its models
-        # A stalled engine cannot grow this process: past what the engine itself can hold (every
-        # device's queue full and every worker on a full batch), a request gets 503 here, as the
-        # engine would answer it.
-        settings = self.settings
-        self.limit = len(self.catalog.devices) * (
-            settings.queue_capacity + settings.workers_per_device * settings.max_batch_size)
         self.up = True
 
     async def close(self) -> None:
@@ -235,15 +231,17 @@ class EngineClient:
     # -- requests ----------------------------------------------------------------------------
 
     async def run(self, work: Work, arrays: dict[str, np.ndarray]) -> Result:
+        # The engine decides overload, draining and the deadline (engine/dispatch.py); the link answers
+        # only for an engine that is not there, that holds all it can (its catalog's capacity) and
+        # answers nothing (stalled), or that cannot answer by the deadline.
         if not self.up:
             raise EngineUnavailable("the engine process is restarting; retry later")
-        if len(self.pending) >= self.limit:
+        if len(self.pending) >= self.catalog.capacity:
             raise Overloaded("too many requests wait on the engine; retry later")
         tensors, buffers = arrays_out(arrays)
         ident = next(self.ids)
         future = self.pending[ident] = asyncio.get_running_loop().create_future()
-        # The engine answers 504 at the deadline; the sweep answers a second later if the engine cannot.
-        self.deadlines[ident] = work.arrived + self.settings.request_timeout_s + 1.0
+        self.deadlines[ident] = work.deadline + GRACE_S
         try:
             self._send([b"R", _encode(RunHeader(ident, work, tensors)), *buffers])
             header, frames = await future
@@ -256,15 +254,15 @@ class EngineClient:
         if not self.up:
             return {"ready": False, "stopping": False, "engine": "restarting"}
         try:
-            return _answer.decode(await self._ask(b"S", None, timeout=2.0)).value
+            return _decode_reply(await self._ask(b"S", None, timeout=2.0)).value
         except ServiceError as exc:  # an engine that does not answer in time is not ready
             return {"ready": False, "stopping": False, "engine": str(exc)}
 
     async def statistics(self, model: str | None = None, version: int | None = None) -> list[dict]:
-        return _answer.decode(await self._ask(b"T", (model, version), timeout=5.0)).value
+        return _decode_reply(await self._ask(b"T", (model, version), timeout=5.0)).value
 
     async def _fetch_catalog(self, timeout: float) -> Catalog:
-        return msgspec.convert(_answer.decode(await self._ask(b"C", None, timeout)).value, Catalog)
+        return msgspec.convert(_decode_reply(await self._ask(b"C", None, timeout)).value, Catalog)
 
     async def _ask(self, kind: bytes, query, timeout: float) -> bytes:
         ident = next(self.ids)
@@ -287,18 +285,18 @@ class EngineClient:
 
     # -- answers -----------------------------------------------------------------------------
 
-    def _answer(self, message: list[zmq.Frame]) -> None:
+    def _on_message(self, message: list[zmq.Frame]) -> None:
         kind, header, *frames = message
         kind = kind.bytes
         if kind == b"r":
-            found = _result.decode(header.buffer)
+            found = _decode_result(header.buffer)
             self._settle(found.id, "set_result", (found, frames))
         elif kind == b"e":
-            found = _error.decode(header.buffer)
+            found = _decode_error(header.buffer)
             error = _ERRORS.get(found.kind, ModelFailed)(found.message)
             error.device = found.device
             self._settle(found.id, "set_exception", error)
-        else:  # an answer to a query: its id first
+        else:  # a reply to a query: its id first
             raw = header.bytes
             self._settle(msgspec.msgpack.decode(raw)[0], "set_result", (raw, None))
 
@@ -360,13 +358,13 @@ class EngineClient:
 class EngineServer:
     """The engine's side: takes requests from every front end and answers each once."""
 
-    def __init__(self, service, endpoint: str) -> None:
-        self.service, self.endpoint = service, endpoint
+    def __init__(self, engine, endpoint: str) -> None:
+        self.engine, self.endpoint = engine, endpoint
         self.context = zmq.Context()
         self.socket = self.context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 0)  # a front end gone: its answers are dropped
-        self.catalog = msgspec.to_builtins(service.catalog())
+        self.catalog = msgspec.to_builtins(engine.catalog())
         self.pump: Pump | None = None
 
     def bind(self) -> None:
@@ -374,7 +372,7 @@ class EngineServer:
 
     async def serve(self) -> None:
         """Answer the front ends until cancelled (after ``bind``)."""
-        self.pump = Pump(self.socket, self._message)
+        self.pump = Pump(self.socket, self._on_message)
         try:
             await asyncio.get_running_loop().create_future()
         finally:
@@ -383,21 +381,21 @@ class EngineServer:
     def close(self) -> None:
         self.context.destroy(linger=0)
 
-    def _message(self, message: list[zmq.Frame]) -> None:
+    def _on_message(self, message: list[zmq.Frame]) -> None:
         peer, kind, header, *frames = message
         kind = kind.bytes
         if kind == b"R":
-            self._run(peer, header, frames)
+            self._submit(peer, header, frames)
         elif kind in (b"S", b"T", b"C"):
-            self._query(peer, kind, _query.decode(header.buffer))
+            self._query(peer, kind, _decode_query(header.buffer))
         else:
             log.error("engine: a message of unknown kind %r from a front end", kind[:8])
 
-    def _run(self, peer, header, frames) -> None:
-        request = _run.decode(header.buffer)
-        # A callback, not a task per request: the service calls it once, with the result or the error.
-        self.service.submit(request.work, arrays_in(request.tensors, frames),
-                            lambda result, error: self._reply(peer, request.id, result, error))
+    def _submit(self, peer, header, frames) -> None:
+        request = _decode_run(header.buffer)
+        # A callback, not a task per request: the engine calls it once, with the result or the error.
+        self.engine.submit(request.work, arrays_in(request.tensors, frames),
+                           lambda result, error: self._reply(peer, request.id, result, error))
 
     def _reply(self, peer, ident: int, result, error) -> None:
         reply = None
@@ -427,9 +425,9 @@ class EngineServer:
 
     def _query(self, peer, kind: bytes, query: Query) -> None:
         if kind == b"C":
-            reply = [b"c", _encode(Answer(query.id, self.catalog))]
+            reply = [b"c", _encode(Reply(query.id, self.catalog))]
         elif kind == b"S":
-            reply = [b"s", _encode(Answer(query.id, self.service.status()))]
+            reply = [b"s", _encode(Reply(query.id, self.engine.status()))]
         else:
-            reply = [b"t", _encode(Answer(query.id, self.service.statistics(query.model, query.version)))]
+            reply = [b"t", _encode(Reply(query.id, self.engine.statistics(query.model, query.version)))]
         self._send([peer, *reply])

@@ -3,16 +3,17 @@ example out, over the same ``Gateway`` as the Open Inference Protocol (v2.py).""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from fastapi import Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from . import wire
-from .errors import InvalidInput, ServiceError
-from .fastjson import FastJSONResponse
-from .gateway import Gateway
-from .request import Catalog, InferRequest, ModelInfo, Result, TensorSpec
+from ..protocol import wire
+from ..protocol.errors import InvalidInput, Unprocessable, UnsupportedMediaType
+from ..protocol.gateway import Gateway
+from ..protocol.request import InferRequest, ModelInfo, Result, TensorSpec, VersionInfo
+from .responses import JSON, validation_detail
 from .routes import Call, InferRoute
 
 
@@ -50,37 +51,63 @@ class InvalidRequest(BaseModel):
     detail: str | list[dict[str, Any]]
 
 
-async def predict(gateway: Gateway, call: Call) -> Response | None:
-    """The route: parse, ``Gateway.infer``, one output dict per example. None for a body FastAPI
-    reads itself (not sent as JSON: its 415; not a predict request: its 422, in its words; JSON
-    pydantic-core does not read: ``json.loads``, then here again with ``call.parsed``)."""
-    body = call.parsed
-    if body is None:
-        if not wire.is_json(call.header(b"content-type")):
-            return None
-        try:
-            body = PredictRequest.model_validate_json(call.body)
-        except ValueError:  # pydantic's ValidationError, or JSON pydantic-core does not read
-            return None
-    try:
-        target = gateway.catalog.resolve(body.model, body.version)
-        inputs = predict_inputs(gateway.catalog, target, body)
-    except ServiceError as exc:
-        gateway.refused(body.model, exc)  # infer counts its own refusals
-        raise
-    result = await gateway.infer(InferRequest(body.model, body.version, inputs, None, call.arrived,
-                                              len(call.body), target))
+async def predict(gateway: Gateway, call: Call) -> Response:
+    """The adapter: read the body, ``Gateway.infer``, one output dict per example."""
+    body: PredictRequest | None = None
+
+    def identify():
+        nonlocal body
+        body = read_body(call)
+        return body.model, body.version
+
+    def read(model: ModelInfo, version: VersionInfo) -> InferRequest:
+        return InferRequest(body.model, body.version, predict_inputs(model, version, body), None,
+                            call.arrived, len(call.body))
+
+    result = await gateway.infer(identify, read)
     # Built here to PredictResponse's shape (the route's documentation): FastAPI's re-validation
     # of every output would be a measurable share of a small request.
-    return FastJSONResponse({
+    return JSON({
         "model": result.model, "version": result.version, "outputs": per_example(result),
         "device": result.device, "worker": result.worker, "batch_size": result.batch_size,
         "timings": result.timings,
     })
 
 
+def read_body(call: Call) -> PredictRequest:
+    """The body as a ``PredictRequest``, read as FastAPI reads a JSON body: 415 without a JSON
+    Content-Type (FastAPI's strict content type), 422 with FastAPI's list of problems for a body that
+    is not a predict request."""
+    sent = call.header(b"content-type")
+    if not wire.is_json(sent):
+        got = wire.sent_type(None if sent is None else sent.decode("latin-1"))
+        raise UnsupportedMediaType(f"/predict reads a JSON body: send the header Content-Type: application/json; "
+                                   f"got {got}")
+    try:
+        return PredictRequest.model_validate_json(call.body)  # pydantic-core's parser: the common case
+    except ValueError:  # not a predict request, or JSON pydantic-core does not read (UTF-16, a lone surrogate)
+        pass
+    if not call.body:
+        raise Unprocessable(validation_detail([{"type": "missing", "loc": ["body"], "msg": "Field required",
+                                                "input": None}]))
+    try:
+        data = json.loads(call.body)  # FastAPI's parser, for its problems in its words
+    except json.JSONDecodeError as exc:
+        raise Unprocessable(validation_detail([{"type": "json_invalid", "loc": ["body", exc.pos],
+                                                "msg": "JSON decode error", "input": {},
+                                                "ctx": {"error": exc.msg}}])) from None
+    except (ValueError, RecursionError):  # bytes in no JSON encoding, or nested past the parser's depth
+        raise InvalidInput("There was an error parsing the body: send JSON text (UTF-8)") from None
+    try:
+        return PredictRequest.model_validate(data)
+    except ValidationError as exc:
+        problems = exc.errors(include_url=False)
+        raise Unprocessable(validation_detail([{**e, "loc": ["body", *e["loc"]]} for e in problems])) from None
+
+
 ROUTE = InferRoute(
     "/predict", predict, body=PredictRequest, response_model=PredictResponse, summary="Predict",
+    about='the simple JSON API: a JSON body {"model": "digits", "inputs": [[...64 numbers...], ...]}',
     responses={
         400: {"model": Error, "description": "inputs the model does not take, or a body not readable as JSON"},
         404: {"model": Error, "description": "unknown model or version"},
@@ -93,53 +120,53 @@ ROUTE = InferRoute(
     })
 
 
-def predict_inputs(catalog: Catalog, target, body: PredictRequest) -> dict:
+def predict_inputs(model: ModelInfo, version: VersionInfo, body: PredictRequest) -> dict:
     """``/predict``'s examples as the model's input arrays: a list for a one-input model, else by name."""
-    entry, version = target
     specs = version.inputs
     if isinstance(body.inputs, list):
         if len(specs) != 1:
-            raise InvalidInput(f"model {entry.name!r} takes {len(specs)} inputs; send inputs as "
+            raise InvalidInput(f"model {model.name!r} takes {len(specs)} inputs; send inputs as "
                                f"{{{', '.join(repr(s.name) + ': [examples]' for s in specs)}}}")
         given = {specs[0].name: body.inputs}
     else:
         given = body.inputs
-        catalog.check_names(entry, version, given)
-    arrays = {}
+    # A name the model does not take stays, unread (None): Catalog.check refuses it, naming the inputs.
+    arrays = {name: None for name in given if all(spec.name != name for spec in specs)}
     for spec in specs:
         examples = given.get(spec.name)
         if examples is None:
             continue  # Catalog.check names what is missing
-        unlisted = not_a_list_of_examples(entry, spec, examples, isinstance(body.inputs, dict))
+        unlisted = not_a_list_of_examples(model, spec, examples, isinstance(body.inputs, dict))
         if unlisted is not None:
             raise unlisted
-        catalog.check_examples(len(examples), spec.name)  # before reading them
-        if entry.max_batch_size:
+        if model.max_batch_size:
             arrays[spec.name] = wire.from_json(examples, spec.datatype, spec.name)
         elif len(examples) != 1:
-            raise InvalidInput(f"model {entry.name!r} does not batch: send one example")
+            raise InvalidInput(f"model {model.name!r} does not batch: send one example")
         else:  # no batch dimension: the one example is the tensor
             arrays[spec.name] = wire.from_json(examples, spec.datatype, spec.name)[0]
     return arrays
 
 
-def not_a_list_of_examples(entry: ModelInfo, spec: TensorSpec, examples: list, named: bool) -> InvalidInput | None:
+def not_a_list_of_examples(model: ModelInfo, spec: TensorSpec, examples: list, named: bool) -> InvalidInput | None:
     """The 400 for numbers nested too shallow to be a list of examples, decided from the model's
     example shape: most often one example sent without the list around it (64 numbers, where digits
     takes [[64 numbers]], and where the batch limit would otherwise be the complaint). None otherwise:
     deeper data, or not numbers, is ``wire.from_json``'s to check."""
-    example = list(spec.shape[1:] if entry.max_batch_size else spec.shape)  # unbatched: one in a list
+    example = list(spec.shape[1:] if model.max_batch_size else spec.shape)  # unbatched: one in a list
+    if examples == []:
+        return InvalidInput(f"input {spec.name!r} has no examples: send at least one")
     lengths, leaf = wire.outline(examples)
     if len(lengths) > len(example) or isinstance(leaf, bool) or not isinstance(leaf, (int, float)):
         return None
     subject = f'input "{spec.name}"' if named else '"inputs"'
     inputs = f'{{"{spec.name}": [[{numbers(example)}]]}}' if named else f"[[{numbers(example)}]]"
-    fix = f'e.g. {{"model": "{entry.name}", "inputs": {inputs}}}'
+    fix = f'e.g. {{"model": "{model.name}", "inputs": {inputs}}}'
     if len(lengths) == len(example) and all(want in (-1, got) for want, got in zip(example, lengths)):
         return InvalidInput(f"{subject} looks like one example ({numbers(lengths).strip('.')}), "
                             f"not a list of examples: wrap it in a list, {fix}")
     return InvalidInput(f"{subject} holds {numbers(lengths).strip('.')}, not a list of examples: model "
-                        f"{entry.name!r} takes a list of examples of shape {example} each, {fix}")
+                        f"{model.name!r} takes a list of examples of shape {example} each, {fix}")
 
 
 def numbers(shape: list[int]) -> str:

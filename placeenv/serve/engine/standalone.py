@@ -1,8 +1,8 @@
 """A repository model run in the calling thread, as a worker runs it, without the service.
 
-For benchmarks' bare loops and for testing a ``model.py``: ``preprocess`` on the
-host under ``PlaceEnv('cpu')``, host tensors moved to the replica's place,
-``execute``, ``postprocess``. No queue, no batching across calls, no place checks.
+For benchmarks' bare loops and for testing a ``model.py``: ``preprocess`` on the host under
+``PlaceEnv('cpu')``, then the workers' own ``forward`` (workers.py) on one request. No queue, no
+batching across calls; place checks only when asked for.
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ import numpy as np
 
 from placeenv import PlaceEnv
 
-from .base import Model, batch_tensor, host_inputs, move_to
-from .repository import BUNDLED, Entry, scan
+from ..models.base import Model, host_inputs
+from ..models.repository import BUNDLED, Entry, scan
+from .workers import forward as worker_forward
 
 
 def replica(entry: Entry, place, version: int | None = None) -> Model:
@@ -25,16 +26,19 @@ def replica(entry: Entry, place, version: int | None = None) -> Model:
     return model
 
 
-def forward(model: Model, inputs: dict[str, np.ndarray], preprocess: Model | None = None):
-    """What a worker does with one request: (postprocessed host arrays, ``execute``'s raw outputs).
-    ``preprocess``: the instance that preprocesses (the service's has no network); default ``model``."""
+def forward(model: Model, inputs: dict[str, np.ndarray], preprocess: Model | None = None,
+            check=None) -> dict[str, np.ndarray]:
+    """What the service does with one request: the postprocessed outputs, as host arrays.
+    ``preprocess``: the instance that preprocesses (the service's has no network); default ``model``.
+    ``check(stage, device, expected=None)``: told where each tensor is, as a worker's place checks are."""
     with PlaceEnv("cpu"):
         host = host_inputs(model.context, (preprocess or model).preprocess(dict(inputs)))
-    raw = model.execute({name: move_to(batch_tensor([value]), model.place) for name, value in host.items()})
-    return model.postprocess(raw), raw
+    if check is None:
+        return worker_forward(model, [host], batched=False, examples=1)
+    return worker_forward(model, [host], batched=False, examples=1, check=check)
 
 
-class Local:
+class Standalone:
     """One replica of ``name`` (default version) on ``place``; ``infer`` answers one request."""
 
     def __init__(self, name: str, place, repositories: list[Path] | None = None) -> None:
@@ -47,7 +51,7 @@ class Local:
         self.template.context = self.context
 
     def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return forward(self.replica, inputs, self.template)[0]
+        return forward(self.replica, inputs, self.template)
 
     def examples(self, examples: list) -> dict[str, np.ndarray]:
         """``/predict``'s list of examples as this (one-input) model's input arrays."""

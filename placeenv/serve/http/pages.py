@@ -9,27 +9,26 @@ from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
 
-#: ``GET /``: where things are, for a person or a script that found the port (not on the hot path);
-#: a 405 quotes the line of the method to use.
-ENDPOINTS = [
+#: The endpoints ``GET /`` lists beside the inference routes (whose lines come from their table).
+OTHER_ENDPOINTS = [
     {"method": "GET", "path": "/docs", "about": "Swagger UI: every endpoint, with a form to try it"},
     {"method": "GET", "path": "/redoc", "about": "the same documentation as one page (ReDoc)"},
     {"method": "GET", "path": "/openapi.json", "about": "the OpenAPI schema"},
-    {"method": "POST", "path": "/predict",
-     "about": 'the simple JSON API: a JSON body {"model": "digits", "inputs": [[...64 numbers...], ...]}'},
     {"method": "GET", "path": "/v1/models", "about": "the models, their inputs and outputs, and the devices"},
     {"method": "GET", "path": "/v2", "about": "the Open Inference Protocol (KServe v2): server metadata"},
     {"method": "GET", "path": "/v2/models/{name}", "about": "a model's metadata: inputs, outputs, versions"},
-    {"method": "POST", "path": "/v2/models/{name}/infer",
-     "about": 'inference: a JSON body {"inputs": [{"name", "shape", "datatype", "data"}, ...]}, or a JSON '
-              "header then binary tensors (Triton's binary tensor extension)"},
-    {"method": "POST", "path": "/v2/models/{name}/versions/{version}/infer",
-     "about": "inference by one version of the model, as /v2/models/{name}/infer"},
     {"method": "GET", "path": "/v2/health/ready", "about": "the Open Inference Protocol's readiness"},
     {"method": "GET", "path": "/metrics", "about": "Prometheus metrics"},
     {"method": "GET", "path": "/healthz", "about": "liveness"},
     {"method": "GET", "path": "/readyz", "about": "readiness: every worker started"},
 ]
+
+
+def endpoints(infer_routes) -> list[dict[str, str]]:
+    """``GET /``'s index: the documentation's pages, the inference routes from their table, the rest."""
+    infer = [{"method": "POST", "path": route.path, "about": route.about} for route in infer_routes]
+    return [*OTHER_ENDPOINTS[:3], *infer, *OTHER_ENDPOINTS[3:]]
+
 
 DOCS_URL, REDOC_URL = "/docs", "/redoc"
 #: Where the documentation pages' files are served from.

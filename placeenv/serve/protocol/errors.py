@@ -1,9 +1,9 @@
 """The service's errors, and the one table that says what each means on the wire and in the metrics.
 
-The domain (``core.Service``) raises these; the adapters turn them into an HTTP
-status (with ``Retry-After`` when a retry may succeed, ``Allow`` for a method the
-path does not take) or a gRPC status code,
-and the outcome label of ``inference_requests_total``, all from ``OUTCOMES``.
+The engine and the gateway raise these; the protocols turn them into an HTTP status
+(with ``Retry-After`` when a retry may succeed, ``Allow`` for a method the path does
+not take) or a gRPC status code, and the gateway into the outcome label of
+``inference_requests_total``, all from ``OUTCOMES``.
 """
 
 from __future__ import annotations
@@ -19,6 +19,14 @@ class StartupError(RuntimeError):
 class ServiceError(Exception):
     """A request the service cannot answer with a result; the message is for the client."""
 
+    device = "none"  # the device whose worker answered it, when one did (a metric label)
+    counted = False  # the gateway has counted its answer
+
+    @property
+    def detail(self):
+        """The error answer's body: the message."""
+        return str(self)
+
 
 class UnknownModel(ServiceError):
     """No such model, or no such version of it."""
@@ -26,6 +34,18 @@ class UnknownModel(ServiceError):
 
 class InvalidInput(ServiceError):
     """A tensor's name, datatype, shape or data is not what the model takes."""
+
+
+class Unprocessable(ServiceError):
+    """A body that is not the request the route reads: FastAPI's 422, its list of problems as ``detail``."""
+
+    def __init__(self, problems: list[dict]) -> None:
+        self.problems = problems
+        super().__init__("; ".join(f"{'.'.join(map(str, p['loc']))}: {p['msg']}" for p in problems[:3]))
+
+    @property
+    def detail(self):
+        return self.problems
 
 
 class TooLarge(ServiceError):
@@ -83,6 +103,7 @@ class Outcome:
 OUTCOMES: dict[type[ServiceError], Outcome] = {
     UnknownModel: Outcome(404, "not_found", False, "NOT_FOUND"),
     InvalidInput: Outcome(400, "invalid", False, "INVALID_ARGUMENT"),
+    Unprocessable: Outcome(422, "invalid", False, "INVALID_ARGUMENT"),
     TooLarge: Outcome(413, "too_large", False, "RESOURCE_EXHAUSTED"),
     UnsupportedMediaType: Outcome(415, "unsupported_media_type", False, "INVALID_ARGUMENT"),
     MethodNotAllowed: Outcome(405, "method_not_allowed", False, "UNIMPLEMENTED", allow=True),

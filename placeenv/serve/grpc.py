@@ -2,9 +2,9 @@
 
 ``GRPCInferenceService`` (package ``inference``: KServe v2's service, of which Triton's
 proto is a superset) on its own port (``PLACEENV_GRPC_PORT``), served by grpc.aio on the
-event loop that serves HTTP and calling the same ``core.Service``: one dispatcher, one
-set of queues, batching across both protocols, the same metrics and errors
-(``errors.OUTCOMES`` maps each to a gRPC status code).
+event loop that serves HTTP, over the same ``Gateway``: one engine, one set of queues,
+batching across both protocols, the same metrics and errors (``errors.OUTCOMES`` maps
+each to a gRPC status code).
 
 Served: ServerLive, ServerReady, ServerMetadata, ModelReady, ModelMetadata, ModelInfer
 (``raw_input_contents`` or typed ``contents``; outputs in ``raw_output_contents``) and
@@ -26,11 +26,11 @@ from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as rpc
 
-from . import v2, wire
-from .gateway import Gateway
-from .request import InferRequest
-from .errors import InvalidInput, ServiceError, outcome
-from .wire import prefix
+from .protocol import wire
+from .protocol.gateway import Gateway
+from .protocol.request import InferRequest
+from .protocol.errors import InvalidInput, ServiceError, outcome
+from .protocol.wire import prefix
 
 #: The typed field of ``InferTensorContents`` that carries each datatype (FP16 has none: raw only).
 CONTENTS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
@@ -47,10 +47,8 @@ def inputs_of(request: pb.ModelInferRequest,
                            "send one per input, in the inputs' order")
     arrays = {}
     for i, item in enumerate(request.inputs):
-        if item.name in arrays:
-            raise InvalidInput(f"input {prefix(item.name)} appears twice; send each input once")
+        wire.check_input(arrays, item.name, item.datatype, expected)
         shape = tuple(item.shape)
-        wire.check_datatype(item.datatype, item.name, expected.get(item.name))  # before the data's checks
         if raw:
             arrays[item.name] = wire.from_binary(raw[i], item.datatype, item.name, shape)
             continue
@@ -77,51 +75,43 @@ class InferenceServicer(rpc.GRPCInferenceServiceServicer):
         return pb.ServerReadyResponse(ready=await self.gateway.ready())
 
     async def ServerMetadata(self, request, context):
-        return json_format.ParseDict(v2.server_metadata(), pb.ServerMetadataResponse())
-
-    def _lookup(self, name: str, version: str):
-        return self.gateway.catalog.resolve(name, version or None)
+        return json_format.ParseDict(Gateway.server_metadata(), pb.ServerMetadataResponse())
 
     async def ModelReady(self, request, context):
         try:
-            entry, _ = self._lookup(request.name, request.version)
+            _, _, ready = await self.gateway.model_ready(request.name, request.version or None)
         except ServiceError as exc:
             await self._fail(context, exc)
-        return pb.ModelReadyResponse(ready=await self.gateway.model_ready(entry.name))
+        return pb.ModelReadyResponse(ready=ready)
 
     async def ModelMetadata(self, request, context):
         try:
-            entry, chosen = self._lookup(request.name, request.version)
+            found = self.gateway.model_metadata(request.name, request.version or None)
         except ServiceError as exc:
             await self._fail(context, exc)
-        return json_format.ParseDict(v2.model_metadata(entry, chosen), pb.ModelMetadataResponse())
+        return json_format.ParseDict(found, pb.ModelMetadataResponse())
 
     async def RepositoryIndex(self, request, context):
-        rows = await v2.repository_rows(self.gateway)
-        if request.ready:
-            rows = [r for r in rows if r["state"] == "READY"]
+        rows = await self.gateway.repository_index(ready_only=request.ready)
         return json_format.ParseDict({"models": rows}, pb.RepositoryIndexResponse())
 
     async def ModelInfer(self, request, context):
         arrived = time.perf_counter()
-        gateway = self.gateway
-        try:
-            name, version = request.model_name, request.model_version or None
-            try:
-                target = gateway.catalog.resolve(name, version)
-                arrays = inputs_of(request, {s.name: s.datatype for s in target[1].inputs})
-            except ServiceError as exc:
-                gateway.refused(name, exc)  # infer counts its own refusals
-                raise
-            outputs = [o.name for o in request.outputs] or None
+        name, version = request.model_name, request.model_version or None
+
+        def read(model, chosen) -> InferRequest:
+            arrays = inputs_of(request, {s.name: s.datatype for s in chosen.inputs})
             # The message's size, typed contents included: what preprocessing inline or on a thread weighs.
-            result = await gateway.infer(InferRequest(name, version, arrays, outputs, arrived, request.ByteSize(),
-                                                      target))
+            return InferRequest(name, version, arrays, [o.name for o in request.outputs] or None, arrived,
+                                request.ByteSize())
+
+        try:
+            result = await self.gateway.infer(lambda: (name, version), read)
         except ServiceError as exc:
             await self._fail(context, exc)
         response = pb.ModelInferResponse(model_name=result.model, model_version=str(result.version), id=request.id)
-        for name, array in result.outputs.items():
-            response.outputs.add(name=name, datatype=result.datatypes[name], shape=array.shape)
+        for output, array in result.outputs.items():
+            response.outputs.add(name=output, datatype=result.datatypes[output], shape=array.shape)
             response.raw_output_contents.append(wire.to_binary(array))
         return response
 

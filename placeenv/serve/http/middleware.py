@@ -1,9 +1,10 @@
-"""Plain ASGI pieces the app is built from: the body limit, a quiet start-up failure, a replayed
-body, and header look-ups on a scope."""
+"""Plain ASGI pieces the app is built from: the body limit, a quiet start-up failure, and header
+look-ups on a scope."""
 
 from __future__ import annotations
 
-from fastapi.responses import JSONResponse
+from ..protocol.errors import TooLarge
+from .responses import refusal
 
 
 def header(scope, name: bytes) -> bytes | None:
@@ -22,25 +23,6 @@ def headers(scope, names: tuple[bytes, ...]) -> list[str | None]:
         if key in names and key not in found:
             found[key] = value.decode("latin-1")
     return [found.get(name) for name in names]
-
-
-def replaying(body: bytes, receive):
-    """A ``receive`` that gives ``body`` first, then what ``receive`` gives."""
-    replayed = False
-
-    async def replay():
-        nonlocal replayed
-        if not replayed:
-            replayed = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replay
-
-
-def error_key(path: str) -> str:
-    """The key of an error answer: the Open Inference Protocol's "error" under /v2, FastAPI's "detail" elsewhere."""
-    return "error" if path.startswith("/v2") else "detail"
 
 
 class QuietStartupFailure:
@@ -72,16 +54,19 @@ class BodyLimit:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
             return await self.app(scope, receive, send)
-        body = await self.read(scope, receive, send)
+        try:
+            body = await self.read(scope, receive)
+        except TooLarge as exc:
+            return await refusal(exc, scope.get("path", ""), 0)({"type": "http"}, None, send)
         if body is not None:
             return await self.app(scope, replaying(body, receive), send)
         return None
 
-    async def read(self, scope, receive, send) -> bytes | None:
-        """The whole body; None when the client left or the body was over the limit (413 sent)."""
+    async def read(self, scope, receive) -> bytes | None:
+        """The whole body; None when the client left; ``TooLarge`` past the limit."""
         declared = header(scope, b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            return await self._too_large(scope, send)
+            raise self.too_large()
         chunks, size = [], 0
         while True:
             message = await receive()
@@ -90,12 +75,24 @@ class BodyLimit:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.limit:
-                return await self._too_large(scope, send)
+                raise self.too_large()
             chunks.append(chunk)
             if not message.get("more_body"):
                 return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
-    async def _too_large(self, scope, send) -> None:
-        response = JSONResponse({error_key(scope.get("path", "")): f"request body over the limit of {self.limit} bytes; send less"},
-                                status_code=413)
-        await response({"type": "http"}, None, send)
+    def too_large(self) -> TooLarge:
+        return TooLarge(f"request body over the limit of {self.limit} bytes; send less")
+
+
+def replaying(body: bytes, receive):
+    """A ``receive`` that gives ``body`` first, then what ``receive`` gives."""
+    replayed = False
+
+    async def replay():
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay

@@ -20,11 +20,11 @@ import paddle
 import placeenv
 import placeenv.sim
 
-from . import metrics
+from .. import metrics
 from .dispatch import DeviceQueue, Job, resolve_all
-from .errors import ModelFailed, StartupError, Timeout
-from .models.base import JIT_LOAD_LOCK, DeviceShare, Model, batch_tensor, move_to
-from .models.repository import Entry
+from ..protocol.errors import ModelFailed, StartupError
+from ..models.base import JIT_LOAD_LOCK, DeviceShare, Model, batch_tensor, move_to
+from ..models.repository import Entry
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ class Worker:
             self.ready.set()
             self._up.set(1)
             self._serve(replicas)
-        except BaseException as exc:  # noqa: BLE001 - recorded; the supervisor replaces us
+        except BaseException as exc:  # noqa: BLE001 - recorded; the pool replaces us
             self.error = exc
             log.error("worker %s died: %r", self.name, exc)
         finally:
@@ -158,7 +158,7 @@ class Worker:
         live = [job for job in jobs if not job.answered and job.deadline > now]
         for job in jobs:
             if job not in live and not job.answered:
-                job.fail(Timeout("no answer within the request timeout (it expired in the queue)"))
+                job.expire()  # its deadline passed in the queue
         if not live:
             return
         if not self.isolation:
@@ -195,29 +195,9 @@ class Worker:
         self.check("worker", paddle.get_device())
         examples = sum(job.examples for job in jobs)
         metrics.child(metrics.BATCH_SIZE, context.name).observe(examples)
-        inputs = {}
-        for spec in context.inputs:
-            host = batch_tensor([job.inputs[spec.name] for job in jobs])
-            self.check("preprocess", placeenv.device_name(host.place), "cpu")
-            inputs[spec.name] = moved = move_to(host, self.place)
-            self.check("batch", placeenv.device_name(moved.place))
-        out = replica.execute(inputs)
-        # The thread's device after the forward: the one check that sees a leak for a saved program
-        # on sim, whose outputs are CPU tensors whatever device it ran on (docs/service.md).
-        self.check("execute", paddle.get_device())
-        expected = replica.output_device()
-        for tensor in out.values():
-            self.check("output", placeenv.device_name(tensor.place), expected)
-        results = replica.postprocess(out)
-        missing = [spec.name for spec in context.outputs if spec.name not in results]
-        if missing:
-            raise RuntimeError(f"postprocess returned no {', '.join(missing)} (declared outputs)")
-        if jobs[0].batched:  # (jobs share a forward pass only when their model batches)
-            short = [n for n, a in results.items() if np.ndim(a) == 0 or len(a) != examples]
-            if short:
-                raise RuntimeError(f"outputs {short} do not have the batch's {examples} rows")
+        results = forward(replica, [job.inputs for job in jobs], jobs[0].batched, examples, self.check)
         metrics.child(metrics.COMPUTE_DURATION, context.name, self.device).observe(time.perf_counter() - started)
-        return {spec.name: np.asarray(results[spec.name]) for spec in context.outputs}, examples
+        return results, examples
 
     def _answer(self, jobs: list[Job], outputs) -> None:
         results, examples = outputs
@@ -230,6 +210,40 @@ class Worker:
             answers.append((job, Answer(part, self.device, self.name, examples, job.started)))
             offset += job.examples
         resolve_all(answers)
+
+
+def _unchecked(stage: str, actual: str, expected: str | None = None) -> bool:
+    return True
+
+
+def forward(replica: Model, inputs: list[dict], batched: bool, examples: int, check=_unchecked) -> dict:
+    """One forward pass of ``replica`` over some requests' preprocessed inputs, as every worker runs it:
+    one host tensor per input for them all, moved to the replica's place, ``execute``, ``postprocess``;
+    the declared outputs as host arrays, of ``examples`` rows each when ``batched``. ``check`` is the
+    worker's ``PlaceChecker``: where each tensor is, at each stage."""
+    context = replica.context
+    moved = {}
+    for spec in context.inputs:
+        host = batch_tensor([request[spec.name] for request in inputs])
+        check("preprocess", placeenv.device_name(host.place), "cpu")
+        moved[spec.name] = tensor = move_to(host, replica.place)
+        check("batch", placeenv.device_name(tensor.place))
+    out = replica.execute(moved)
+    # The thread's device after the forward: the one check that sees a leak for a saved program
+    # on sim, whose outputs are CPU tensors whatever device it ran on (docs/service.md).
+    check("execute", paddle.get_device())
+    expected = replica.output_device()
+    for tensor in out.values():
+        check("output", placeenv.device_name(tensor.place), expected)
+    results = replica.postprocess(out)
+    missing = [spec.name for spec in context.outputs if spec.name not in results]
+    if missing:
+        raise RuntimeError(f"postprocess returned no {', '.join(missing)} (declared outputs)")
+    if batched:  # (requests share a forward pass only when their model batches)
+        short = [n for n, a in results.items() if np.ndim(a) == 0 or len(a) != examples]
+        if short:
+            raise RuntimeError(f"outputs {short} do not have the batch's {examples} rows")
+    return {spec.name: np.asarray(results[spec.name]) for spec in context.outputs}
 
 
 _memory_failed: set[str] = set()
@@ -264,13 +278,13 @@ class Shares:
 
 
 class WorkerPool:
-    """All workers, and a supervisor thread that replaces dead ones."""
+    """All workers, and a thread that replaces dead ones."""
 
     def __init__(self, queues: dict[str, DeviceQueue], entries: dict[str, Entry], settings) -> None:
         self.queues, self.entries, self.settings = queues, entries, settings
         self.workers: list[Worker] = []
         self._stopping = threading.Event()
-        self._supervisor = threading.Thread(target=self._supervise, name="worker-supervisor", daemon=True)
+        self._replacer = threading.Thread(target=self._replace_dead, name="worker-replacer", daemon=True)
         self.shares = Shares()
         self.accelerator_devices = [device for device in queues if device != "cpu"]
         for device, queue in queues.items():
@@ -298,12 +312,12 @@ class WorkerPool:
                     raise StartupError(f"worker {worker.name} failed to start: {worker.error!r}")
                 if time.monotonic() > deadline:
                     raise StartupError(f"worker {worker.name} did not load its models in {timeout}s")
-        self._supervisor.start()
+        self._replacer.start()
 
     def ready(self) -> bool:
         return all(w.ready.is_set() and w.alive() for w in self.workers)
 
-    def _supervise(self) -> None:
+    def _replace_dead(self) -> None:
         while not self._stopping.wait(0.2):
             for i, worker in enumerate(self.workers):
                 if worker.alive() or self._stopping.is_set():
@@ -324,5 +338,5 @@ class WorkerPool:
         deadline = time.monotonic() + timeout
         for worker in self.workers:
             worker.thread.join(max(0.0, deadline - time.monotonic()))
-        if self._supervisor.is_alive():
-            self._supervisor.join(1)
+        if self._replacer.is_alive():
+            self._replacer.join(1)

@@ -2,7 +2,7 @@
 
 A thin adapter: parse the request into numpy arrays, call ``Gateway.infer``,
 render the result. A ``ServiceError`` raised here or below is answered by
-``routes.refusal``: ``{"error": "..."}`` with the status and headers of
+``responses.refusal``: ``{"error": "..."}`` with the status and headers of
 ``errors.OUTCOMES``.
 
 Request compression (Triton): a gzip or deflate ``Content-Encoding`` is inflated,
@@ -17,27 +17,25 @@ way.
 
 from __future__ import annotations
 
-import importlib.metadata
 import zlib
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
 import numpy as np
-import pydantic_core
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from . import wire
-from .gateway import Gateway
-from .request import InferRequest, Result
+from ..protocol import wire
+from ..protocol.errors import InvalidInput, TooLarge, UnsupportedMediaType
+from ..protocol.gateway import Gateway
+from ..protocol.request import InferRequest, ModelInfo, Result, VersionInfo
+from ..protocol.wire import prefix
+from .responses import JSON, render_json
 from .routes import Call, InferRoute
-from .errors import InvalidInput, ServiceError, TooLarge, UnsupportedMediaType
-from .wire import prefix
 
 HEADER_LENGTH = "inference-header-content-length"
 TAG = "Open Inference Protocol (v2)"  # the routes' heading in the documentation
-VERSION = importlib.metadata.version("placeenv")
 MAX_ID = 256
 
 
@@ -66,11 +64,6 @@ class InferenceRequest(BaseModel):
 
 class ErrorBody(BaseModel):
     error: str
-
-
-def json_response(body: Any, status: int = 200) -> Response:
-    return Response(pydantic_core.to_json(body, inf_nan_mode="strings"), status_code=status,
-                    media_type="application/json")
 
 
 def decompressed(body: bytes, encoding: str | None, limit: int) -> bytes:
@@ -116,10 +109,8 @@ def parse(body: bytes, header_length: str | None,
         raise InvalidInput(f"id of {len(request.id)} characters; send at most {MAX_ID}")
     arrays, offset = {}, 0
     for item in request.inputs:
-        if item.name in arrays:
-            raise InvalidInput(f"input {prefix(item.name)} appears twice; send each input once")
+        wire.check_input(arrays, item.name, item.datatype, expected)
         shape = tuple(item.shape)
-        wire.check_datatype(item.datatype, item.name, expected.get(item.name))  # before the data's checks
         size = item.parameters.get("binary_data_size")
         if size is not None:
             if type(size) is not int or size < 0 or offset + size > len(rest):
@@ -153,7 +144,7 @@ def render(result: Result, request: InferenceRequest) -> Response:
     body = {"model_name": result.model, "model_version": str(result.version), "outputs": outputs}
     if request.id is not None:
         body["id"] = request.id
-    header = pydantic_core.to_json(body, inf_nan_mode="strings")
+    header = render_json(body)
     if not blobs:
         return Response(header, media_type="application/json")
     return Response(b"".join([header, *blobs]), media_type="application/octet-stream",
@@ -180,101 +171,77 @@ async def infer(gateway: Gateway, call: Call) -> Response:
     """``POST /v2/models/{name}[/versions/{version}]/infer``: parse, ``Gateway.infer``, render."""
     name, version = call.params["name"], call.params.get("version")
     encoding, length, kind = call.headers((b"content-encoding", _HEADER_LENGTH, b"content-type"))
-    try:
+    parsed: InferenceRequest | None = None
+
+    def identify():
         check_content_type(kind)
+        return name, version
+
+    def read(model: ModelInfo, chosen: VersionInfo) -> InferRequest:
+        nonlocal parsed
         body = decompressed(call.body, encoding, gateway.settings.max_body_bytes)
-        target = gateway.catalog.resolve(name, version)
-        parsed, arrays = parse(body, length, {s.name: s.datatype for s in target[1].inputs})
-    except ServiceError as exc:
-        gateway.refused(name, exc)  # infer counts its own refusals
-        raise
-    outputs = [o.name for o in parsed.outputs] if parsed.outputs else None
-    result = await gateway.infer(InferRequest(name, version, arrays, outputs, call.arrived, len(body), target))
+        parsed, arrays = parse(body, length, {s.name: s.datatype for s in chosen.inputs})
+        outputs = [o.name for o in parsed.outputs] if parsed.outputs else None
+        return InferRequest(name, version, arrays, outputs, call.arrived, len(body))
+
+    result = await gateway.infer(identify, read)
     return render(result, parsed)
 
 
 _HEADER_LENGTH = HEADER_LENGTH.encode()  # as ASGI scopes name headers: lower-case bytes
 _FAILED = {"model": ErrorBody}
+_ABOUT = ('inference: a JSON body {"inputs": [{"name", "shape", "datatype", "data"}, ...]}, or a JSON '
+          "header then binary tensors (Triton's binary tensor extension)")
 #: The inference routes (the app's table, with /predict's).
 INFER_ROUTES = tuple(
-    InferRoute(path, infer, summary="Inference" + suffix, tags=[TAG], responses={
+    InferRoute(path, infer, summary="Inference" + suffix, about=about, tags=[TAG], responses={
         code: _FAILED for code in (400, 404, 413, 415, 500, 503, 504)}, openapi_extra={"requestBody": {
             "content": {"application/json": {"schema": InferenceRequest.model_json_schema()}}}})
-    for path, suffix in (("/v2/models/{name}/infer", ""), ("/v2/models/{name}/versions/{version}/infer", " (a version)")))
-
-
-def server_metadata() -> dict[str, Any]:
-    return {"name": "placeenv", "version": VERSION, "extensions": ["binary_tensor_data", "model_repository", "statistics"]}
-
-
-def model_metadata(model, chosen) -> dict[str, Any]:
-    """A model version's metadata (``request.ModelInfo``, ``VersionInfo``), for HTTP and gRPC alike."""
-    return {
-        "name": model.name, "versions": [str(v) for v in sorted(model.versions)], "platform": chosen.platform,
-        "inputs": [s.describe() for s in chosen.inputs], "outputs": [s.describe() for s in chosen.outputs],
-    }
-
-
-async def repository_rows(gateway: Gateway) -> list[dict[str, str]]:
-    """The repository index: every served version, and every model that could not be loaded."""
-    catalog, ready = gateway.catalog, await gateway.ready()
-    rows = [{"name": m.name, "version": str(v), "state": "READY" if ready else "UNAVAILABLE"}
-            for m in catalog.models.values() for v in sorted(m.versions)]
-    rows += [{"name": name, "state": "UNAVAILABLE", "reason": why[:300]} for name, why in catalog.skipped.items()]
-    return sorted(rows, key=lambda r: r["name"])
+    for path, suffix, about in (
+        ("/v2/models/{name}/infer", "", _ABOUT),
+        ("/v2/models/{name}/versions/{version}/infer", " (a version)",
+         "inference by one version of the model, as /v2/models/{name}/infer")))
 
 
 def router() -> APIRouter:
-    """Every /v2 route but inference (``INFER_ROUTES``)."""
+    """Every /v2 route but inference (``INFER_ROUTES``): each a few lines over the gateway."""
     api = APIRouter(prefix="/v2", tags=[TAG])
     failed = _FAILED
 
     def gateway_of(request: Request) -> Gateway:
         return request.app.state.gateway
 
-    api.add_api_route("", server_metadata, methods=["GET"], summary="Server metadata")
+    @api.get("", summary="Server metadata")
+    async def server_metadata() -> JSON:
+        return JSON(Gateway.server_metadata())
 
     @api.get("/health/live", summary="Server liveness")
-    async def live() -> dict[str, bool]:
-        return {"live": True}
+    async def live() -> JSON:
+        return JSON({"live": True})
 
     @api.get("/health/ready", summary="Server readiness", responses={503: failed})
-    async def ready(request: Request) -> Response:
+    async def ready(request: Request) -> JSON:
         ok = await gateway_of(request).ready()
-        return json_response({"ready": ok}, 200 if ok else 503)
+        return JSON({"ready": ok}, 200 if ok else 503)
 
-    def lookup(request: Request, name: str, version: str | None):
-        gateway = gateway_of(request)
-        return gateway, *gateway.catalog.resolve(name, version)
+    async def metadata(request: Request, name: str, version: str | None = None) -> JSON:
+        return JSON(gateway_of(request).model_metadata(name, version))
 
-    async def metadata(request: Request, name: str, version: str | None = None) -> Response:
-        _, model, chosen = lookup(request, name, version)
-        return json_response(model_metadata(model, chosen))
+    async def model_ready(request: Request, name: str, version: str | None = None) -> JSON:
+        model, chosen, ok = await gateway_of(request).model_ready(name, version)
+        return JSON({"name": model.name, "version": str(chosen.number), "ready": ok}, 200 if ok else 503)
 
-    async def model_ready(request: Request, name: str, version: str | None = None) -> Response:
-        gateway, model, chosen = lookup(request, name, version)
-        ok = await gateway.model_ready(model.name)
-        return json_response({"name": model.name, "version": str(chosen.number), "ready": ok}, 200 if ok else 503)
+    async def model_config(request: Request, name: str, version: str | None = None) -> JSON:
+        return JSON(gateway_of(request).model_config(name, version))
 
-    async def model_config(request: Request, name: str, version: str | None = None) -> Response:
-        _, entry, chosen = lookup(request, name, version)
-        # The config file's fields first: the effective values below replace its unset (None) ones.
-        return json_response({**entry.config,
-                              "name": entry.name, "max_batch_size": entry.max_batch_size,
-                              "max_batch_delay_ms": entry.max_batch_delay_ms,
-                              "input": [s.describe() for s in chosen.inputs],
-                              "output": [s.describe() for s in chosen.outputs]})
-
-    async def statistics(request: Request, name: str, version: str | None = None) -> Response:
-        gateway, model, chosen = lookup(request, name, version)
-        found = await gateway.statistics(model.name, chosen.number if version is not None else None)
-        return json_response({"model_stats": found})
+    async def statistics(request: Request, name: str, version: str | None = None) -> JSON:
+        return JSON({"model_stats": await gateway_of(request).statistics(name, version)})
 
     # Before /models/{name}, which would take "stats" for a model name: Triton's statistics of every
     # model (what tritonclient's get_inference_statistics() asks for when no model is named).
     @api.get("/models/stats", summary="Statistics of every model")
-    async def every_statistics(request: Request) -> Response:
-        return json_response({"model_stats": await gateway_of(request).statistics()})
+    async def every_statistics(request: Request) -> JSON:
+        return JSON({"model_stats": await gateway_of(request).statistics()})
 
     for path, suffix in (("/models/{name}", ""), ("/models/{name}/versions/{version}", " (a version)")):
         api.add_api_route(path, metadata, methods=["GET"], summary="Model metadata" + suffix,
@@ -287,8 +254,7 @@ def router() -> APIRouter:
                           responses={404: failed})
 
     @api.post("/repository/index", summary="Repository index (read-only)")
-    async def repository_index(request: Request) -> list[dict[str, str]]:
-        return await repository_rows(gateway_of(request))
+    async def repository_index(request: Request) -> JSON:
+        return JSON(await gateway_of(request).repository_index())
 
     return api
-

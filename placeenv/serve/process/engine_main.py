@@ -1,7 +1,7 @@
 """The engine process (``--frontends`` K >= 1): every device, model, queue and worker, no HTTP.
 
-Started by the supervisor (``__main__``) with the service's own arguments. It
-loads the models as the single process does (``core.Service``), then answers the
+Started by the supervisor (supervisor.py) with the service's own arguments. It
+loads the models as the single process does (``engine.Engine``), then answers the
 front ends over ``link.EngineServer`` until the supervisor's stop signal
 (``runtime.STOP``): it then refuses new work, lets its workers finish what they
 hold, and exits 0. SIGINT and SIGTERM are the supervisor's to act on (front ends
@@ -17,7 +17,7 @@ import sys
 import warnings
 
 from . import runtime
-from .config import Settings
+from ..config import Settings
 
 log = logging.getLogger("placeenv.serve.engine")
 
@@ -39,19 +39,19 @@ def main(argv: list[str] | None = None) -> int:
         import placeenv.sim
 
         placeenv.sim.prepare(settings.sim_devices)
-    from .core import Service  # imports Paddle, which sets its own SIGTERM handler (a fatal error)
-    from .errors import StartupError
+    from ..engine.engine import Engine  # imports Paddle, which sets its own SIGTERM handler (a fatal error)
+    from ..protocol.errors import StartupError
 
     _take_signals(stopped)  # ours again
     try:
-        service = Service(settings)
-        service.start()
+        engine = Engine(settings)
+        engine.start()
     except StartupError as exc:
         log.error("cannot start: %s", exc)
         return CANNOT_START
-    log.info("engine: serving %s on %s (isolation %s)", ", ".join(service.entries), ", ".join(service.devices),
+    log.info("engine: serving %s on %s (isolation %s)", ", ".join(engine.entries), ", ".join(engine.devices),
              settings.isolation)
-    return asyncio.run(serve(service, flags, beats, run, stopped))
+    return asyncio.run(serve(engine, flags, beats, run, stopped))
 
 
 def _take_signals(stopped: list | None = None) -> list:
@@ -69,11 +69,11 @@ def _take_signals(stopped: list | None = None) -> list:
     return stopped
 
 
-async def serve(service, flags: runtime.ReadyFlags, beats: runtime.Heartbeats, run, stopped: list) -> int:
+async def serve(engine, flags: runtime.ReadyFlags, beats: runtime.Heartbeats, run, stopped: list) -> int:
     """Answer the front ends until told to stop (0), or until serving fails (1: the supervisor restarts us)."""
-    from .link import EngineServer, address
+    from .link import EngineServer, endpoint
 
-    server = EngineServer(service, address(str(run)))
+    server = EngineServer(engine, endpoint(str(run)))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(runtime.STOP, stop.set)
@@ -91,9 +91,9 @@ async def serve(service, flags: runtime.ReadyFlags, beats: runtime.Heartbeats, r
     if serving.done():
         log.error("engine: serving the front ends failed: %r", serving.exception())
         code = 1
-    log.info("engine: stopping; %d requests received, %d answered", service.received, service.answered)
+    log.info("engine: stopping; %d requests received, %d answered", engine.received, engine.answered)
     # Requests in flight finish and are answered; new ones get 503 Draining.
-    await asyncio.to_thread(service.stop)
+    await asyncio.to_thread(engine.stop)
     serving.cancel()
     told.cancel()
     beating.cancel()

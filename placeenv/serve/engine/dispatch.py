@@ -14,12 +14,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import metrics
-from .errors import Draining, Overloaded, Timeout
+from .. import metrics
+from ..protocol.errors import Draining, Overloaded, Timeout
 
 
 class Settled:
-    """A job's answer handed to a callback instead of a future (``core.Service.submit``).
+    """A job's answer handed to a callback instead of a future (``Engine.submit``).
 
     Set on the event loop thread as a future is, it calls ``callback(value, None)`` or
     ``callback(None, error)`` at once: no waiting task to wake, and no turn of the loop between
@@ -272,17 +272,31 @@ class DeviceQueue:
             return jobs
 
 
+#: The answers of a request the engine does not take.
+STOPPING = "the service is shutting down"
+FULL = "every device queue serving this model is full; retry later"
+
+
 class Dispatcher:
-    """Sends each job to the least-loaded device that has room."""
+    """The one place that decides whether the engine takes a request: refused once closed (503
+    Draining) or when no queue serving its model has room (503 Overloaded); else sent to the
+    least-loaded device's queue."""
 
     def __init__(self, queues: dict[str, DeviceQueue]) -> None:
         self.queues = queues
         self._tiebreak = itertools.count()
-        self.draining = False
+        self.closed = False  # the engine is stopping: no new work
+
+    def admit(self, model: tuple[str, int]) -> None:
+        """Refuse now what ``submit`` would refuse, before CPU is spent on preprocessing."""
+        if self.closed:
+            raise Draining(STOPPING)
+        if not any(len(q) < q.capacity and not q.closed and model in q.models for q in self.queues.values()):
+            raise Overloaded(FULL)
 
     def submit(self, job: Job) -> DeviceQueue:
-        if self.draining:
-            raise Draining("the service is shutting down")
+        if self.closed:
+            raise Draining(STOPPING)
         turn = next(self._tiebreak)
         queues = [q for q in self.queues.values() if job.model in q.models]
         # Least loaded first; equal loads take turns, so idle devices all get work.
@@ -290,9 +304,18 @@ class Dispatcher:
         for queue in (queues[i] for i in order):
             if queue.offer(job):
                 return queue
-        raise Overloaded("every device queue serving this model is full; retry later")
+        raise Overloaded(FULL)
 
-    def has_room(self, model: tuple[str, int]) -> bool:
-        """Whether some queue could take a job for ``model`` now (checked before preprocessing, to refuse early)."""
-        return any(len(q) < q.capacity and not q.closed and model in q.models for q in self.queues.values())
+    def capacity(self, max_batch: int) -> int:
+        """Requests the engine holds at most: every queue full, every worker on a batch of ``max_batch``.
+        A front end holds no more for it (process/link.py), so a stalled engine cannot grow one."""
+        return sum(q.capacity + q.workers * max_batch for q in self.queues.values())
 
+    def close(self) -> None:
+        self.closed = True
+
+    def fail_unstarted(self) -> None:
+        """Answer every job still queued (the workers have stopped) with 503 Draining."""
+        for queue in self.queues.values():
+            for job in queue.drain_unstarted():
+                job.fail(Draining(STOPPING))

@@ -1,8 +1,8 @@
 """The supervisor (``--frontends`` K >= 1): starts the engine and K front ends, restarts what dies, drains.
 
 It imports neither Paddle nor the app. It binds the HTTP socket (``__main__``), makes
-the run directory (``runtime``), starts the engine (``python -m placeenv.serve.engine``)
-and, once the engine is ready, the front ends (``python -m placeenv.serve.frontend``),
+the run directory (``runtime``), starts the engine (``python -m placeenv.serve.process.engine_main``)
+and, once the engine is ready, the front ends (``python -m placeenv.serve.process.frontend_main``),
 each inheriting the socket.
 
 * A front end that dies is started again; the others keep serving, and only its
@@ -30,8 +30,8 @@ import time
 from pathlib import Path
 
 from . import runtime
-from .config import Settings
-from .engine import CANNOT_START  # imports neither Paddle nor the app
+from ..config import Settings
+from .engine_main import CANNOT_START  # imports neither Paddle nor the app
 
 log = logging.getLogger("placeenv.serve.supervisor")
 
@@ -53,25 +53,25 @@ class Supervisor:
         self.engine: subprocess.Popen | None = None
         self.frontends: list[subprocess.Popen | None] = [None] * self.count
         self.signalled = 0
-        self.draining = False
+        self.stopping = False
 
     # -- children ----------------------------------------------------------------------------
 
     def _start_engine(self) -> None:
         self.beats.beat(0, 0.0)  # silent until the new engine's loop runs
-        self.engine = subprocess.Popen([sys.executable, "-m", "placeenv.serve.engine", *self.argv], env=self.env)
+        self.engine = subprocess.Popen([sys.executable, "-m", "placeenv.serve.process.engine_main", *self.argv], env=self.env)
 
     def _start_frontend(self, index: int) -> None:
         fd = self.sock.fileno()
         env = {**self.env, runtime.FRONTEND_INDEX: str(index), runtime.LISTEN_FD: str(fd)}
         self.beats.beat(index + 1, 0.0)
-        self.frontends[index] = subprocess.Popen([sys.executable, "-m", "placeenv.serve.frontend", *self.argv],
+        self.frontends[index] = subprocess.Popen([sys.executable, "-m", "placeenv.serve.process.frontend_main", *self.argv],
                                                  env=env, pass_fds=(fd,))
 
     def _gone(self, proc: subprocess.Popen, flag: int) -> None:
         """A child has exited: its readiness and its live gauges go with it."""
         self.flags.set(flag, False)
-        from . import metrics  # single-process mode here: the supervisor serves no metrics of its own
+        from .. import metrics  # single-process mode here: the supervisor serves no metrics of its own
 
         metrics.process_dead(proc.pid, str(self.run / "metrics"))
 
@@ -91,7 +91,7 @@ class Supervisor:
 
     def _on_signal(self, sig, frame) -> None:
         self.signalled += 1
-        if self.signalled > 1 and self.draining:
+        if self.signalled > 1 and self.stopping:
             # A second signal hurries the drain, as it does the single process: each front end
             # skips what is left of its shutdown delay.
             for proc in self.frontends:
@@ -183,7 +183,7 @@ class Supervisor:
 
     def _drain(self) -> int:
         """Front ends first (each drains as the single process does), then the engine."""
-        self.draining = True
+        self.stopping = True
         log.info("stopping: the front ends drain, then the engine stops")
         # The front ends hold their own copies: once they close theirs, new connections are refused.
         self.sock.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -66,9 +67,12 @@ def datatype(name: Any, tensor: str, expected: str | None = None) -> np.dtype:
     return dtype
 
 
-def check_datatype(kind: Any, tensor: str, expected: str | None) -> np.dtype:
-    """``datatype`` for a tensor as the client names it (messages quote a prefix of the name)."""
-    return datatype(kind, _label(tensor), expected)
+def check_input(read: Mapping[str, Any], tensor: str, kind: Any, expected: Mapping[str, str]) -> None:
+    """Before an input's data is read: refuse a name already in ``read`` (the inputs read so far), or a
+    datatype other than ``expected[tensor]``, the model's (messages quote a prefix of the name)."""
+    if tensor in read:
+        raise InvalidInput(f"input {prefix(tensor)} appears twice; send each input once")
+    datatype(kind, _label(tensor), expected.get(tensor))
 
 
 def media_type(content_type: str | bytes) -> str:

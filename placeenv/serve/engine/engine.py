@@ -1,11 +1,12 @@
-"""The engine: ``Service.run(work, arrays) -> Result`` on the devices. No HTTP, no JSON.
+"""The engine: models, devices, queues and workers, with one way in, ``Engine.submit``. No HTTP, no JSON.
 
-A request arrives checked against the catalog (``request.Catalog.check``, done by
-the gateway in whichever process received it). Here it is preprocessed on the
-CPU under ``PlaceEnv('cpu')``, queued on the least-loaded device that holds the
-model, batched and run by a worker thread pinned to that device, and answered
-with host arrays. Every failure is a ``ServiceError`` (``errors.py``); every
-accepted request gets exactly one answer.
+A request arrives checked against the catalog (``Catalog.check``, done by the gateway
+in whichever process received it): from ``LocalEngine`` (local.py) in the single
+process, from ``link.EngineServer`` in the engine process. Here it is preprocessed
+on the CPU under ``PlaceEnv('cpu')``, queued on the least-loaded device that holds
+the model (dispatch.py), batched and run by a worker thread pinned to that device
+(workers.py), and answered with host arrays. Every failure is a ``ServiceError``
+(protocol/errors.py); every accepted request gets exactly one answer.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import dataclasses
 import gc
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -23,21 +24,14 @@ import numpy as np
 import placeenv
 from placeenv import PlaceEnv
 
-from . import metrics
-from .config import Settings
+from .. import metrics
+from ..config import Settings
 from .dispatch import DeviceQueue, Dispatcher, Job, Settled
-from .errors import (
-    Draining,
-    InvalidInput,
-    ModelFailed,
-    Overloaded,
-    ServiceError,
-    StartupError,
-)
-from .models import examples
-from .models.base import InputError, Model, ModelError, host_inputs
-from .models.repository import BUNDLED, Entry, RepositoryError, Version, scan
-from .request import Catalog, ModelInfo, Result, VersionInfo, Work
+from ..protocol.errors import InvalidInput, ModelFailed, ServiceError, StartupError, UnknownModel
+from ..models import examples
+from ..models.base import InputError, Model, ModelError, host_inputs
+from ..models.repository import BUNDLED, Entry, RepositoryError, Version, scan
+from ..protocol.request import Catalog, ModelInfo, Result, VersionInfo, Work
 from .workers import Answer, PlaceChecker, WorkerPool
 
 log = logging.getLogger(__name__)
@@ -121,8 +115,13 @@ def read_repository(settings: Settings) -> tuple[dict[str, Entry], dict[str, str
     return entries, skipped
 
 
-class Service:
-    """Models, devices, queues and workers; built by the app's lifespan."""
+#: How the engine answers a request: ``done(result, None)`` or ``done(None, error)``, once, on the loop thread.
+Done = Callable[["Result | None", "BaseException | None"], None]
+
+
+class Engine:
+    """Models, devices, queues and workers: built by the single process's gateway (local.py) or the
+    engine process (process/engine_main.py)."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -142,6 +141,9 @@ class Service:
                 template = version.model_class()
                 template.context = version.context
                 self.templates[entry.name, number] = template
+        # The versions whose model.py has a preprocess of its own: only they run code that could make
+        # a tensor, so only they need PlaceEnv('cpu') (two Tracer switches) and may go to the pool.
+        self.own_preprocess = {key: type(t).preprocess is not Model.preprocess for key, t in self.templates.items()}
         self.devices = resolve_devices(settings)
         queues = {
             d: DeviceQueue(d, settings.queue_capacity, settings.workers_per_device) for d in self.devices
@@ -151,9 +153,8 @@ class Service:
         self.preprocess_pool = ThreadPoolExecutor(settings.preprocess_threads, thread_name_prefix="preprocess")
         self.check_cpu = PlaceChecker("preprocess", "cpu")
         self.stats = {key: Stats() for key in self.templates}  # written on the event loop thread only
-        self.received = self.answered = 0  # infer calls that started / returned
-        self.stopping = False  # SIGTERM arrived: not ready, still serving until the drain
-        self.draining = False  # new requests are refused
+        self.received = self.answered = 0  # requests submitted / answered
+        self.stopping = False  # not ready; requests are still served until the dispatcher closes
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -198,17 +199,12 @@ class Service:
         self.stopping = True
         metrics.READY.set(0)
 
-    def begin_drain(self) -> None:
-        """Refuse new requests (503 Draining); accepted ones still finish."""
-        self.begin_stopping()
-        self.draining = self.dispatcher.draining = True
-
     def stop(self) -> None:
-        self.begin_drain()
+        """Refuse new requests (503 Draining), let the workers finish what they hold, answer the rest."""
+        self.begin_stopping()
+        self.dispatcher.close()
         self.pool.stop(self.settings.shutdown_grace_s)
-        for queue in self.dispatcher.queues.values():
-            for job in queue.drain_unstarted():
-                job.fail(Draining("the service is shutting down"))
+        self.dispatcher.fail_unstarted()
         self.preprocess_pool.shutdown(wait=True)
         log.info("stopped: %d inference requests received, %d answered", self.received, self.answered)
 
@@ -228,7 +224,8 @@ class Service:
             models[entry.name] = ModelInfo(
                 entry.name, versions, entry.max_batch_size, entry.max_batch_delay_ms, entry.config.description,
                 {**entry.config.model_dump(mode="json", exclude={"inputs", "outputs"}), "backends": backends})
-        return Catalog(models, dict(self.skipped), list(self.devices), self.settings.max_examples_per_request)
+        return Catalog(models, dict(self.skipped), list(self.devices), self.settings.max_examples_per_request,
+                       self.dispatcher.capacity(self.settings.max_batch_size))
 
     def status(self) -> dict:
         """Readiness, as ``/readyz`` shows it: each worker started and alive."""
@@ -242,75 +239,54 @@ class Service:
 
     # -- the request path --------------------------------------------------------------------
 
-    async def run(self, work: Work, arrays: Mapping[str, np.ndarray]) -> Result:
-        """Run a checked request (``Catalog.check``): preprocess, queue, batch, answer."""
+    def submit(self, work: Work, arrays: Mapping[str, np.ndarray], done: Done) -> None:
+        """The one way in: run a checked request (``Catalog.check``), answered by ``done`` once on the
+        loop thread. No task per request: a request preprocessed on the pool's threads takes one."""
         key = (work.model, work.version)
         self.received += 1  # event-loop thread only
-        try:
-            self._admit(key)
-            result = await self._run(self.entries[work.model], self.entries[work.model].versions[work.version],
-                                     arrays, work.examples, work.outputs, work.inline, work.arrived)
-        except ServiceError:
-            self._failed(key, work.arrived)
-            raise
-        finally:
-            self.answered += 1
-        self._succeeded(key, result)
-        return result
 
-    def submit(self, work: Work, arrays: Mapping[str, np.ndarray], done) -> None:
-        """``run``, answered by calling ``done(result, None)`` or ``done(None, error)`` once on the loop
-        thread: the engine process's form, which needs no task per request (link.py). A request
-        preprocessed on a thread of the pool still takes one."""
+        def answer(result: Result | None, error: BaseException | None) -> None:
+            self.answered += 1
+            if error is None:
+                self._succeeded(key, result)
+            elif isinstance(error, ServiceError):
+                self._failed(key, work.arrived)
+            done(result, error)
+
+        try:
+            entry, version, template = self._served(work)
+            self.dispatcher.admit(key)  # before spending CPU on preprocessing
+            if self._preprocess_inline(key, work):
+                self._enqueue(entry, version, work, self._prepare(key, entry, template, arrays), answer)
+            else:
+                asyncio.ensure_future(self._preprocess_then_enqueue(entry, version, template, work, arrays, answer))
+        except Exception as exc:  # a ServiceError, or a bug of ours: answered either way
+            answer(None, exc)
+
+    def _served(self, work: Work) -> tuple[Entry, Version, Model]:
+        """What serves ``work``; ``UnknownModel`` when nothing does (a front end's catalog may be older)."""
         entry = self.entries.get(work.model)
         template = self.templates.get((work.model, work.version))
-        if (entry is None or template is None or work.version not in entry.versions
-                or not work.inline and type(template).preprocess is not Model.preprocess):
-            asyncio.ensure_future(self._run_then(work, arrays, done))  # run's own answers, errors included
-            return
-        version = entry.versions[work.version]
-        key = (work.model, work.version)
-        self.received += 1
+        if entry is None or template is None or work.version not in entry.versions:
+            raise UnknownModel(f"model {work.model!r} version {work.version} is not served")
+        return entry, entry.versions[work.version], template
 
-        def settled(answer: Answer | None, error: BaseException | None) -> None:
-            timer.cancel()
-            self.answered += 1
-            if error is not None:
-                if isinstance(error, ServiceError):
-                    error.device = job.device or "none"
-                    self._failed(key, work.arrived)
-                done(None, error)
-                return
-            result = self._result(entry, version, job, answer, work.outputs, preprocessed, work.arrived)
-            self._succeeded(key, result)
-            done(result, None)
+    def _preprocess_inline(self, key: tuple[str, int], work: Work) -> bool:
+        """Where a request is preprocessed: on the event loop thread when the model has no preprocess of
+        its own or the request is small (cheaper than two thread hand-offs), else on the pool's threads."""
+        return work.inline or not self.own_preprocess[key]
 
+    async def _preprocess_then_enqueue(self, entry: Entry, version: Version, template: Model, work: Work,
+                                       arrays, answer: Done) -> None:
         try:
-            self._admit(key)
-            tensors = self._prepare(entry, template, arrays)
-            job, timer, preprocessed = self._enqueue(entry, version, tensors, work.examples, work.arrived,
-                                                     asyncio.get_running_loop(), Settled(settled))
-        except ServiceError as exc:
-            self._failed(key, work.arrived)
-            self.answered += 1
-            done(None, exc)
-        except Exception as exc:  # a bug of ours: still answered, as ``run``'s caller answers it
-            self.answered += 1
-            done(None, exc)
-
-    async def _run_then(self, work: Work, arrays, done) -> None:
-        try:
-            result = await self.run(work, arrays)
-        except Exception as exc:  # noqa: BLE001 - every outcome is ``done``'s to answer
-            done(None, exc)
-        else:
-            done(result, None)
-
-    def _admit(self, key: tuple[str, int]) -> None:
-        if self.draining:
-            raise Draining("the service is shutting down")
-        if not self.dispatcher.has_room(key):  # refuse before spending CPU on preprocessing
-            raise Overloaded("every device queue serving this model is full; retry later")
+            loop = asyncio.get_running_loop()
+            try:
+                tensors = await loop.run_in_executor(self.preprocess_pool, self._preprocess, template, arrays)
+            except Exception as exc:
+                raise self._preprocess_error(entry, exc) from None
+            self._enqueue(entry, version, work, tensors, answer)
+        except Exception as exc:  # a ServiceError (Draining meanwhile, Overloaded), or a bug of ours
+            answer(None, exc)
 
     def _failed(self, key: tuple[str, int], arrived: float) -> None:
         stats = self.stats.get(key)
@@ -328,36 +304,14 @@ class Service:
         stats.preprocess_ns += int(timings["preprocess_ms"] * 1e6)
         stats.last_inference_ms = int(time.time() * 1000)
 
-    async def _run(self, entry: Entry, version: Version, arrays, examples: int, wanted: list[str],
-                   inline: bool, arrived: float) -> Result:
-        loop = asyncio.get_running_loop()
-        template = self.templates[entry.name, version.number]
-        if inline or type(template).preprocess is Model.preprocess:
-            tensors = self._prepare(entry, template, arrays)
-        else:
-            try:
-                tensors = await loop.run_in_executor(self.preprocess_pool, self._preprocess, template, arrays)
-            except Exception as exc:
-                raise self._preprocess_error(entry, exc) from None
-        job, timer, preprocessed = self._enqueue(entry, version, tensors, examples, arrived, loop,
-                                                 loop.create_future())
+    def _prepare(self, key: tuple[str, int], entry: Entry, template: Model, arrays) -> dict:
+        """Preprocess on this thread (``_preprocess_inline``)."""
         try:
-            answer: Answer = await job.future
-        except ServiceError as exc:
-            exc.device = job.device or "none"
-            raise
-        finally:
-            timer.cancel()
-        return self._result(entry, version, job, answer, wanted, preprocessed, arrived)
-
-    def _prepare(self, entry: Entry, template: Model, arrays) -> dict:
-        """Preprocess on this thread: a model without a preprocess of its own, or a small request."""
-        try:
-            if type(template).preprocess is Model.preprocess:
-                # No preprocess of the model's own: nothing runs that could make a tensor, so no
-                # PlaceEnv('cpu'), whose two Tracer switches cost a small request time for nothing.
+            if not self.own_preprocess[key]:
+                # Nothing runs that could make a tensor, so no PlaceEnv('cpu'), whose two Tracer
+                # switches cost a small request time for nothing.
                 return host_inputs(template.context, arrays)
-            return self._preprocess(template, arrays)  # small: cheaper here than two thread hand-offs
+            return self._preprocess(template, arrays)
         except Exception as exc:
             raise self._preprocess_error(entry, exc) from None
 
@@ -370,19 +324,30 @@ class Service:
         log.error("model %r: preprocess failed", entry.name, exc_info=exc)
         return ModelFailed(f"model {entry.name!r}: preprocess failed: {type(exc).__name__}: {str(exc)[:300]}")
 
-    def _enqueue(self, entry: Entry, version: Version, tensors, examples: int, arrived: float, loop, future):
-        """Queue a preprocessed request on a device: its job, its deadline's timer, when preprocessing ended."""
+    def _enqueue(self, entry: Entry, version: Version, work: Work, tensors, answer: Done) -> None:
+        """Queue a preprocessed request on a device, with a timer at its deadline; the job's answer, from
+        a worker or the timer, becomes the request's ``Result`` or error."""
+        loop = asyncio.get_running_loop()
         preprocessed = time.perf_counter()
-        metrics.ON_LOOP.observe(metrics.ON_LOOP.preprocess, (entry.name,), preprocessed - arrived)
+        metrics.ON_LOOP.observe(metrics.ON_LOOP.preprocess, (entry.name,), preprocessed - work.arrived)
+
+        def settled(found: Answer | None, error: BaseException | None) -> None:
+            timer.cancel()
+            if error is not None:
+                if isinstance(error, ServiceError):
+                    error.device = job.device or "none"
+                answer(None, error)
+            else:
+                answer(self._result(entry, version, job, found, work.outputs, preprocessed, work.arrived), None)
+
         job = Job(
-            model=(entry.name, version.number), inputs=tensors, examples=examples,
-            batched=entry.max_batch_size > 0, loop=loop, future=future, arrived=arrived,
-            deadline=arrived + self.settings.request_timeout_s,
+            model=(entry.name, version.number), inputs=tensors, examples=work.examples,
+            batched=entry.max_batch_size > 0, loop=loop, future=Settled(settled), arrived=work.arrived,
+            deadline=work.deadline,
         )
         self.dispatcher.submit(job)  # Overloaded or Draining
         # A timer, not asyncio.wait(timeout=): one handle instead of a waiter future and callbacks.
         timer = loop.call_later(max(0.0, job.deadline - time.perf_counter()), job.expire)
-        return job, timer, preprocessed
 
     def _result(self, entry: Entry, version: Version, job: Job, answer: Answer, wanted: list[str],
                 preprocessed: float, arrived: float) -> Result:

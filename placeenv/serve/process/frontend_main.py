@@ -1,10 +1,10 @@
 """A front-end process (``--frontends`` K >= 1): HTTP and gRPC, the engine in another process.
 
-Started by the supervisor (``__main__``) with the service's own arguments. It serves
+Started by the supervisor (supervisor.py) with the service's own arguments. It serves
 the same app as the single process, on the HTTP socket the supervisor bound (inherited,
 so the K front ends share it and the kernel spreads connections among them) and, with
-``--grpc-port``, on that port shared with SO_REUSEPORT. Its gateway checks each request
-against the engine's catalog and sends it over ``link.EngineClient``. Paddle is not
+``--grpc-port``, on that port shared with SO_REUSEPORT (server.py). Its gateway checks each
+request against the engine's catalog and sends it over ``link.EngineClient``. Paddle is not
 imported here: preprocessing runs in the engine, under ``@PlaceEnv('cpu')``, where the
 place checks see it.
 """
@@ -19,10 +19,8 @@ import socket
 import sys
 from contextlib import asynccontextmanager
 
-import uvicorn
-
 from . import runtime
-from .config import Settings
+from ..config import Settings
 
 log = logging.getLogger("placeenv.serve.frontend")
 
@@ -43,21 +41,18 @@ def main(argv: list[str] | None = None) -> int:
     flags = runtime.ReadyFlags(run / "ready")
     beats = runtime.Heartbeats(run / "beats")
 
-    from .__main__ import DrainingServer
-    from .app import create_app
+    from .. import metrics
+    from ..protocol.gateway import Gateway
+    from .link import EngineClient, endpoint
+    from .server import serve
 
     @asynccontextmanager
     async def connect(settings: Settings):
-        from .gateway import Gateway
-        from .link import EngineClient, address
-
-        from . import metrics
-
         def stopping() -> None:
             flags.set(index + 1, False)
             metrics.READY.set(0)
 
-        client = EngineClient(address(str(run)), settings)
+        client = EngineClient(endpoint(str(run)))
         await client.connect()
         gateway = Gateway(settings, client, peers_ready=flags.all, on_stopping=stopping)
         # The engine's own vote leaves with its process (metrics.process_dead): this one says it is gone.
@@ -72,12 +67,7 @@ def main(argv: list[str] | None = None) -> int:
             beating.cancel()
             await client.close()
 
-    app = create_app(settings, connect=connect, shared_ports=True)
-    config = uvicorn.Config(app, log_level=settings.log_level, timeout_graceful_shutdown=settings.shutdown_grace_s,
-                            access_log=settings.access_log)
-    server = DrainingServer(config, app, settings, supervised=True, told=told)
-    server.run(sockets=[sock])
-    return 0 if server.started else 1
+    return serve(settings, connect, sock, supervised=True, told=told)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,153 @@
+"""The inference routes: one table, one router, one JSON renderer.
+
+Each ``InferRoute`` is a path, the adapter that serves it (``handle(gateway, call)``: read the body,
+``Gateway.infer``, render) and what its documentation says. ``InferRouter`` serves every request
+to those paths, ahead of FastAPI: six middleware layers, routing through every route, a
+``Request``, dependency solving and body validation were the largest share of a small request's
+time on the event loop (the profile in docs/benchmarks.md). ``document`` adds the same table to
+the FastAPI app for its OpenAPI documentation only: those endpoints are never reached.
+
+The router owns what every route shares: the arrival time, the body limit, the method, the
+answer to a ``ServiceError`` (``errors.OUTCOMES``) and to a bug of ours. What it refuses before
+an adapter runs (413, 405, not started) it counts through the gateway; the gateway counts the rest.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Response
+from starlette.routing import compile_path
+
+from ..protocol.errors import MethodNotAllowed, NotReady, ServiceError
+from ..protocol.request import ARRIVED, arrival
+from .middleware import BodyLimit, header, headers
+from .responses import JSON, error_key, refusal
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One inference request as a route's adapter reads it."""
+
+    params: dict[str, str]  # the path's parameters
+    body: bytes  # whole, within the body limit
+    scope: dict
+
+    def header(self, name: bytes) -> bytes | None:
+        return header(self.scope, name)
+
+    def headers(self, names: tuple[bytes, ...]) -> list[str | None]:
+        return headers(self.scope, names)
+
+    @property
+    def arrived(self) -> float:
+        return arrival(self.scope)
+
+
+#: A route's adapter: the answer to one call, or a ``ServiceError``.
+Handler = Callable[[Any, Call], Awaitable[Response]]
+
+
+@dataclass(frozen=True)
+class InferRoute:
+    """A POST route of the table: ``path`` as FastAPI writes it, ``handle(gateway, call)``, and the
+    documentation: ``body``, the pydantic model of its request body."""
+
+    path: str
+    handle: Handler
+    summary: str
+    about: str  # what GET / and a 405 say of it
+    body: type | None = None
+    response_model: type | None = None
+    responses: dict = field(default_factory=dict)
+    openapi_extra: dict | None = None
+    tags: list[str] | None = None
+
+    def __post_init__(self) -> None:
+        regex, _, params = compile_path(self.path)  # as Starlette's router matches it
+        object.__setattr__(self, "regex", regex)
+        object.__setattr__(self, "params", tuple(params))
+
+    def match(self, path: str) -> dict[str, str] | None:
+        found = self.regex.match(path)
+        return None if found is None else found.groupdict()
+
+    def documented(self):
+        """The FastAPI endpoint that documents the route (the path's parameters, and ``body``); the
+        router answers every request to the path, so it never runs."""
+
+        async def documented(**params) -> Response:
+            raise AssertionError(f"{self.path} is served by the InferRouter, ahead of FastAPI")
+
+        keyword = inspect.Parameter.KEYWORD_ONLY
+        parameters = [inspect.Parameter(name, keyword, annotation=str) for name in self.params]
+        if self.body is not None:
+            parameters.append(inspect.Parameter("body", keyword, annotation=self.body))
+        documented.__signature__ = inspect.Signature(parameters, return_annotation=Response)
+        documented.__name__ = self.handle.__name__  # FastAPI's operationId starts with it
+        return documented
+
+
+def document(app: FastAPI, routes: Sequence[InferRoute]) -> None:
+    """Add ``routes`` to ``app``'s OpenAPI documentation."""
+    for route in routes:
+        app.add_api_route(route.path, route.documented(), methods=["POST"], summary=route.summary,
+                          description=route.about, response_model=route.response_model,
+                          responses=route.responses, openapi_extra=route.openapi_extra, tags=route.tags)
+
+
+class InferRouter:
+    """ASGI: every request to a path of ``routes``, with the body limit and the error answers."""
+
+    def __init__(self, routes: Sequence[InferRoute], limit: int, retry_after_s: int) -> None:
+        self.routes, self.retry_after_s = tuple(routes), retry_after_s
+        self.limit = BodyLimit(None, limit)
+
+    def find(self, path: str) -> tuple[InferRoute, dict[str, str]] | None:
+        for route in self.routes:
+            params = route.match(path)
+            if params is not None:
+                return route, params
+        return None
+
+    async def __call__(self, scope, receive, send, route: InferRoute, params: dict[str, str]):
+        path = scope["path"]
+        gateway = getattr(scope["app"].state, "gateway", None)
+        try:
+            if scope["method"] != "POST":
+                raise MethodNotAllowed(scope["method"], path, "POST", {"POST": route.about})
+            body = await self.limit.read(scope, receive)
+            if body is None:  # the client left
+                return None
+            if gateway is None:
+                raise NotReady("the service is starting: its models are loading; retry later")
+            response = await route.handle(gateway, Call(params, body, scope))
+        except ServiceError as exc:
+            if gateway is not None and not exc.counted:
+                gateway.refuse(exc)
+            response = refusal(exc, path, self.retry_after_s)
+        except Exception as exc:
+            # As FastAPI's handler answers a bug of ours; raised on, uvicorn logs the traceback.
+            await JSON({error_key(path): f"internal error ({type(exc).__name__}); see the service log"},
+                       status_code=500)(scope, receive, send)
+            raise
+        return await response(scope, receive, send)
+
+
+class ServiceApp(FastAPI):
+    """The FastAPI app, with its inference routes served first by ``InferRouter``."""
+
+    infer: InferRouter
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            scope[ARRIVED] = time.perf_counter()  # the one arrival time every route reads
+            found = self.infer.find(scope["path"])
+            if found is not None:
+                scope["app"] = self  # as Starlette sets it
+                return await self.infer(scope, receive, send, *found)
+        return await super().__call__(scope, receive, send)
