@@ -65,7 +65,9 @@ class StubService:
         self.Result = Result
         self.outputs = {"probabilities": np.full((1, 10), 0.1, np.float32)}
         self.received = self.answered = 0
-        self.catalog_value = Catalog({}, {}, ["sim:0"], 32)
+        # As many requests in flight as the front end sends: the link refuses past the catalog's capacity.
+        extra = {"capacity": 1 << 20} if "capacity" in Catalog.__struct_fields__ else {}
+        self.catalog_value = Catalog({}, {}, ["sim:0"], 32, **extra)
 
     def catalog(self):
         return self.catalog_value

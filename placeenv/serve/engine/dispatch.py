@@ -266,7 +266,7 @@ class DeviceQueue:
             self._cond.notify_all()
             self._more.notify_all()
 
-    def drain_unstarted(self) -> list[Job]:
+    def take_unstarted(self) -> list[Job]:
         with self._cond:
             jobs, self._jobs = list(self._jobs), collections.deque()
             return jobs
@@ -317,5 +317,5 @@ class Dispatcher:
     def fail_unstarted(self) -> None:
         """Answer every job still queued (the workers have stopped) with 503 Draining."""
         for queue in self.queues.values():
-            for job in queue.drain_unstarted():
+            for job in queue.take_unstarted():
                 job.fail(Draining(STOPPING))

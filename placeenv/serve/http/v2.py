@@ -133,14 +133,14 @@ def render(result: Result, request: InferenceRequest) -> Response:
     asked = {o.name: o.parameters for o in request.outputs or []}
     outputs, blobs = [], []
     for name, array in result.outputs.items():
-        entry = {"name": name, "datatype": result.datatypes[name], "shape": list(array.shape)}
+        described = {"name": name, "datatype": result.datatypes[name], "shape": list(array.shape)}
         if asked.get(name, {}).get("binary_data", everything):
             blob = wire.to_binary(array)
-            entry["parameters"] = {"binary_data_size": len(blob)}
+            described["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
         else:
-            entry["data"] = array.ravel().tolist()
-        outputs.append(entry)
+            described["data"] = array.ravel().tolist()
+        outputs.append(described)
     body = {"model_name": result.model, "model_version": str(result.version), "outputs": outputs}
     if request.id is not None:
         body["id"] = request.id

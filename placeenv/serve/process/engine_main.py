@@ -21,9 +21,6 @@ from ..config import Settings
 
 log = logging.getLogger("placeenv.serve.engine")
 
-#: Exit status of an engine that cannot start as configured: the supervisor does not restart it.
-CANNOT_START = 3
-
 
 def main(argv: list[str] | None = None) -> int:
     stopped = _take_signals()
@@ -48,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         engine.start()
     except StartupError as exc:
         log.error("cannot start: %s", exc)
-        return CANNOT_START
+        return runtime.CANNOT_START
     log.info("engine: serving %s on %s (isolation %s)", ", ".join(engine.entries), ", ".join(engine.devices),
              settings.isolation)
     return asyncio.run(serve(engine, flags, beats, run, stopped))

@@ -95,6 +95,9 @@ def die_with_parent() -> None:
         os._exit(1)
 
 
+#: Exit status of an engine that cannot start as configured: the supervisor does not restart it.
+CANNOT_START = 3
+
 #: The signal the supervisor stops its children with. SIGTERM and SIGINT may reach every process
 #: of the group at once (Ctrl-C, ``timeout``, systemd): a child leaves those to the supervisor,
 #: which stops the front ends first, then the engine.

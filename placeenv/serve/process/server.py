@@ -27,7 +27,7 @@ from .cli import ready_message
 log = logging.getLogger(__name__)
 
 
-class DrainingServer(uvicorn.Server):
+class UvicornServer(uvicorn.Server):
     """uvicorn with the shutdown sequence a load balancer needs.
 
     On SIGTERM/SIGINT:
@@ -130,6 +130,6 @@ def serve(settings: Settings, connect, sock: socket.socket, supervised: bool = F
     app = create_app(settings, connect_with_grpc)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
                             timeout_graceful_shutdown=settings.shutdown_grace_s, access_log=settings.access_log)
-    server = DrainingServer(config, app, settings, supervised=supervised, told=told, closers=closers)
+    server = UvicornServer(config, app, settings, supervised=supervised, told=told, closers=closers)
     server.run(sockets=[sock])
     return 0 if server.started else 1

@@ -1,6 +1,6 @@
-"""The supervisor (``--frontends`` K >= 1): starts the engine and K front ends, restarts what dies, drains.
+"""The supervisor (``--frontends`` K >= 1): starts the engine and K front ends, restarts what dies, stops them.
 
-It imports neither Paddle nor the app. It binds the HTTP socket (``__main__``), makes
+It imports neither Paddle nor the app. It takes the HTTP socket cli.py bound, makes
 the run directory (``runtime``), starts the engine (``python -m placeenv.serve.process.engine_main``)
 and, once the engine is ready, the front ends (``python -m placeenv.serve.process.frontend_main``),
 each inheriting the socket.
@@ -12,7 +12,7 @@ each inheriting the socket.
   and readiness is off. With ``--restart never`` the service exits non-zero.
 * An engine or front end whose event loop has not run for ``--hung-after-s`` (its
   beat in the run directory is that old) is killed, and handled as one that died.
-* SIGTERM or SIGINT: the front ends drain (readiness off, the shutdown delay, the
+* SIGTERM or SIGINT: the front ends stop (readiness off, the shutdown delay, the
   listener closes, accepted requests are answered), then the engine stops; exit 0.
 """
 
@@ -31,7 +31,6 @@ from pathlib import Path
 
 from . import runtime
 from ..config import Settings
-from .engine_main import CANNOT_START  # imports neither Paddle nor the app
 
 log = logging.getLogger("placeenv.serve.supervisor")
 
@@ -92,7 +91,7 @@ class Supervisor:
     def _on_signal(self, sig, frame) -> None:
         self.signalled += 1
         if self.signalled > 1 and self.stopping:
-            # A second signal hurries the drain, as it does the single process: each front end
+            # A second signal hurries the stop, as it does the single process's: each front end
             # skips what is left of its shutdown delay.
             for proc in self.frontends:
                 if proc is not None and proc.poll() is None:
@@ -100,11 +99,11 @@ class Supervisor:
 
     def _start(self) -> int | None:
         """Start the engine and, once it is ready, the front ends; None once all are ready, else the
-        exit status (a signal during start-up: 0, after draining what already serves)."""
+        exit status (a signal during start-up: 0, after stopping what already serves)."""
         self._start_engine()
         while not self.flags.all():
             if self.signalled:
-                return self._drain() if self._any_frontend() else 0
+                return self._stop_children() if self._any_frontend() else 0
             if self.engine.poll() is not None:
                 self._gone(self.engine, 0)
                 log.error("the engine exited during start-up (exit status %s)", self.engine.returncode)
@@ -146,10 +145,10 @@ class Supervisor:
                     self._start_frontend(index)
             if self.engine is not None and self.engine.poll() is not None:
                 self._gone(self.engine, 0)
-                if self.settings.restart == "never" or self.engine.returncode == CANNOT_START:
+                if self.settings.restart == "never" or self.engine.returncode == runtime.CANNOT_START:
                     log.error("the engine (pid %d) exited with status %s; --restart %s: stopping the service",
                               self.engine.pid, self.engine.returncode, self.settings.restart)
-                    return max(1, self._drain())
+                    return max(1, self._stop_children())
                 log.error("the engine (pid %d) exited with status %s: starting it again in %.1f s",
                           self.engine.pid, self.engine.returncode, backoff["engine"].next(now))
                 self.engine = None
@@ -159,7 +158,7 @@ class Supervisor:
                 if proc is not None and self._ready_for(key):
                     backoff[key].reset()
             time.sleep(TICK_S)
-        return self._drain()
+        return self._stop_children()
 
     def _kill_hung(self, now: float, awake_since: float) -> None:
         """SIGKILL each child whose event loop has not run for ``hung_after_s`` (since ``awake_since``,
@@ -181,10 +180,10 @@ class Supervisor:
     def _ready_for(self, key: str) -> bool:
         return self.flags.is_set(0 if key == "engine" else int(key.split()[1]) + 1)
 
-    def _drain(self) -> int:
-        """Front ends first (each drains as the single process does), then the engine."""
+    def _stop_children(self) -> int:
+        """Front ends first (each stops as the single process does), then the engine."""
         self.stopping = True
-        log.info("stopping: the front ends drain, then the engine stops")
+        log.info("stopping: the front ends first, then the engine")
         # The front ends hold their own copies: once they close theirs, new connections are refused.
         self.sock.close()
         codes = []
