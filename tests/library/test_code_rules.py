@@ -375,3 +375,51 @@ def test_the_one_entry_rule_sees_a_second_way_in():
         ["self.engine"]
     assert calls("gateway.refuse(error, name)\n", "refuse") == ["gateway"]
     assert calls("metrics.ON_LOOP.count(label, 'none', 'invalid')\n", "count") == ["metrics.ON_LOOP"]
+
+
+# -- the service's tests mirror its rooms: the tests of placeenv/serve/<room>/ are in tests/service/<room>/ --
+
+SERVICE_TESTS = ROOT / "tests" / "service"
+#: What stays at tests/service/'s top level: the conftest every room's tests share, the tests of the
+#: base module metrics.py, and of the benchmarks' reference apps beside the service (docs/testing.md).
+SERVICE_TESTS_TOP = {"conftest.py", "test_metrics.py", "test_benchmark_apps.py"}
+
+
+def service_rooms() -> set[str]:
+    """The rooms of ``ROOMS`` that exist in placeenv/serve, as a folder or a module."""
+    return {name for name in ROOMS if not name.startswith("__")
+            and ((SERVE / name).is_dir() or (SERVE / f"{name}.py").is_file())}
+
+
+def off_the_rooms(tests: Path, rooms: set[str], top: set[str]) -> list[str]:
+    """What breaks the mirror in ``tests``: a folder that is no room (``name/``), a room with no folder
+    (``name/ missing``), a Python file at the top level that is not in ``top``."""
+    folders = {p.name for p in tests.iterdir() if p.is_dir() and not p.name.startswith(("_", "."))}
+    loose = {p.name for p in tests.glob("*.py")} - top
+    return sorted([f"{name}/" for name in folders - rooms] + [f"{name}/ missing" for name in rooms - folders]
+                  + list(loose))
+
+
+def test_the_service_tests_mirror_the_rooms():
+    rooms = service_rooms()
+    assert rooms == {"protocol", "http", "grpc", "engine", "models", "process"}
+    assert off_the_rooms(SERVICE_TESTS, rooms, SERVICE_TESTS_TOP) == []
+    assert all(path.relative_to(SERVICE_TESTS).parts[0] in rooms | SERVICE_TESTS_TOP
+               for path in SERVICE_TESTS.rglob("test_*.py"))
+
+
+def test_the_mirror_rule_sees_a_stray_folder_a_missing_room_and_a_loose_file(tmp_path):
+    """Negative control: a fake tests/service with a folder that is no room, a room without a folder,
+    and a test file at the top level that is not allowed there."""
+    for folder in ("http", "engine", "stray", "__pycache__"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / f"test_{folder.strip('_')}.py").write_text("")
+    (tmp_path / "conftest.py").write_text("")
+    (tmp_path / "test_loose.py").write_text("")
+    assert off_the_rooms(tmp_path, {"http", "engine", "grpc"}, {"conftest.py"}) == \
+        ["grpc/ missing", "stray/", "test_loose.py"]
+    (tmp_path / "stray" / "test_stray.py").unlink()
+    (tmp_path / "stray").rmdir()
+    (tmp_path / "test_loose.py").unlink()
+    (tmp_path / "grpc").mkdir()
+    assert off_the_rooms(tmp_path, {"http", "engine", "grpc"}, {"conftest.py"}) == []

@@ -1,19 +1,16 @@
-"""Fuzzing: schemathesis against the live service's own OpenAPI; hypothesis on parsing and validation.
+"""The HTTP endpoints, fuzzed: schemathesis against the live service's own OpenAPI, hypothesis on its
+request bodies.
 
-* HTTP, schema-driven: schemathesis generates valid and invalid requests for every
+* Schema-driven: schemathesis generates valid and invalid requests for every
   operation in the running service's ``/openapi.json`` (``/predict``, ``/v2``, the
   operational endpoints) and runs its conformance checks, plus two of ours: no 5xx at
   all, and every 4xx explains itself in a JSON ``detail`` (``error`` under ``/v2``).
-* HTTP, input-driven: hypothesis sends arbitrary JSON values (NaN, Infinity, huge
+* Input-driven: hypothesis sends arbitrary JSON values (NaN, Infinity, huge
   integers, lone surrogates included) as a digits ``/predict`` request and as the whole
   body, and mutated Open Inference Protocol requests (JSON and binary tensors) to
   ``/v2/models/digits/infer``; the status must be the one the in-process validator (or
   the mutation) predicts, and every refusal is short: it quotes at most a short prefix
   of anything the client sent.
-* In-process: ``placeenv.to_place`` on arbitrary device strings and ints;
-  ``wire.from_json`` / ``wire.from_binary`` (JSON and binary tensors to arrays) on
-  arbitrary values; the digits model's range check in its ``preprocess``: either a
-  well-formed result or the one documented error type, never anything else.
 
 Every hypothesis run is derandomized and bounded (max_examples), so the file is
 reproducible and takes under a minute here.
@@ -22,8 +19,6 @@ reproducible and takes under a minute here.
 from __future__ import annotations
 
 import json
-import math
-import re
 import urllib.parse
 
 import httpx
@@ -33,54 +28,20 @@ import requests
 import schemathesis
 from hypothesis import HealthCheck, Phase, assume, event, example, given, settings
 from hypothesis import strategies as st
-from hypothesis.extra import numpy as hnp
 from schemathesis.specs.openapi.checks import positive_data_acceptance
+from support.bundled import checked
+from support.fuzzing import DIGIT_VALUES, near_valid_digits, valid_pixel
 
-import placeenv
-from placeenv.serve.protocol import wire
 from placeenv.serve.protocol.errors import InvalidInput
-from placeenv.serve.models import BUNDLED, DATATYPES, InputError, Model, scan
-from placeenv.serve.models.examples import ensure_mobilenet
+from placeenv.serve.models import DATATYPES, InputError
 
-AVAILABLE = "available devices: cpu, sim:0, sim:1, sim:2, sim:3"
-DEVICES = {"cpu", "sim:0", "sim:1", "sim:2", "sim:3"}
 BODY_LIMIT = 1024 * 1024
 MAX_EXAMPLES = 32  # the service's default max_examples_per_request
 ECHO = 41  # an echo quotes at most 40 characters of what the client sent (wire.prefix)
 
-ensure_mobilenet()  # what the service does at start: mobilenet is built, not committed
-ENTRIES, _ = scan([BUNDLED], None, max_batch_size=8, max_batch_delay_ms=2.0)
-PIXELS = ENTRIES["digits"].default.inputs[0]
-IMAGE = ENTRIES["mobilenet"].default.inputs[0]
-
-# In-process property runs: reproducible and bounded. The autouse fixture in conftest is
-# function scoped but only resets placeenv/device state that no example changes.
-PROPERTY = settings(
-    max_examples=300, deadline=None, derandomize=True,
-    suppress_health_check=[HealthCheck.function_scoped_fixture],
-)
 # Over HTTP: each example is a request; no shrinking (each step is one), so a failure reports fast.
 WIRE = settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck),
                 phases=[Phase.explicit, Phase.reuse, Phase.generate])
-
-
-def digits_template() -> Model:
-    """The digits model as the service preprocesses with it: a context, no network."""
-    version = ENTRIES["digits"].default
-    model = version.model_class()
-    model.context = version.context
-    return model
-
-
-DIGITS = digits_template()
-
-
-def checked_digits(examples) -> np.ndarray:
-    """What the service does with digits examples before any worker: JSON to an FP32 array
-    (wire.from_json), the input's datatype and shape (TensorSpec.check), the pixel range (preprocess)."""
-    array = wire.from_json(examples, "FP32", "pixels")
-    PIXELS.check(array)
-    return DIGITS.preprocess({"pixels": array})["pixels"]
 
 
 def client_strings(value) -> list[str]:
@@ -120,24 +81,6 @@ def refusal_problem(response: httpx.Response, key: str, sent: list[str]) -> str 
     return None
 
 
-# ---------------------------------------------------------------------------------------------
-# Strategies: JSON-like values
-# ---------------------------------------------------------------------------------------------
-
-LEAVES = (
-    st.none()
-    | st.booleans()
-    | st.integers()
-    | st.integers(-3, 20)  # near and inside the digits range
-    | st.floats(allow_nan=True, allow_infinity=True)
-    | st.text(max_size=6)
-)
-JSON_VALUES = st.recursive(
-    LEAVES,
-    lambda inner: st.lists(inner, max_size=6) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
-    max_leaves=40,
-)
-
 # Over HTTP, strings may also carry lone surrogates: JSON's "\ud800" escape decodes to one.
 SURROGATES = st.sampled_from(["\ud800", "\udbff", "\udc00", "\udfff"])
 WIRE_TEXT = st.text(alphabet=st.characters() | SURROGATES, max_size=6)
@@ -152,50 +95,6 @@ WIRE_VALUES = st.recursive(
     WIRE_LEAVES, lambda inner: st.lists(inner, max_size=6) | st.dictionaries(WIRE_TEXT, inner, max_size=3),
     max_leaves=40,
 )
-
-# One digits example: 64 values in [0, 16], ints or floats (flat: the 8x8 nested form is gone).
-DIGIT_VALUES = st.lists(st.integers(0, 16) | st.floats(0, 16), min_size=64, max_size=64)
-VALID_DIGITS = st.lists(DIGIT_VALUES, min_size=1, max_size=4)
-
-
-def as_float(leaf) -> float | None:
-    """A JSON number (not bool) as the float64 the service reads it as; None for anything else."""
-    if type(leaf) not in (int, float):
-        return None
-    try:
-        return float(leaf)
-    except OverflowError:  # an int past float64
-        return None
-
-
-def valid_pixel(leaf) -> bool:
-    """Whether a JSON value is a pixel the service takes: a number whose float32 is in [0, 16]."""
-    value = as_float(leaf)
-    with np.errstate(over="ignore"):  # past float32: infinity, as the service casts
-        return value is not None and bool(0 <= np.float32(value) <= 16)  # NaN fails
-
-
-@st.composite
-def near_valid_digits(draw):
-    """A valid digits batch with one cell replaced by an arbitrary value: (batch, whether still valid)."""
-    batch = [list(values) for values in draw(VALID_DIGITS)]
-    leaf = draw(LEAVES | st.integers(0, 16) | st.floats(0, 16))  # still valid, often
-    batch[draw(st.integers(0, len(batch) - 1))][draw(st.integers(0, 63))] = leaf
-    return batch, valid_pixel(leaf)
-
-
-@st.composite
-def near_valid_mobilenet(draw):
-    """A constant 3x32x32 example with one cell replaced: (batch, whether still valid).
-
-    mobilenet (a plain jit.save model) has no value range: any number float64 can hold passes.
-    """
-    fill = draw(st.floats(-1000, 1000))
-    leaf = draw(LEAVES)
-    c, h, w = draw(st.integers(0, 2)), draw(st.integers(0, 31)), draw(st.integers(0, 31))
-    image = np.full((3, 32, 32), fill).tolist()
-    image[c][h][w] = leaf
-    return [image], as_float(leaf) is not None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -297,7 +196,7 @@ def _expected_predict(body) -> int:
     if not inputs or len(inputs) > MAX_EXAMPLES:
         return 400
     try:
-        checked_digits(inputs)
+        checked("digits", inputs)
     except (InvalidInput, InputError):
         return 400
     return 200
@@ -519,317 +418,3 @@ def test_v2_infer_with_any_body_is_a_400_never_a_5xx(service, body, length):
     assert r.status_code == 400, (content[:300], r.status_code, r.text[:300])
     problem = refusal_problem(r, "error", client_strings(body))
     assert problem is None, problem
-
-
-# ---------------------------------------------------------------------------------------------
-# In-process: device strings
-# ---------------------------------------------------------------------------------------------
-
-WHITESPACE = st.text(alphabet=" \t\n\u00a0\u2003", max_size=2)
-KINDS = st.sampled_from(
-    ["cpu", "CPU", "Cpu", "sim", "SIM", "Sim", "gpu", "cuda", "xpu", "dcu", "npu", "custom", ""]
-)
-INDICES = st.one_of(
-    st.just(""), st.integers(-2, 9).map(str), st.integers().map(str), st.text("0123456789", max_size=6),
-    st.text(max_size=3),
-)
-
-
-@st.composite
-def device_like_strings(draw):
-    separator = draw(st.sampled_from(["", ":", ":", "::", "-", "/"]))
-    parts = [draw(WHITESPACE), draw(KINDS | st.text(max_size=5)), draw(WHITESPACE),
-             separator, draw(WHITESPACE), draw(INDICES), draw(WHITESPACE)]
-    return "".join(parts)
-
-
-def _show(device) -> str:
-    # repr() of an int over 4300 digits raises ValueError itself.
-    return f"<int of {device.bit_length()} bits>" if type(device) is int else repr(device)
-
-
-def _check_device(device) -> str | None:
-    try:
-        place = placeenv.to_place(device)
-    except ValueError as exc:
-        assert AVAILABLE in str(exc), f"{_show(device)}: {exc}"
-        return None
-    name = placeenv.device_name(place)
-    assert name in placeenv.available_devices() and name in DEVICES, (_show(device), name)
-    return name
-
-
-@given(device=st.one_of(device_like_strings(), st.text(), st.integers(), st.integers(-5, 8)))
-@PROPERTY
-def test_to_place_returns_an_available_device_or_a_value_error_naming_them(device):
-    # Any other exception type escapes and fails the test.
-    _check_device(device)
-
-
-@st.composite
-def valid_device_spellings(draw):
-    """(spelling, canonical name) for devices that exist here."""
-    pad = WHITESPACE
-    if draw(st.booleans()):
-        kind = draw(st.sampled_from(["cpu", "CPU", "Cpu", "cPU"]))
-        index = draw(st.sampled_from(["", ":0", ": 0", " :00"]))
-        return f"{draw(pad)}{kind}{draw(pad)}{index}{draw(pad)}", "cpu"
-    n = draw(st.integers(0, 3))
-    zeros = "0" * draw(st.integers(0, 2))
-    return f"{draw(pad)}sim{draw(pad)}:{draw(pad)}{zeros}{n}{draw(pad)}", f"sim:{n}"
-
-
-@given(spelling=valid_device_spellings())
-@example(spelling=(" sim : 2 ", "sim:2"))
-@example(spelling=("CPU", "cpu"))
-@PROPERTY
-def test_valid_device_names_round_trip_to_the_canonical_name(spelling):
-    text, canonical = spelling
-    assert placeenv.device_name(placeenv.to_place(text)) == canonical
-    assert placeenv.device_name(placeenv.to_place(canonical)) == canonical
-
-
-@pytest.mark.parametrize("n", range(4))
-def test_int_device_is_the_nth_sim_device(n):
-    assert placeenv.device_name(placeenv.to_place(n)) == f"sim:{n}"
-
-
-def test_device_index_with_more_than_4300_digits():
-    _check_device("sim:" + "1" * 5000)
-
-
-def test_huge_int_device():
-    _check_device(10**5000)
-
-
-# ---------------------------------------------------------------------------------------------
-# In-process: JSON and binary tensors to arrays (wire.py)
-# ---------------------------------------------------------------------------------------------
-
-KIND = st.sampled_from(sorted(DATATYPES))
-_INTEGER_KINDS = {"UINT8", "INT8", "INT16", "INT32", "INT64"}
-
-
-def _leaves(data) -> list:
-    return [leaf for item in data for leaf in _leaves(item)] if isinstance(data, list) else [data]
-
-
-def _takes(kind: str, leaf) -> bool:
-    """The datatypes' documented leaves: BOOL true/false; integers in range; FP numbers (not bool)."""
-    if kind == "BOOL":
-        return type(leaf) is bool
-    if kind in _INTEGER_KINDS:
-        info = np.iinfo(DATATYPES[kind])
-        return type(leaf) is int and info.min <= leaf <= info.max
-    if type(leaf) is int:
-        return abs(leaf) < 2**1024  # what a float64 holds
-    return type(leaf) is float
-
-
-def _from_json_or_error(data, kind, shape=None, tensor="x") -> np.ndarray | None:
-    try:
-        array = wire.from_json(data, kind, tensor, shape)
-    except InvalidInput as exc:  # anything else escapes and fails the test
-        message = str(exc)
-        assert message and len(message) <= 300, message
-        assert f"tensor {tensor!r}" in message, message  # it names the tensor
-        return None
-    assert isinstance(array, np.ndarray) and array.dtype == DATATYPES[kind]
-    return array
-
-
-@st.composite
-def regular_tensors(draw):
-    """(nested lists, kind): a regular array of values the kind takes, as JSON would hold them."""
-    kind = draw(KIND)
-    shape = draw(hnp.array_shapes(min_dims=1, max_dims=3, min_side=0, max_side=4))
-    if kind == "BOOL":
-        elements = st.booleans()
-    elif kind in _INTEGER_KINDS:
-        info = np.iinfo(DATATYPES[kind])
-        elements = st.integers(int(info.min), int(info.max))
-    else:
-        elements = st.floats(allow_nan=True, allow_infinity=True) | st.integers(-(2**70), 2**70)
-    values = draw(st.lists(elements, min_size=math.prod(shape), max_size=math.prod(shape)))
-    array = np.empty(shape, dtype=object)
-    for i, value in enumerate(values):
-        array.flat[i] = value
-    return array.tolist(), kind
-
-
-@given(tensor=regular_tensors())
-@PROPERTY
-def test_from_json_keeps_every_value_of_a_regular_tensor(tensor):
-    data, kind = tensor
-    array = _from_json_or_error(data, kind)
-    assert array is not None, (data, kind)
-    expected = np.array(data, dtype=object)
-    assert array.shape == expected.shape
-    with np.errstate(over="ignore"):  # FP16/FP32 overflow to infinity, as the service casts
-        read_as = np.float64 if kind.startswith("FP") else DATATYPES[kind]
-        want = expected.astype(read_as).astype(DATATYPES[kind])
-    np.testing.assert_array_equal(array, want)
-    # The same values, flat, with the shape given (the v2 form): the same array.
-    flat = _from_json_or_error(array.ravel().tolist(), kind, tuple(array.shape)) if array.size else array
-    np.testing.assert_array_equal(flat, array)
-
-
-@given(data=JSON_VALUES, kind=KIND, shape=st.none() | st.lists(st.integers(-2, 5), max_size=4).map(tuple))
-@example(data=[[0] * 63 + [2**2000]], kind="FP32", shape=None)  # too large for a float
-@example(data=[[10**5000]], kind="INT64", shape=None)  # an int repr() refuses (over 4300 digits)
-@example(data=[[[0] * 8] * 7 + [[0] * 7]], kind="FP32", shape=None)  # ragged
-@example(data=[[True] * 4], kind="FP32", shape=None)  # bool is not a number here
-@example(data=[[1, 0]], kind="BOOL", shape=None)  # nor a number a bool
-@example(data=[[[[[[[[[[0]]]]]]]]]], kind="FP64", shape=None)  # too deep
-@example(data=[], kind="FP32", shape=(2**62, 2**62, 0))  # a size of 0 numpy cannot shape
-@example(data=[], kind="INT8", shape=(0,) * 70)  # over numpy's 64 dimensions
-@example(data=[1.5], kind="UINT8", shape=(1,))
-@PROPERTY
-def test_from_json_on_any_value_gives_an_array_of_the_datatype_or_invalid_input(data, kind, shape):
-    array = _from_json_or_error(data, kind, shape)
-    if array is None:
-        return
-    leaves = _leaves(data)
-    assert all(_takes(kind, leaf) for leaf in leaves), (data, kind)  # nothing the datatype refuses
-    assert array.size == len(leaves)
-    if shape is not None:
-        assert array.shape == shape
-
-
-@given(data=JSON_VALUES, kind=KIND)
-@example(data=[[2**63 - 1]], kind="INT64")  # exact as int, not as the float64 probe
-@example(data=[[2**53 + 1, 1.0]], kind="FP64")
-@PROPERTY
-def test_the_fast_path_agrees_with_the_cell_by_cell_path(data, kind):
-    # fast_array takes vectorised C loops for well-formed data; checked_array walks every value to name a
-    # problem. Whenever the fast path answers, the slow one gives the same array.
-    assume(isinstance(data, list))
-    dtype = DATATYPES[kind]
-    fast = wire.fast_array(data, kind, dtype)
-    try:
-        slow = wire.checked_array(data, kind, dtype, "x")
-    except InvalidInput:
-        assert fast is None, (data, kind)
-        return
-    if fast is not None:
-        assert fast.dtype == slow.dtype == dtype
-        np.testing.assert_array_equal(fast, slow)
-
-
-@st.composite
-def binary_tensors(draw):
-    kind = draw(KIND)
-    shape = tuple(draw(st.lists(st.integers(-1, 4), max_size=3)))
-    itemsize = DATATYPES[kind].itemsize
-    if draw(st.booleans()) and all(d >= 0 for d in shape):  # the right number of bytes, half the time
-        size = math.prod(shape) * itemsize
-        return draw(st.binary(min_size=size, max_size=size)), kind, shape
-    return draw(st.binary(max_size=80)), kind, shape
-
-
-@given(case=binary_tensors())
-@example(case=(b"", "FP32", (2**62, 2**62, 0)))
-@example(case=(b"\x02", "BOOL", (1,)))
-@example(case=(b"\x00" * 8, "FP32", (2, 1)))
-@PROPERTY
-def test_from_binary_reads_little_endian_values_or_refuses(case):
-    buffer, kind, shape = case
-    try:
-        array = wire.from_binary(memoryview(buffer), kind, "x", shape)
-    except InvalidInput as exc:
-        assert "tensor 'x'" in str(exc) and len(str(exc)) <= 300
-        size = math.prod(shape) * DATATYPES[kind].itemsize if all(d >= 0 for d in shape) else -1
-        assert len(buffer) != size or (kind == "BOOL" and max(buffer, default=0) > 1) or size == 0
-        return
-    assert array.dtype == DATATYPES[kind] and array.shape == shape
-    little_endian = DATATYPES[kind].newbyteorder("<")
-    np.testing.assert_array_equal(array, np.frombuffer(buffer, little_endian).reshape(shape))
-    if kind == "BOOL":
-        assert set(buffer) <= {0, 1}
-
-
-def test_a_long_client_tensor_name_is_quoted_as_a_prefix():
-    name = "n" * 100_000
-    for run in (lambda: wire.from_json(["a"], "FP32", name),
-                lambda: wire.from_binary(b"", "FP32", name, (1,)),
-                lambda: wire.from_json([1], "F" * 5000, name)):
-        with pytest.raises(InvalidInput) as caught:
-            run()
-        assert len(str(caught.value)) < 250 and "(100000 characters)" in str(caught.value)
-
-
-# ---------------------------------------------------------------------------------------------
-# In-process: digits request validation (wire, the input spec, the model's preprocess)
-# ---------------------------------------------------------------------------------------------
-
-
-def _checked_or_error(value) -> np.ndarray | None:
-    try:
-        batch = checked_digits(value)
-    except (InvalidInput, InputError) as exc:
-        assert str(exc) and len(str(exc)) <= 300, "a refusal says what is wrong, briefly"
-        return None
-    # Anything else escapes and fails the test.
-    assert isinstance(batch, np.ndarray) and batch.dtype == np.float32
-    assert batch.shape == (len(value), 64)
-    assert np.isfinite(batch).all() and (batch >= 0).all() and (batch <= 1).all()
-    return batch
-
-
-@given(value=JSON_VALUES)
-@example(value=[[0] * 63 + [2**2000]])  # too large for a float
-@example(value=[[[0] * 8] * 7 + [[0] * 7]])  # ragged
-@example(value=[[True] * 64])  # bool is not a number here
-@example(value=[[[[[[0]]]]]] * 2)  # too deep
-@PROPERTY
-def test_digits_validation_of_arbitrary_values_gives_a_batch_or_the_clients_error(value):
-    _checked_or_error(value)
-
-
-@given(case=near_valid_digits())
-@settings(PROPERTY, max_examples=150)
-def test_digits_with_one_arbitrary_cell(case):
-    batch, ok = case
-    result = _checked_or_error(batch)
-    assert (result is not None) == ok, batch
-
-
-@given(case=near_valid_mobilenet())
-@settings(PROPERTY, max_examples=60)
-def test_mobilenet_with_one_arbitrary_cell(case):
-    batch, ok = case
-    try:
-        array = wire.from_json(batch, "FP32", "image")
-        IMAGE.check(array)
-    except (InvalidInput, InputError):
-        assert not ok, batch[0][0][0][:4]
-        return
-    assert ok and array.shape == (1, 3, 32, 32)
-
-
-@given(examples=VALID_DIGITS)
-@settings(PROPERTY, max_examples=150)
-def test_valid_digits_inputs_check_to_the_same_values_scaled(examples):
-    batch = checked_digits(examples)
-    expected = np.array(examples, dtype=np.float32)
-    assert batch.shape == (len(examples), 64) and batch.dtype == np.float32
-    np.testing.assert_allclose(batch, expected / 16, rtol=1e-6)
-
-
-@given(pixels=hnp.arrays(np.float32, st.tuples(st.integers(1, 4), st.just(64)),
-                         elements=st.floats(-1, 17, width=32) | st.sampled_from([np.nan, np.inf, -np.inf])))
-@PROPERTY
-def test_the_digits_range_check_names_a_value_that_is_really_out_of_range(pixels):
-    in_range = bool(((pixels >= 0) & (pixels <= 16)).all())  # NaN is not
-    try:
-        out = DIGITS.preprocess({"pixels": pixels})["pixels"]
-    except InputError as exc:
-        assert not in_range
-        found = re.search(r"has value (\S+) at position \[(\d+), (\d+)\]; expected pixels in \[0, 16\]",
-                          str(exc))
-        assert found, str(exc)
-        value = pixels[int(found[2]), int(found[3])]
-        assert not 0 <= value <= 16 and f"{value:g}" == found[1]
-        return
-    assert in_range
-    np.testing.assert_allclose(out, pixels / 16, rtol=1e-6)

@@ -17,7 +17,6 @@ program run here with ``paddle.jit.load``.
 from __future__ import annotations
 
 import asyncio
-import functools
 import gzip
 import json
 import threading
@@ -31,13 +30,13 @@ import paddle
 import pytest
 import tritonclient.http as triton
 from support import wait_until
+from support.models import digits_locally, run_locally
 from support.servers import REPOSITORIES, ServiceProcess, workers_held
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from placeenv import PlaceEnv
 from placeenv.serve.models.examples import mobilenet_home
-from placeenv.serve.models.repository import BUNDLED
-from placeenv.serve.models.train_digits import PIXEL_MAX, held_out_split
+from placeenv.serve.models.train_digits import held_out_split
 
 SIM = ("sim:0", "sim:1", "sim:2", "sim:3")
 #: ``gate`` (tests/repository) holds a worker until the test lets it go: batching without racing the clock.
@@ -151,32 +150,6 @@ def service_settings(request, repository):
 def client(service):
     with triton.InferenceServerClient(url=service.url.removeprefix("http://")) as client:
         yield client
-
-
-# -- local references: the same saved programs, run here ------------------------------------------------
-
-
-@functools.cache
-def program(prefix: str):
-    with PlaceEnv("cpu"):
-        layer = paddle.jit.load(prefix)
-    layer.eval()
-    return layer
-
-
-@PlaceEnv("cpu")
-def run_locally(prefix: Path, *arrays: np.ndarray) -> list[np.ndarray]:
-    with paddle.no_grad():
-        out = program(str(prefix))(*[paddle.to_tensor(a) for a in arrays])
-    return [t.numpy() for t in (out if isinstance(out, (list, tuple)) else [out])]
-
-
-def digits_locally(pixels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(labels, probabilities): digits' saved program with its model.py's pre/post, written out here."""
-    (logits,) = run_locally(BUNDLED / "digits" / "1" / "model", (pixels / PIXEL_MAX).astype(np.float32))
-    exp = np.exp(logits.astype(np.float64) - logits.max(axis=1, keepdims=True))
-    probabilities = exp / exp.sum(axis=1, keepdims=True)
-    return probabilities.argmax(axis=1), probabilities
 
 
 # -- helpers ------------------------------------------------------------------------------------------------

@@ -1,11 +1,11 @@
 """A v2 request whose datatype is not the model's is refused for that, before its data is read.
 
-``INT8`` with the data ``[0.5, ...]`` for mobilenet's FP32 ``image`` used to be answered "has the
-value 0.5 at position [0]; expected integers" (the data read as the datatype sent). One rule
-(``wire.check_input`` with the model's datatypes from ``Catalog.resolve``) now answers 400 / INVALID_ARGUMENT
-naming the input, the datatype sent and the model's, the same for REST JSON, REST binary, gRPC raw
-and gRPC typed contents. Controls: the right datatype is served, and without the model's datatype
-the data check gives the old answer.
+``INT8`` with the data ``[0.5, ...]`` for mobilenet's FP32 ``image`` is answered 400 /
+INVALID_ARGUMENT naming the input, the datatype sent and the model's, by one rule
+(``wire.check_input`` with the model's datatypes from ``Catalog.resolve``), the same for REST JSON,
+REST binary, gRPC raw and gRPC typed contents; not "has the value 0.5 at position [0]; expected
+integers", which is what reading the data as the datatype sent would say. Controls: the right
+datatype is served, and without the model's datatype the data check gives that other answer.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Isolation in the service: the leak checks of a real service process count leaks only without it.
 
-Moved from the library's isolation tests (tests/library/test_isolation.py): these run the service,
-and the saved-program case below is why the service expects CPU outputs on sim devices.
+The library's own isolation tests are in tests/library/test_isolation.py; these run the service.
+The saved-program case below is why the service expects CPU outputs on sim devices.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ import time
 
 import httpx
 import numpy as np
+import support
 from support import wait_until, wait_until_async
 from support.servers import ServiceProcess
 
@@ -82,7 +83,7 @@ async def open_loop(url: str, content: bytes, rate: float, seconds: float) -> tu
 
 
 #: tests/, where ``support`` is: the child runs this file as a script.
-TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(support.__file__)))
 
 
 def open_loop_in_child(url: str, content: bytes, rate: float, seconds: float, on_tick) -> tuple:

@@ -1,4 +1,4 @@
-"""The service's metrics across processes (issue 28): with ``PROMETHEUS_MULTIPROC_DIR`` set, every
+"""The service's metrics across processes: with ``PROMETHEUS_MULTIPROC_DIR`` set, every
 process's series meet in one ``/metrics`` view.
 
 Each process here is a fresh interpreter, as the supervisor's children are: prometheus_client reads

@@ -1,4 +1,4 @@
-"""Paddle Inference as a model's backend (issue 29): a Predictor per worker, its answers those of
+"""Paddle Inference as a model's backend: a Predictor per worker, its answers those of
 ``paddle.jit.load``, the config's ``backend`` (``auto``, ``jit``, ``inference``) and its errors.
 
 In process: replicas made as a worker makes them (``engine.standalone``), on the CPU and a sim device.

@@ -17,14 +17,14 @@ from pathlib import Path
 import numpy as np
 import paddle
 import pytest
-from support.models import replica, run
 from support import run_threads, where
+from support.bundled import ENTRIES, ERRORS, checked, template
+from support.models import replica, run
 from support.servers import TEST_REPOSITORY
 
 import placeenv
 from placeenv import PlaceEnv
 from placeenv.serve import metrics
-from placeenv.serve.protocol import wire
 from placeenv.serve.protocol.errors import InvalidInput
 from placeenv.serve.models import BUNDLED, InputError, Model, RepositoryError, scan
 from placeenv.serve.models import examples as bundled
@@ -32,33 +32,11 @@ from placeenv.serve.models.base import host_tensor, move_to
 from placeenv.serve.models.train_digits import PIXEL_MAX, held_out_split
 from placeenv.serve.engine.workers import PlaceChecker
 
-bundled.ensure_mobilenet()  # what the service does at start: mobilenet is built, not committed
-ENTRIES, ERRORS = scan([BUNDLED], None, max_batch_size=8, max_batch_delay_ms=2.0)
-
 
 @pytest.fixture(scope="module")
 def held_out():
     x, y = held_out_split()
     return x, y
-
-
-def template(name: str) -> Model:
-    """A CPU-side instance for preprocessing, as the service keeps one: a context, no network."""
-    entry = ENTRIES[name]
-    model = entry.default.model_class()
-    model.context = entry.default.context
-    return model
-
-
-
-
-def checked(name: str, examples, spec: int = 0) -> np.ndarray:
-    """A request's examples for input ``spec`` of ``name``, checked the service's way; raises the 400s."""
-    model = template(name)
-    tensor = model.context.inputs[spec]
-    array = wire.from_json(examples, tensor.datatype, tensor.name)
-    tensor.check(array)
-    return model.preprocess({tensor.name: array})[tensor.name]
 
 
 # ---- the bundled repository ----

@@ -1,4 +1,4 @@
-"""One copy of each model version's weights per device, shared by the device's workers (issue 33).
+"""One copy of each model version's weights per device, shared by the device's workers.
 
 A real service on one sim device, ``--workers-per-device`` 1 or 4: ``device_memory_used_bytes``
 stays at one copy, where ``share_weights: false`` (the negative control) holds one a worker.

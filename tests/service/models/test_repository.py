@@ -27,7 +27,7 @@ import httpx
 import numpy as np
 import paddle
 import pytest
-from support.models import replica, run
+from support.models import replica, run, run_locally
 from support.servers import ServiceProcess
 
 import placeenv
@@ -118,14 +118,6 @@ def read(*repos: Path, select: list[str] | None = None):
     return scan(list(repos), select, max_batch_size=8, max_batch_delay_ms=2.0)
 
 
-
-
-def reference(program: Path, *arrays: np.ndarray) -> list[np.ndarray]:
-    """The saved program run by hand on the CPU: what every replica must agree with."""
-    with PlaceEnv("cpu"):
-        layer = paddle.jit.load(str(program))
-        out = layer(*[paddle.to_tensor(a) for a in arrays])
-    return [t.numpy() for t in (out if isinstance(out, (list, tuple)) else [out])]
 
 
 SIM1_FAILS = """
@@ -227,7 +219,7 @@ def test_each_saved_program_runs_on_a_sim_device_as_it_does_by_hand(programs, tm
         assert set(two.parameter_devices().values()) == ({device} if two.backend == "jit" else set())
         out, raw = run(two, {"x": x, "ids": ids})
         assert raw["output"] == {two.output_device()} == {"cpu"}
-        expected = reference(programs["two"], x, ids)
+        expected = run_locally(programs["two"], x, ids)
         np.testing.assert_allclose(out["output_0"], expected[0], rtol=1e-6)
         np.testing.assert_array_equal(out["output_1"], ids.sum(axis=1, keepdims=True))
         masked = replica(entries["masked"], device)
@@ -283,7 +275,7 @@ def test_the_highest_version_is_the_default_and_other_directories_are_not_versio
     assert [s.name for s in entry.versions[2].inputs] == ["x"]
     x = np.ones((1, 4), np.float32)
     out, _ = run(replica(entry, "sim:3", version=1), {"x": x})
-    np.testing.assert_allclose(out["output_0"], reference(programs["linear"], x)[0], rtol=1e-6)
+    np.testing.assert_allclose(out["output_0"], run_locally(programs["linear"], x)[0], rtol=1e-6)
 
 
 def test_a_paddlex_export_with_the_inference_prefix_is_a_version_as_it_is(programs, tmp_path):
@@ -296,7 +288,7 @@ def test_a_paddlex_export_with_the_inference_prefix_is_a_version_as_it_is(progra
     assert entry.describe()["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}]
     x = np.arange(8, dtype=np.float32).reshape(2, 4)
     out, _ = run(replica(entry, "sim:1"), {"x": x})
-    np.testing.assert_allclose(out["output_0"], reference(programs["linear"], x)[0], rtol=1e-6)
+    np.testing.assert_allclose(out["output_0"], run_locally(programs["linear"], x)[0], rtol=1e-6)
 
 
 CONFIGS = {
@@ -684,7 +676,7 @@ def test_skip_serves_the_good_models_and_reports_the_others_not_ready(skipping, 
     (output,) = r.json()["outputs"]
     x = np.arange(8, dtype=np.float32).reshape(2, 4)
     assert output["name"] == "output_0" and output["shape"] == [2, 2]
-    np.testing.assert_allclose(np.reshape(output["data"], (2, 2)), reference(programs["linear"], x)[0],
+    np.testing.assert_allclose(np.reshape(output["data"], (2, 2)), run_locally(programs["linear"], x)[0],
                                rtol=1e-5)
     assert skipping.proc.poll() is None
     assert "Traceback" not in skipping.output()  # each failure is one logged line, no traceback

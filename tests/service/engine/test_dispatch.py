@@ -1,0 +1,111 @@
+"""Batching on a device's queue (``DeviceQueue``): who wakes whom.
+
+A worker gathering a batch is woken when the queue may fill it, not by every job, and sends it when
+requests stop arriving; another model's arrivals do not keep it waiting. The queue runs on
+``support.ManualClock``, so every wait is the clock's, not the machine's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+from support import ManualClock, wait_until
+
+from placeenv.serve.engine.dispatch import DeviceQueue, Job
+
+
+def _job(loop, model: tuple[str, int] = ("m", 1)) -> Job:
+    return Job(model=model, inputs={}, examples=1, batched=True, loop=loop, future=loop.create_future(),
+               arrived=time.perf_counter(), deadline=time.perf_counter() + 60)
+
+
+def _gathering(limit: int = 4, delay: float = 2.0):
+    """A queue on a hand-driven clock, two jobs in it, and a worker gathering them into a batch
+    (started, and waiting on the clock). Returns (queue, clock, loop, found, thread); ``found``
+    gets the batch once the worker is done."""
+    clock = ManualClock()
+    queue = DeviceQueue("cpu", 64, 1, clock=clock)
+    loop = asyncio.new_event_loop()
+    queue.models = {("m", 1)}
+    for _ in range(2):  # two queued: the worker takes both, and gathers for more
+        queue.offer(_job(loop))
+    found: list = []
+    limits = {("m", 1): (limit, delay)}
+    thread = threading.Thread(target=lambda: found.extend(queue.take_batch(limits, wait=5)))
+    thread.start()
+    wait_until(lambda: clock.sleeping == 1, 5, "the worker did not start gathering")
+    return queue, clock, loop, found, thread
+
+
+def _went(clock: ManualClock, thread: threading.Thread) -> float:
+    """When the batch went: the end of the worker's last wait (nothing waits after it)."""
+    thread.join(5)
+    assert not thread.is_alive(), "the worker is still gathering"
+    return clock.log[-1][2]
+
+
+@pytest.mark.parametrize("jobs, full", [(4, True), (3, False)])
+def test_a_gathering_worker_wakes_when_the_queue_can_fill_its_batch(jobs, full):
+    queue, clock, loop, found, thread = _gathering()
+    try:
+        for _ in range(jobs - 2):
+            queue.offer(_job(loop))
+        if not full:
+            clock.advance(0.1)  # the first look: a job joined
+            clock.advance(0.1)  # the second: none did
+        took = _went(clock, thread)
+        assert len(found) == jobs
+        # Full: woken at once, by the second job (2 more may fill it; the first did not wake it), with
+        # no time passing. Not full (the control): nothing woke it; it went after two looks (a
+        # twentieth of its 2 s delay each), the second finding that nobody had joined.
+        if full:
+            assert clock.log == [("notified", 0.1, 0.0)] and took == 0.0, clock.log
+        else:
+            assert clock.log == [("timed out", 0.1, 0.1), ("timed out", 0.1, pytest.approx(0.2))], clock.log
+            assert took == pytest.approx(0.2), took
+    finally:
+        loop.close()
+
+
+@pytest.mark.parametrize("gap", [0.05, 1.0])
+def test_a_batch_waits_while_requests_keep_arriving_and_goes_when_they_pause(gap):
+    # A job every `gap` s, 4 of them, after the first two: within a look (a twentieth of a 4 s
+    # delay) they all join the batch; the control, one a second, finds the worker gone after the
+    # first quiet look.
+    queue, clock, loop, found, thread = _gathering(limit=16, delay=4.0)
+    try:
+        for _ in range(4):
+            clock.advance(gap)
+            queue.offer(_job(loop))
+        clock.advance(4.0)  # the rest of the delay: the worker goes at its first quiet look
+        took = _went(clock, thread)
+        assert all(how == "timed out" for how, _, _ in clock.log), clock.log  # no offer woke it
+        if gap < 0.2:
+            # Looks at 0.2 (3 had joined), 0.4 (the 4th), 0.6 (none): it went there.
+            assert len(found) == 6 and 0.35 <= took < 2.0 and took == pytest.approx(0.6), (len(found), took)
+        else:
+            assert len(found) == 2 and len(queue) == 4 and took < 0.9 and took == pytest.approx(0.2), \
+                (len(found), took)
+    finally:
+        loop.close()
+
+
+def test_another_models_arrivals_do_not_keep_a_batch_waiting():
+    # A job of another model every 0.05 s for 1.5 s, while a worker gathers a batch of "m" with a
+    # 4 s delay (looks of 0.2 s): the batch goes at the first look that finds no "m" joined. The
+    # control, counting every model's jobs as joining, held it until the arrivals stopped (1.5 s+).
+    queue, clock, loop, found, thread = _gathering(limit=16, delay=4.0)
+    try:
+        for _ in range(30):
+            clock.advance(0.05)
+            queue.offer(_job(loop, ("other", 1)))
+        took = _went(clock, thread)
+        assert len(found) == 2 and 0.19 <= took < 1.0 and took == pytest.approx(0.2), (len(found), took)
+        assert clock.log == [("timed out", 0.2, pytest.approx(0.2))], clock.log
+        assert all(job.model == ("m", 1) for job in found)
+        assert len(queue) == 30  # the other model's jobs, untouched
+    finally:
+        loop.close()
