@@ -1,4 +1,4 @@
-"""Rules of the codebase that a reviewer would otherwise check by hand (issue 27).
+"""Rules of the codebase that a reviewer would otherwise check by hand.
 
 * One contract with Paddle: outside ``placeenv/_internals.py`` no code names a
   Paddle private, and nothing outside the library's own modules imports the

@@ -102,7 +102,7 @@ def test_typed_contents_as_well_as_raw(served):
         with pytest.raises(grpc.RpcError) as caught:
             stub.ModelInfer(half)
         assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        # The datatype is checked against the model's first (tests/service/test_wrong_datatype.py).
+        # The datatype is checked against the model's first (tests/service/protocol/test_wrong_datatype.py).
         assert "'pixels' has datatype FP16; expected FP32" in caught.value.details()
 
 
