@@ -41,8 +41,8 @@ def _guard_exit(self, exc_type, exc, tb):
     guards = _guard_tokens.get()
     if guards is None or guards[0].origin is not self:
         # The instance is shared: the innermost guard of this context must be one it entered.
-        innermost = ("none is open" if guards is None
-                     else f"the innermost one is {_guard_name(guards[0].origin)} on {device_name(guards[0].place)}")
+        innermost = "none is open" if guards is None else (
+            f"the innermost one is {_guard_name(guards[0].origin)} on {device_name(guards[0].place)}")
         raise state.ScopeError(
             f"{_guard_name(self)}.__exit__: it is not the innermost device guard open in this thread or task "
             f"(an exit out of order, a second exit, or an exit in another thread or task); {innermost} "

@@ -226,26 +226,29 @@ def attach(place, origin=None) -> Scope:
 def enter(env):
     """``PlaceEnv.__enter__`` itself: :func:`attach` of ``env.place``, with ``env`` as the opener.
 
-    Returns the place. The scope on the device the context already has (a
-    request's scope on its worker's own device) is made here, without the call
-    to :func:`attach` that any other takes.
+    Returns the place. Installed, it is :func:`attach`'s body, inlined: the
+    call it saves is on every ``with PlaceEnv``'s way in.
     """
     place = env.place
-    if enabled:
-        outer = _get()
-        if outer is None:
-            kept = get_ident() == _MAIN and place is _global_place()
-        else:
-            kept = place is outer.place
-        if kept:
-            scope = Scope()
-            scope.place = place
-            scope.outer = outer
-            scope.undo = KEPT
-            scope.origin = env
-            scope.ctx = _set(scope)
-            return place
-    attach(place, env)
+    if not enabled:
+        attach(place, env)
+        return place
+    outer = _get()
+    if outer is None:
+        kept = get_ident() == _MAIN and place is _global_place()
+    else:
+        kept = place is outer.place
+    scope = Scope()
+    scope.place = place
+    scope.outer = outer
+    scope.origin = env
+    if kept:
+        scope.undo = KEPT
+        scope.ctx = _set(scope)
+        return place
+    scope.undo = RETARGET
+    scope.ctx = _set(scope)
+    sync_tracer(place)
     return place
 
 
@@ -434,8 +437,9 @@ def _mismatch(what: str, scope: Scope | None, opened, gone: str) -> str:
     while inner is not None and inner is not UNSCOPED:
         if opened(inner.origin if type(inner.origin) is Scope else inner):
             return (
-                f"{what}: exit out of order: {depth} scope(s) entered inside its scope are still open in "
-                f"this thread or task, the innermost {_describe(scope)}. Exit those first (nothing was changed)."
+                f"{what}: exit out of order: {depth} scope(s) entered inside its scope are still open "
+                f"in this thread or task, the innermost {_describe(scope)}. "
+                f"Exit those first (nothing was changed)."
             )
         depth, inner = depth + 1, inner.outer
     where = ("no scope is open in this thread or task" if scope is None

@@ -125,7 +125,7 @@ def test_out_of_order_detach_of_tokens_raises():
     outer = state.attach(placeenv.to_place("sim:1"))
     middle = state.attach(placeenv.to_place("sim:2"))
     inner = state.attach(placeenv.to_place("sim:3"))
-    with pytest.raises(ScopeError, match=r"detach\(\) of the scope on sim:1: exit out of order: 2 scope\(s\)"):
+    with pytest.raises(ScopeError, match=r"detach\(\) of the scope on sim:1: exit out of order: 2 scope"):
         state.detach(outer)
     assert state.innermost() is inner and both_levels() == on("sim:3")
     for token in (inner, middle, outer):
