@@ -38,7 +38,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 TICK = os.sysconf("SC_CLK_TCK")
-SETTINGS = SimpleNamespace(queue_capacity=256, workers_per_device=1, request_timeout_s=30.0)
+SETTINGS = SimpleNamespace(queue_capacity=1 << 20, workers_per_device=1, max_batch_size=1, request_timeout_s=30.0)
 
 
 def load_link():
@@ -108,6 +108,8 @@ def engine_main(endpoint: str, switch_ms: float) -> None:
 
     async def serve() -> None:
         server = link.EngineServer(StubService(), endpoint)
+        if hasattr(server, "bind"):  # the engine binds before it serves (engine_main.py)
+            server.bind()
         await server.serve()
 
     asyncio.run(serve())

@@ -198,36 +198,32 @@ def attach(place, origin=None) -> Scope:
     ``origin`` is the opener whose exit ends the scope (the ``PlaceEnv`` of
     :func:`enter`), or None when the token does.
     """
-    outer = _get()
-    scope = Scope()
-    scope.place = place
-    scope.outer = outer
-    scope.origin = origin
     if not enabled:  # stock Paddle: every scope swaps the one global device
+        scope = Scope()
+        scope.place, scope.outer, scope.origin = place, _get(), origin
         scope.undo = _pd.current_expected_place()
         _pd.set_expected_place(place)
         scope.ctx = _set(scope)
         return scope
-    if outer is None:
-        # A child thread that follows the main thread has no device of its own to keep.
-        kept = get_ident() == _MAIN and place is _global_place()
-    else:
-        kept = place is outer.place
-    if kept:
-        scope.undo = KEPT
-        scope.ctx = _set(scope)
-        return scope
-    scope.undo = RETARGET
-    scope.ctx = _set(scope)
-    sync_tracer(place)
+    carrier = _Carrier()
+    carrier.place = place
+    enter(carrier)  # the one way a scope is opened; the carrier only brings the place
+    scope = _get()
+    scope.origin = origin  # not yet seen outside this call: the token's own opener
     return scope
 
 
-def enter(env):
-    """``PlaceEnv.__enter__`` itself: :func:`attach` of ``env.place``, with ``env`` as the opener.
+class _Carrier:
+    """What :func:`enter` reads of a ``PlaceEnv``, for :func:`attach`."""
 
-    Returns the place. Installed, it is :func:`attach`'s body, inlined: the
-    call it saves is on every ``with PlaceEnv``'s way in.
+    __slots__ = ("place",)
+
+
+def enter(env):
+    """``PlaceEnv.__enter__`` itself: open a scope on ``env.place``, with ``env`` as the opener.
+
+    Returns the place. :func:`attach` opens its scopes through it; this way
+    round, every ``with PlaceEnv``'s way in is one call.
     """
     place = env.place
     if not enabled:
@@ -310,10 +306,10 @@ def resume(scope: Scope) -> Scope:
         token.undo = _pd.current_expected_place()
         _pd.set_expected_place(place)
         token.ctx = _set(token)
-        return token
-    token.undo = RETARGET
-    token.ctx = _set(scope)
-    sync_tracer(place)
+    else:  # the body's own scope, inner scopes and all, on a Tracer re-aimed at its device
+        token.undo = RETARGET
+        token.ctx = _set(scope)
+        sync_tracer(place)
     return token
 
 
