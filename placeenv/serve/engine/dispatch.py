@@ -23,23 +23,25 @@ class Settled:
 
     Set on the event loop thread as a future is, it calls ``callback(value, None)`` or
     ``callback(None, error)`` at once: no waiting task to wake, and no turn of the loop between
-    the answer and its reply."""
+    the answer and its reply. The callback usually holds the job, which holds this: it is let go
+    once called, so the request's objects are freed by their reference counts, not left for the
+    cyclic garbage collector."""
 
-    __slots__ = ("callback", "_done")
+    __slots__ = ("callback",)
 
     def __init__(self, callback) -> None:
-        self.callback, self._done = callback, False
+        self.callback = callback
 
     def done(self) -> bool:
-        return self._done
+        return self.callback is None
 
     def set_result(self, value) -> None:
-        self._done = True
-        self.callback(value, None)
+        callback, self.callback = self.callback, None
+        callback(value, None)
 
     def set_exception(self, error: BaseException) -> None:
-        self._done = True
-        self.callback(None, error)
+        callback, self.callback = self.callback, None
+        callback(None, error)
 
 
 @dataclass(eq=False)
