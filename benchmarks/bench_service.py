@@ -1,4 +1,4 @@
-"""Service benchmarks against what users do today (issue #5), measured side by side in one run.
+"""Service benchmarks against what users do without per-thread devices, measured side by side in one run.
 
     python benchmarks/bench_service.py [--model digits] [--devices 2] [--seconds 10] [--connections 16]
 
@@ -88,7 +88,7 @@ def bare(model: str, devices: list[str]) -> None:
     import paddle
 
     import placeenv
-    from placeenv.serve.engine.standalone import Standalone as Local
+    from placeenv.serve.engine.standalone import Standalone
 
     inputs = json.loads(example_body(model))["inputs"]
     go = [threading.Event() for _ in devices]
@@ -96,7 +96,7 @@ def bare(model: str, devices: list[str]) -> None:
 
     def loop(index: int, device: str) -> None:
         paddle.set_device(device)
-        replica = Local(model, device)
+        replica = Standalone(model, device)
         arrays = replica.examples(inputs)
         for _ in range(5):  # warm-up
             replica.infer(arrays)

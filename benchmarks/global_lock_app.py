@@ -1,4 +1,4 @@
-"""What users do today without per-thread devices: one lock around set_device + forward.
+"""What users do without per-thread devices: one lock around set_device + forward.
 
 A minimal FastAPI app on stock Paddle semantics (placeenv uninstalled): a
 replica of the model per device, requests served on FastAPI's thread pool,
@@ -24,7 +24,7 @@ from fastapi import FastAPI  # noqa: E402
 from pydantic import BaseModel  # noqa: E402
 
 import placeenv  # noqa: E402
-from placeenv.serve.engine.standalone import Standalone as Local  # noqa: E402
+from placeenv.serve.engine.standalone import Standalone  # noqa: E402
 
 placeenv.uninstall()  # stock Paddle: the lock is the only protection
 
@@ -36,7 +36,7 @@ REPLICAS = {}
 for device in DEVICES:
     with LOCK:
         paddle.set_device(device)
-        REPLICAS[device] = Local(MODEL, device)
+        REPLICAS[device] = Standalone(MODEL, device)
 
 
 class Request(BaseModel):

@@ -56,7 +56,7 @@ def engine_client(link, endpoint: str):
     return link.EngineClient(endpoint, SETTINGS) if "settings" in takes else link.EngineClient(endpoint)
 
 
-class StubService:
+class StubEngine:
     """What the engine's side of the link asks of the engine, answering every request at once."""
 
     def __init__(self) -> None:
@@ -107,7 +107,7 @@ def engine_main(endpoint: str, switch_ms: float) -> None:
     link = load_link()
 
     async def serve() -> None:
-        server = link.EngineServer(StubService(), endpoint)
+        server = link.EngineServer(StubEngine(), endpoint)
         if hasattr(server, "bind"):  # the engine binds before it serves (engine_main.py)
             server.bind()
         await server.serve()
@@ -160,7 +160,7 @@ async def measure(run, requests: int, concurrency: int, engine_pid: int | None) 
 def client_main(variant: str, requests: int, concurrency: int, switch_ms: float) -> None:
     sys.setswitchinterval(switch_ms / 1000)
     if variant == "local":
-        service = StubService()
+        service = StubEngine()
         found = asyncio.run(measure(service.run, requests, concurrency, None))
     else:
         run_dir = tempfile.mkdtemp(prefix="hop-")

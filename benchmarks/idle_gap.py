@@ -35,7 +35,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel
 
 import placeenv
-from placeenv.serve.engine.standalone import Standalone as Local
+from placeenv.serve.engine.standalone import Standalone
 
 
 class Body(BaseModel):
@@ -91,7 +91,7 @@ def main() -> None:
 
     def run() -> None:  # a thread of its own, pinned to sim:0, as a worker is
         paddle.set_device("sim:0")
-        replica = Local(args.model, "sim:0")
+        replica = Standalone(args.model, "sim:0")
 
         call = functools.partial(replica.infer, replica.examples(inputs))
         for name, gap in gaps.items():  # warm-up

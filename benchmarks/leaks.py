@@ -1,4 +1,4 @@
-"""Leak counts with and without placeenv, on both of Paddle's levels (issue #2's measurement).
+"""Leak counts with and without placeenv, on both of Paddle's levels.
 
     python benchmarks/leaks.py [--iterations 5000]
 

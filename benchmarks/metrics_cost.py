@@ -4,7 +4,7 @@ multiprocess mode with prometheus_client's metrics updated on each request inste
     python benchmarks/metrics_cost.py [--rounds 15] [--requests 200000]
 
 A request on the service's path counts its answer, observes its duration and its preprocessing
-time, and moves the in-flight gauge up and down (core.py): those five calls on ``metrics.ON_LOOP``,
+time, and moves the in-flight gauge up and down (the gateway and the engine): those five calls on ``metrics.ON_LOOP``,
 timed per request over 8 series (2 models x 4 devices).
 
 - ``single``: no ``PROMETHEUS_MULTIPROC_DIR``: ``LoopMetrics``'s plain numbers;

@@ -32,10 +32,10 @@ from front_end_ceiling import bodies, grpc_frame, h2load, wrk  # noqa: E402
 LAYERS = [
     ("prometheus_client metrics", r"prometheus_client/"),
     ("pydantic validation / JSON", r"pydantic|json/|orjson"),
-    ("the service (core, dispatch, wire, gateway, request, predict, v2, grpc_v2)",
-     r"placeenv/serve/(core|dispatch|wire|gateway|request|predict|v2|grpc_v2|errors)\.py"),
+    ("the service (protocol, engine, predict, v2, grpc)",
+     r"placeenv/serve/(protocol|engine)/|placeenv/serve/http/(predict|v2)\.py|placeenv/serve/grpc\.py"),
     ("FastAPI / Starlette routing and middleware",
-     r"fastapi/|starlette/|placeenv/serve/(app|routes|middleware|pages)\.py"),
+     r"fastapi/|starlette/|placeenv/serve/http/(app|routes|middleware|pages|responses)\.py"),
     ("uvicorn HTTP parsing and transport", r"uvicorn/|httptools|h11/"),
     ("grpc.aio", r"grpc/"),
     ("asyncio event loop, futures, thread hand-offs", r"asyncio/|concurrent/|threading\.py|queue\.py"),

@@ -4,9 +4,9 @@ Import it after ``placeenv.sim.prepare()``: it imports Paddle. The repository en
 loaded by ``placeenv.serve.engine.standalone.Standalone`` (scan, ``model.py``'s ``Model``,
 ``initialize`` on the device); ``decode`` is what the service does with a ``/predict``
 body before queueing it (the model's ``preprocess`` on the host, under
-``PlaceEnv('cpu')``), and ``forward`` what a service worker does with a batch
-(``batch_tensor``, ``move_to`` the device, ``execute``, ``postprocess``), without the
-service's place checks and metrics. Each peer wraps these in its own batching.
+``PlaceEnv('cpu')``), and ``forward`` what a service worker does with a batch (the
+workers' own ``forward``: one host tensor, ``move_to`` the device, ``execute``,
+``postprocess``), without the service's place checks and metrics. Each peer wraps these in its own batching.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ import paddle
 
 from placeenv import PlaceEnv
 from placeenv.serve.models import InputError
-from placeenv.serve.models.base import batch_tensor, host_inputs, move_to
-from placeenv.serve.engine.standalone import Standalone as Local
+from placeenv.serve.engine.standalone import Standalone
+from placeenv.serve.engine.workers import forward
+from placeenv.serve.models.base import host_inputs
 
 
 class BadRequest(ValueError):
@@ -34,7 +35,7 @@ class Replica:
     def __init__(self, model: str, place: str) -> None:
         self.model, self.place = model, place
         paddle.set_device(place)  # a peer worker is one process (or thread) per device
-        self.local = Local(model, place)
+        self.local = Standalone(model, place)
         (self.spec,) = self.local.context.inputs  # /predict's list of examples is this input
         self.forward([self.decode({"model": model, "inputs": [[0.0] * self.spec.shape[-1]]})])  # warm
 
@@ -55,10 +56,10 @@ class Replica:
     def forward(self, parts: list[np.ndarray]) -> list[dict]:
         """One forward pass for every request's examples; one ``/predict``-shaped answer per request."""
         replica = self.local.replica
-        out = replica.execute({self.spec.name: move_to(batch_tensor(parts), replica.place)})
-        results = replica.postprocess(out)
-        columns = {spec.name: np.asarray(results[spec.name]).tolist() for spec in replica.context.outputs}
         examples = sum(len(part) for part in parts)
+        # batched: the peers serve models that batch along their first dimension (digits, mobilenet)
+        results = forward(replica, [{self.spec.name: part} for part in parts], True, examples)
+        columns = {name: array.tolist() for name, array in results.items()}
         answers, start = [], 0
         for part in parts:
             rows = range(start, start + len(part))

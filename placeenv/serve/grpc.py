@@ -106,7 +106,7 @@ class InferenceServicer(rpc.GRPCInferenceServiceServicer):
                                 request.ByteSize())
 
         try:
-            result = await self.gateway.infer(lambda: (name, version), read)
+            result = await self.gateway.infer(lambda: (name, version), read, name)
         except ServiceError as exc:
             await self._fail(context, exc)
         response = pb.ModelInferResponse(model_name=result.model, model_version=str(result.version), id=request.id)

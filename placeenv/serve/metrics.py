@@ -284,7 +284,8 @@ WORKER_UP = Gauge("worker_up", "1 while a worker thread is alive and has its mod
 WORKER_RESTARTS = Counter("worker_restarts", "Workers replaced after their thread died.", ["device"])
 PLACE_CHECKS = Counter(
     "placeenv_place_checks", "Place checks made, by stage (load, preprocess, worker, batch, execute, "
-    "output) and the device checked for.", ["stage", "device"]
+    "output) and the device of the worker (or 'cpu' for the preprocessing threads) that made them.",
+    ["stage", "device"]
 )
 DEVICE_LEAKS = Counter(
     "placeenv_device_leaks",

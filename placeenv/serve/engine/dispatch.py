@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import itertools
+import logging
 import threading
 import time
 from dataclasses import dataclass, field
@@ -16,6 +17,8 @@ from typing import Any
 
 from .. import metrics
 from ..protocol.errors import Draining, Overloaded, Timeout
+
+log = logging.getLogger(__name__)
 
 
 class Settled:
@@ -109,7 +112,10 @@ def resolve_all(answers: list[tuple[Job, Any]]) -> None:
 
 def _settle_all(settled: list) -> None:
     for future, setter, value in settled:
-        _settle(future, setter, value)
+        try:
+            _settle(future, setter, value)
+        except Exception:  # one answer's failure must not leave its batch-mates unanswered
+            log.exception("answering a request failed")
 
 
 #: A gathering worker looks at the queue this many times over a batch's delay, and sends the batch

@@ -6,7 +6,8 @@ process, from ``link.EngineServer`` in the engine process. Here it is preprocess
 on the CPU under ``PlaceEnv('cpu')``, queued on the least-loaded device that holds
 the model (dispatch.py), batched and run by a worker thread pinned to that device
 (workers.py), and answered with host arrays. Every failure is a ``ServiceError``
-(protocol/errors.py); every accepted request gets exactly one answer.
+(protocol/errors.py), or the exception of a bug of ours; either way every accepted
+request gets exactly one answer.
 """
 
 from __future__ import annotations
@@ -249,7 +250,7 @@ class Engine:
             self.answered += 1
             if error is None:
                 self._succeeded(key, result)
-            elif isinstance(error, ServiceError):
+            else:
                 self._failed(key, work.arrived)
             done(result, error)
 
@@ -333,12 +334,17 @@ class Engine:
 
         def settled(found: Answer | None, error: BaseException | None) -> None:
             timer.cancel()
+            if error is None:
+                try:
+                    result = self._result(entry, version, job, found, work.outputs, preprocessed, work.arrived)
+                except Exception as exc:  # a bug of ours: still answered
+                    error = exc
             if error is not None:
                 if isinstance(error, ServiceError):
                     error.device = job.device or "none"
                 answer(None, error)
             else:
-                answer(self._result(entry, version, job, found, work.outputs, preprocessed, work.arrived), None)
+                answer(result, None)
 
         job = Job(
             model=(entry.name, version.number), inputs=tensors, examples=work.examples,

@@ -18,7 +18,6 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
-from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -99,9 +98,7 @@ def create_app(settings: Settings, connect) -> FastAPI:
         path = request.url.path
         if exc.status_code == 405:
             return refusal(method_not_allowed(request, exc), path, settings.retry_after_s)
-        if error_key(path) == "detail":
-            return await http_exception_handler(request, exc)
-        return JSON({"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
+        return JSON({error_key(path): exc.detail}, status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> Response:

@@ -9,7 +9,8 @@ the FastAPI app for its OpenAPI documentation only: those endpoints are never re
 
 The router owns what every route shares: the arrival time, the body limit, the method, the
 answer to a ``ServiceError`` (``errors.OUTCOMES``) and to a bug of ours. What it refuses before
-an adapter runs (413, 405, not started) it counts through the gateway; the gateway counts the rest.
+an adapter runs (413, 405) it counts through the gateway; the gateway counts the rest. Before
+the gateway exists (the models still loading) it answers 503, which nothing counts yet.
 """
 
 from __future__ import annotations
@@ -108,6 +109,7 @@ class InferRouter:
         self.limit = BodyLimit(None, limit)
 
     def find(self, path: str) -> tuple[InferRoute, dict[str, str]] | None:
+        """The route of ``path`` (as Starlette's router sees it: without the app's ``root_path``)."""
         for route in self.routes:
             params = route.match(path)
             if params is not None:
@@ -138,6 +140,15 @@ class InferRouter:
         return await response(scope, receive, send)
 
 
+def route_path(scope) -> str:
+    """The request's path without the prefix the app is served under (``root_path``), as Starlette's
+    router matches it: behind a proxy that serves the app under a prefix, the same routes match."""
+    path, root = scope["path"], scope.get("root_path", "")
+    if root and path.startswith(root) and path[len(root):len(root) + 1] == "/":
+        return path[len(root):]
+    return path
+
+
 class ServiceApp(FastAPI):
     """The FastAPI app, with its inference routes served first by ``InferRouter``."""
 
@@ -146,7 +157,7 @@ class ServiceApp(FastAPI):
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http":
             scope[ARRIVED] = time.perf_counter()  # the one arrival time every route reads
-            found = self.infer.find(scope["path"])
+            found = self.infer.find(route_path(scope))
             if found is not None:
                 scope["app"] = self  # as Starlette sets it
                 return await self.infer(scope, receive, send, *found)

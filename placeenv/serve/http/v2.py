@@ -184,7 +184,7 @@ async def infer(gateway: Gateway, call: Call) -> Response:
         outputs = [o.name for o in parsed.outputs] if parsed.outputs else None
         return InferRequest(name, version, arrays, outputs, call.arrived, len(body))
 
-    result = await gateway.infer(identify, read)
+    result = await gateway.infer(identify, read, name)
     return render(result, parsed)
 
 

@@ -19,7 +19,7 @@ import warnings
 from . import runtime
 from ..config import Settings
 
-log = logging.getLogger("placeenv.serve.engine")
+log = logging.getLogger(__name__)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,7 +22,7 @@ from contextlib import asynccontextmanager
 from . import runtime
 from ..config import Settings
 
-log = logging.getLogger("placeenv.serve.frontend")
+log = logging.getLogger(__name__)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -93,8 +93,10 @@ _decode_reply = msgspec.msgpack.Decoder(Reply).decode
 SWEEP_S = 0.25
 GRACE_S = 1.0
 
-#: The errors an engine may answer with, by name: each crosses as its class and message.
-_ERRORS = {cls.__name__: cls for cls in errors.OUTCOMES}
+#: The errors an engine may answer with, by name: each crosses as its class and message (those made
+#: of a message alone; any other crosses as ModelFailed, its message kept).
+_ERRORS = {cls.__name__: cls for cls in errors.OUTCOMES
+           if cls.__init__ is errors.ServiceError.__init__}
 
 
 def arrays_out(arrays) -> tuple[Tensors, list[np.ndarray]]:
@@ -236,7 +238,7 @@ class EngineClient:
         # answers nothing (stalled), or that cannot answer by the deadline.
         if not self.up:
             raise EngineUnavailable("the engine process is restarting; retry later")
-        if len(self.pending) >= self.catalog.capacity:
+        if self.catalog.capacity is not None and len(self.pending) >= self.catalog.capacity:
             raise Overloaded("too many requests wait on the engine; retry later")
         tensors, buffers = arrays_out(arrays)
         ident = next(self.ids)

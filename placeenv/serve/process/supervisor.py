@@ -32,7 +32,7 @@ from pathlib import Path
 from . import runtime
 from ..config import Settings
 
-log = logging.getLogger("placeenv.serve.supervisor")
+log = logging.getLogger(__name__)
 
 #: How often the supervisor looks at its children and at the signal flag.
 TICK_S = 0.05

@@ -76,7 +76,8 @@ class Draining(ServiceError):
 
 
 class NotReady(ServiceError):
-    """The model is in the repository but could not be loaded (skipped at start)."""
+    """Not ready to serve it: the model is in the repository but could not be loaded (skipped at
+    start), or the service is still starting."""
 
 
 class EngineUnavailable(ServiceError):

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from .. import metrics
-from .errors import OK_LABEL, ServiceError, outcome
+from .errors import OK_LABEL, ModelFailed, ServiceError, outcome
 from .request import Catalog, InferRequest, ModelInfo, Result, VersionInfo, Work
 
 VERSION = importlib.metadata.version("placeenv")
@@ -61,10 +61,12 @@ class Gateway:
 
     # -- inference ---------------------------------------------------------------------------
 
-    async def infer(self, identify: Identify, read: Read) -> Result:
+    async def infer(self, identify: Identify, read: Read, model: Any = None) -> Result:
         """Read the request, check it, run it on the engine and count its answer; a ``ServiceError``
-        (counted, ``counted`` set) when it has none."""
-        name = None
+        (counted, ``counted`` set) when it has none, or the exception of a bug (counted as "error").
+        ``model``: the name the request gave before its body is read (a path's), for the label of a
+        refusal that comes before ``identify`` names it."""
+        name = model
         try:
             name, version = identify()
             model, chosen = self.catalog.resolve(name, version)
@@ -78,6 +80,9 @@ class Gateway:
                 metrics.ON_LOOP.in_flight -= 1
         except ServiceError as exc:
             self.refuse(exc, name)
+            raise
+        except Exception:  # a bug of ours: answered 500 / INTERNAL by the protocol, counted as one
+            metrics.ON_LOOP.count(self._label(name), "none", outcome(ModelFailed("")).label)
             raise
         label = self._label(name)
         metrics.ON_LOOP.count(label, result.device, OK_LABEL)

@@ -145,7 +145,7 @@ class Catalog(msgspec.Struct):
     skipped: dict[str, str]
     devices: list[str]
     max_examples: int  # examples in one request (--max-examples-per-request)
-    capacity: int = 0  # requests the engine holds at most: queued, and on its workers' batches
+    capacity: int | None = None  # requests the engine holds at most (queued, on its workers' batches); None: no bound
 
     def model(self, name: Any) -> ModelInfo:
         """The model named ``name``; ``UnknownModel`` or ``NotReady`` naming what exists."""

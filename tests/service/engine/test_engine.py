@@ -2,7 +2,7 @@
 over every device and the place checks pass under load (and count leaks with isolation off); answers
 equal the saved program run by hand, also for requests that share a batch; a failing model or a
 killed worker fails only its own request; overload is a 503, a request past its timeout a 504;
-SIGTERM under load stops readiness, then drains, and every request received is answered.
+SIGTERM under load turns readiness off, then stops, and every request received is answered.
 """
 
 from __future__ import annotations

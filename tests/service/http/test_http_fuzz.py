@@ -227,8 +227,8 @@ def predict_bodies(draw):
 
 
 @given(body=predict_bodies())
-@example(body={"model": "digits", "inputs": "\ud800"})  # 422 echoing a lone surrogate (was a 500)
-@example(body={"model": float("nan"), "inputs": [[1]]})  # 422 echoing NaN (was a 500)
+@example(body={"model": "digits", "inputs": "\ud800"})  # 422 quoting a lone surrogate, escaped
+@example(body={"model": float("nan"), "inputs": [[1]]})  # 422 quoting NaN, as a string
 @example(body={"model": "digits", "inputs": [[1] * 64], "\udfff": float("inf")})
 @example(body={"model": "digits", "inputs": [[2**80] * 64]})
 @example(body={"model": "digits", "inputs": [[0] * 8] * 8})  # the old 8x8 form: now a 400

@@ -156,3 +156,35 @@ def test_one_route_table_is_the_router_the_documentation_and_the_index(app):
     assert app.infer.find("/v2/models/digits/versions/1/infer")[1] == {"name": "digits", "version": "1"}
     for path in ("/v2/models/digits/infer/more", "/v2/models//infer", "/predict/", "/v2/models/digits"):
         assert app.infer.find(path) is None, path
+
+
+def _counted() -> dict[tuple[str, str], float]:
+    """``inference_requests_total`` of this process, by (model, status)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from placeenv.serve import metrics
+
+    body, _ = metrics.exposition()
+    return {(s.labels["model"], s.labels["status"]): s.value
+            for family in text_string_to_metric_families(body.decode()) if family.name == "inference_requests"
+            for s in family.samples if s.name == "inference_requests_total"}
+
+
+@pytest.mark.parametrize("method, path, body, headers, label", [
+    ("POST", "/predict", b"[" * 8001, JSON, ("unknown", "too_large")),  # the router's 413
+    ("GET", "/v2/models/digits/infer", b"", {}, ("unknown", "method_not_allowed")),  # the router's 405
+    ("POST", "/predict", b"{not json", JSON, ("unknown", "invalid")),  # the adapter's 422, through the gateway
+    ("POST", "/v2/models/digits/infer", json.dumps(V2).encode(), {"content-type": "text/plain"},
+     ("digits", "unsupported_media_type")),  # the path names the model before the body is read
+    ("POST", "/v2/models/digits/infer", json.dumps(V2).encode(), JSON, ("digits", "ok")),  # the control
+])
+def test_every_answer_of_an_inference_route_is_counted_once_with_its_model(app, method, path, body, headers, label):
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+            return await client.request(method, path, content=body, headers=headers)
+
+    before = _counted()
+    app.loop.run_until_complete(go())
+    after = _counted()
+    grew = {key: after[key] - before.get(key, 0.0) for key in after if after[key] != before.get(key, 0.0)}
+    assert grew == {label: 1.0}

@@ -146,7 +146,7 @@ def test_preprocess_is_host_arrays_in_a_sim2_thread_and_leaves_the_thread_there(
     def worker():
         paddle.set_device("sim:2")
         assert where(paddle.ones([1])) == "sim:2"  # the thread really is on sim:2
-        with PlaceEnv("cpu"):  # the service's preprocessing scope (core.Service._preprocess)
+        with PlaceEnv("cpu"):  # the service's preprocessing scope (engine.Engine._preprocess)
             out = model.preprocess({"pixels": x})
             found["tensor"] = host_tensor(out["pixels"])
         found["out"] = out
@@ -165,7 +165,7 @@ BAD_INPUTS = {
     "empty": ([], "input 'pixels' has shape [0]; expected [-1, 64]"),
     "bare example": (GOOD, "input 'pixels' has shape [64]; expected [-1, 64]"),
     "short": ([GOOD, [0] * 63], "tensor 'pixels' is ragged"),
-    "8x8 (no longer taken)": ([[[0] * 8] * 8], "input 'pixels' has shape [1, 8, 8]; expected [-1, 64]"),
+    "8x8 (not taken)": ([[[0] * 8] * 8], "input 'pixels' has shape [1, 8, 8]; expected [-1, 64]"),
     "too deep": ([[[[0]] * 8] * 8], "input 'pixels' has shape [1, 8, 8, 1]"),
     "absurdly deep": ([[[[[[[[[[0]]]]]]]]]], "is nested too deep"),
     "string": ([GOOD[:5] + ["abc"] + GOOD[6:]],

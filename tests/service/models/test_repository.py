@@ -4,7 +4,7 @@
   (one and two inputs; FP32, INT64 and BOOL), read by ``repository.scan`` exactly as
   the service reads them at start, then loaded and run on sim devices.
 * Broken repositories: each problem is ONE ``RepositoryError`` naming the model, the
-  file and the problem (never a traceback), and ``core.read_repository`` refuses or
+  file and the problem (never a traceback), and ``engine.read_repository`` refuses or
   skips as ``on_model_failure`` says.
 * Real services (``support.servers.ServiceProcess``, sim devices) on a temporary
   repository: refusing to start (the default) or serving the good models and

@@ -2,7 +2,7 @@
 
 Real processes throughout: the supervisor, the engine and the front ends it starts, clients over
 HTTP and gRPC. What the single process promises holds across them: readiness only when every
-process is ready; SIGTERM drains (accepted requests answered, exit 0); a front end killed with
+process is ready; SIGTERM stops it (accepted requests answered, exit 0); a front end killed with
 SIGKILL is replaced while the others serve; an engine killed with SIGKILL has its requests in
 flight answered with 503 at once and is replaced, or ends the service with ``--restart never``.
 Each fault test has its negative control: what the same check sees without the behaviour.
@@ -112,7 +112,7 @@ def test_bad_input_is_refused_by_the_front_end(service):
 # -- faults and lifecycle: each its own service --------------------------------------------------
 
 
-def test_sigterm_drains_every_accepted_request_and_exits_zero():
+def test_sigterm_answers_every_accepted_request_and_exits_zero():
     with ServiceProcess(**SETTINGS, SHUTDOWN_DELAY_S=1.0) as proc, ThreadPoolExecutor(8) as pool:
         with workers_held(proc.url, 2) as held:  # both workers busy: what follows waits in the queues
             queued = [pool.submit(predict, proc.url, 60) for _ in range(8)]
@@ -180,7 +180,7 @@ def test_a_killed_supervisor_takes_its_children_with_it_and_frees_the_port():
     proc = ServiceProcess(**SETTINGS).wait_ready()
     pids = [pid for role in children(proc.proc.pid).values() for pid in role]
     assert len(pids) == 3
-    proc.kill()  # SIGKILL: no drain, as a crashed machine or an OOM kill
+    proc.kill()  # SIGKILL: no orderly stop, as a crashed machine or an OOM kill
 
     def alive(pid: int) -> bool:
         try:  # a zombie (Z) has exited; only its parent's reaping is left

@@ -37,7 +37,7 @@ SAY = ("print(json.dumps({'pid': os.getpid(), 'text': metrics.exposition()[0].de
 # A writer serves no /metrics: what it counted reaches the files from its writer thread or at exit.
 QUIET = "print(json.dumps({'pid': os.getpid(), 'text': ''}))\n"
 
-# What each process does, through the surface core.py, workers.py and dispatch.py use.
+# What each process does, through the surface the engine, the workers and the dispatcher use.
 FRONT_END_0 = """
 for _ in range(3):
     ON_LOOP.count("digits", "sim:0", "ok")
