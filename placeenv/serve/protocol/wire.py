@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import struct
 from collections.abc import Mapping
 from typing import Any
 
@@ -217,3 +218,117 @@ def _reshaped(array: np.ndarray, shape: tuple[int, ...], tensor: str) -> np.ndar
 
 def to_binary(array: np.ndarray) -> bytes:
     return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
+
+
+# -- BYTES: tensors of byte strings ------------------------------------------------------------
+# Numpy object arrays of ``bytes``, as tritonclient sends and reads them (``np.object_``): in JSON
+# each element a string (its UTF-8 bytes), in binary (Triton's binary tensor extension, gRPC's
+# raw contents) each a 4-byte little-endian length, then its bytes.
+
+#: Elements in one BYTES tensor at most: each is a Python object, and four bytes of length ask
+#: for one, so the body limit alone would let a request ask for a quarter of a million a megabyte.
+MAX_BYTES_ELEMENTS = 1 << 16
+#: Bytes in one element at most.
+MAX_BYTES_ELEMENT = 64 << 20
+_LENGTH = struct.Struct("<I")
+
+
+def _bytes_count(tensor: str, shape: tuple[int, ...]) -> int:
+    if any(d < 0 for d in shape):
+        raise InvalidInput(f"tensor {tensor!r} has shape {prefix(list(shape))}; dimensions are >= 0")
+    count = math.prod(shape)
+    if count > MAX_BYTES_ELEMENTS:
+        raise InvalidInput(f"tensor {tensor!r} (BYTES) has {prefix(count)} elements; at most {MAX_BYTES_ELEMENTS} "
+                           "a tensor: send fewer, or longer ones")
+    return count
+
+
+def bytes_from_binary(buffer: memoryview | bytes, tensor: str, shape: tuple[int, ...]) -> np.ndarray:
+    """A BYTES tensor of ``shape`` from its serialized elements (a 4-byte little-endian length, then
+    the bytes, for each); ``InvalidInput`` naming the element for a length cut short, one past the end
+    of the data, or bytes left over. Messages quote no byte of the data."""
+    tensor = _label(tensor)
+    count = _bytes_count(tensor, shape)
+    view, offset, size = memoryview(buffer).cast("B"), 0, len(buffer)
+    elements = np.empty(count, dtype=object)
+    for i in range(count):
+        if offset + 4 > size:
+            raise InvalidInput(f"tensor {tensor!r} (BYTES): element {i} of {count} has no 4-byte length ({size - offset} "
+                               "bytes left); send each element as a little-endian uint32 length, then its bytes")
+        (length,) = _LENGTH.unpack_from(view, offset)
+        offset += 4
+        if length > MAX_BYTES_ELEMENT:
+            raise InvalidInput(f"tensor {tensor!r} (BYTES): element {i} says {length} bytes; at most "
+                               f"{MAX_BYTES_ELEMENT} an element")
+        if offset + length > size:
+            raise InvalidInput(f"tensor {tensor!r} (BYTES): element {i} says {length} bytes, past the end of the "
+                               f"data ({size - offset} bytes left)")
+        elements[i] = bytes(view[offset:offset + length])
+        offset += length
+    if offset != size:
+        raise InvalidInput(f"tensor {tensor!r} (BYTES): {size - offset} bytes after its {count} elements of shape "
+                           f"{prefix(list(shape))}; send exactly one length and its bytes an element")
+    return elements.reshape(shape)
+
+
+def bytes_from_json(data: Any, tensor: str, shape: tuple[int, ...] | None = None) -> np.ndarray:
+    """A BYTES tensor from JSON strings (nested, or flat with ``shape``): each element the UTF-8 bytes
+    of its string. Anything else (a number, a ragged nesting, a lone surrogate) is an
+    ``InvalidInput`` naming the position."""
+    tensor = _label(tensor)
+    if not isinstance(data, list):
+        raise InvalidInput(f"tensor {tensor!r}: data must be a list of strings, got {type(data).__name__}")
+    found, level = [len(data)], data  # the nesting's shape, and its values one level down at a time
+    while level and all(type(item) is list for item in level) and len(level) <= MAX_BYTES_ELEMENTS:
+        width = len(level[0])
+        if any(len(item) != width for item in level):
+            raise InvalidInput(f"tensor {tensor!r} is ragged: its nested lists differ in length below shape {found}")
+        found.append(width)
+        if len(found) > _MAX_DEPTH:
+            raise InvalidInput(f"tensor {tensor!r} is nested too deep (at most {_MAX_DEPTH} levels)")
+        level = list(itertools.chain.from_iterable(level))
+    count = _bytes_count(tensor, tuple(shape) if shape is not None else (len(level),))
+    if len(level) != count:
+        raise InvalidInput(f"tensor {tensor!r}: {len(level)} values for shape {prefix(list(shape or found))}; "
+                           f"send {count}")
+    elements = np.empty(count, dtype=object)
+    for i, item in enumerate(level):
+        if type(item) is not str:
+            what = "a list where the nesting ends" if isinstance(item, list) else prefix(item)
+            raise InvalidInput(f"tensor {tensor!r} (BYTES) has {what} at element {i}; expected strings (binary "
+                               "data: send it with the binary tensor extension)")
+        try:
+            elements[i] = item.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidInput(f"tensor {tensor!r} (BYTES): element {i} is not text (a lone surrogate); send "
+                               "text, or the bytes with the binary tensor extension") from None
+        if len(elements[i]) > MAX_BYTES_ELEMENT:
+            raise InvalidInput(f"tensor {tensor!r} (BYTES): element {i} has {len(elements[i])} bytes; at most "
+                               f"{MAX_BYTES_ELEMENT} an element")
+    return elements.reshape(shape if shape is not None else found)
+
+
+def check_text(array: np.ndarray, tensor: str) -> None:
+    """``InvalidInput`` naming the first element of a BYTES tensor that is not UTF-8 text."""
+    for i, element in enumerate(array.flat):
+        try:
+            element.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidInput(f"tensor {_label(tensor)!r} (BYTES, text): element {i} is not UTF-8 (byte "
+                               f"{exc.start}); send text") from None
+
+
+def bytes_to_binary(array: np.ndarray) -> bytes:
+    """A BYTES tensor serialized: each element's 4-byte little-endian length, then its bytes (a ``str``
+    element as its UTF-8)."""
+    parts = []
+    for element in array.flat:
+        data = element.encode("utf-8") if isinstance(element, str) else bytes(element)
+        parts += (_LENGTH.pack(len(data)), data)
+    return b"".join(parts)
+
+
+def bytes_to_json(array: np.ndarray) -> list[str]:
+    """A BYTES tensor's elements as JSON strings, flat; ``ValueError`` for an element that is not UTF-8
+    text (the client asks for it as binary data instead)."""
+    return [element if isinstance(element, str) else bytes(element).decode("utf-8") for element in array.flat]
