@@ -52,6 +52,9 @@ def inputs_of(request: pb.ModelInferRequest,
         if raw:
             arrays[item.name] = wire.from_binary(raw[i], item.datatype, item.name, shape)
             continue
+        if item.datatype == "BYTES":
+            arrays[item.name] = wire.bytes_from_elements(list(item.contents.bytes_contents), item.name, shape)
+            continue
         field = CONTENTS.get(item.datatype)
         values = getattr(item.contents, field) if field else ()
         if not values and math.prod(shape) != 0:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import numpy as np
 from fastapi import Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -178,8 +179,15 @@ def numbers(shape: list[int]) -> str:
 
 def per_example(result: Result) -> list[dict[str, Any]]:
     """``[{output: value}]`` per example; ``tolist`` makes Python numbers in one C call per output."""
-    columns = {name: array.tolist() for name, array in result.outputs.items()}
+    columns = {name: _text(array).tolist() if array.dtype == object else array.tolist()
+               for name, array in result.outputs.items()}
     if not result.batched:
         return [columns]
     rows = len(next(iter(columns.values())))
     return [{name: column[i] for name, column in columns.items()} for i in range(rows)]
+
+
+def _text(array: np.ndarray) -> np.ndarray:
+    """A BYTES output as JSON carries it: each element's text (bytes that are not UTF-8 with the
+    replacement character; v2's binary data carries them exactly)."""
+    return np.vectorize(lambda b: b.decode("utf-8", "replace") if isinstance(b, bytes) else b, otypes=[object])(array)

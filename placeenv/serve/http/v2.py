@@ -134,12 +134,18 @@ def render(result: Result, request: InferenceRequest) -> Response:
     outputs, blobs = [], []
     for name, array in result.outputs.items():
         described = {"name": name, "datatype": result.datatypes[name], "shape": list(array.shape)}
-        if asked.get(name, {}).get("binary_data", everything):
+        binary, text = asked.get(name, {}).get("binary_data", everything), None
+        if array.dtype == object and not binary:  # BYTES: strings in JSON
+            try:
+                text = wire.bytes_to_json(array)
+            except ValueError:  # bytes that are not text go as binary data, which JSON cannot carry
+                binary = True
+        if binary:
             blob = wire.to_binary(array)
             described["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
         else:
-            described["data"] = array.ravel().tolist()
+            described["data"] = text if text is not None else array.ravel().tolist()
         outputs.append(described)
     body = {"model_name": result.model, "model_version": str(result.version), "outputs": outputs}
     if request.id is not None:

@@ -290,6 +290,11 @@ def read_version(name: str, directory: Path, config: ModelConfig) -> Version:
         names = [s.name for s in specs]
         if len(set(names)) != len(names):
             raise RepositoryError(name, where, f"{kind} names repeat: {names}")
+    text = [s.name for s in inputs if s.datatype == "BYTES"]
+    if text and model_class.preprocess is Model.preprocess:
+        # A worker joins each input into one host tensor: only a preprocess can turn bytes into numbers.
+        raise RepositoryError(name, where, f"BYTES inputs {text} need a preprocess of the model's own (model.py) "
+                                           "that turns them into numeric arrays")
     return Version(model_class, ModelContext(name, int(directory.name), directory, program, inputs, outputs,
                                              config.parameters, config.backend, config.inference,
                                              share_weights=config.share_weights))

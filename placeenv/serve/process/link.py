@@ -32,7 +32,7 @@ import numpy as np
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from ..protocol import errors
+from ..protocol import errors, wire
 from ..protocol.errors import EngineUnavailable, ModelFailed, Overloaded, ServiceError, Timeout
 from ..protocol.request import Catalog, Result, Work
 
@@ -40,6 +40,8 @@ log = logging.getLogger(__name__)
 
 #: (name, numpy dtype string, shape) of each array frame.
 Tensors = list[tuple[str, str, tuple[int, ...]]]
+#: The dtype string of a BYTES array's frame: its elements serialized (``wire.bytes_to_binary``).
+BYTES = "BYTES"
 
 
 class RunHeader(msgspec.Struct, array_like=True):
@@ -100,9 +102,14 @@ _ERRORS = {cls.__name__: cls for cls in errors.OUTCOMES
 
 
 def arrays_out(arrays) -> tuple[Tensors, list[np.ndarray]]:
-    """Each array's description and its contiguous buffer, to send as frames."""
+    """Each array's description and its contiguous buffer, to send as frames (a BYTES array, whose
+    memory is pointers, as its serialized elements)."""
     tensors, buffers = [], []
     for name, array in arrays.items():
+        if array.dtype == object:
+            tensors.append((name, BYTES, array.shape))
+            buffers.append(wire.bytes_to_binary(array))
+            continue
         array = np.require(array, requirements="C")  # not ascontiguousarray: it makes a 0-d array 1-d
         tensors.append((name, array.dtype.str, array.shape))
         buffers.append(array)
@@ -111,8 +118,12 @@ def arrays_out(arrays) -> tuple[Tensors, list[np.ndarray]]:
 
 def arrays_in(tensors: Tensors, frames) -> dict[str, np.ndarray]:
     """The arrays over the received frames' memory (read-only, no copy)."""
-    return {name: np.frombuffer(frame.buffer if isinstance(frame, zmq.Frame) else frame, dtype).reshape(shape)
-            for (name, dtype, shape), frame in zip(tensors, frames)}
+    found = {}
+    for (name, dtype, shape), frame in zip(tensors, frames):
+        buffer = frame.buffer if isinstance(frame, zmq.Frame) else frame
+        found[name] = (wire.bytes_from_binary(buffer, name, tuple(shape)) if dtype == BYTES
+                       else np.frombuffer(buffer, dtype).reshape(shape))
+    return found
 
 
 #: A pump hands the loop back after this many messages in one go, so a flood of requests cannot

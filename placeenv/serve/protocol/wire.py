@@ -22,6 +22,7 @@ DATATYPES: dict[str, np.dtype] = {
     "BOOL": np.dtype(np.bool_), "UINT8": np.dtype(np.uint8), "INT8": np.dtype(np.int8),
     "INT16": np.dtype(np.int16), "INT32": np.dtype(np.int32), "INT64": np.dtype(np.int64),
     "FP16": np.dtype(np.float16), "FP32": np.dtype(np.float32), "FP64": np.dtype(np.float64),
+    "BYTES": np.dtype(np.object_),  # byte strings: numpy object arrays of bytes (below)
 }
 _BY_NUMPY = {dtype: name for name, dtype in DATATYPES.items()}
 
@@ -112,6 +113,8 @@ def from_json(data: Any, kind: str, tensor: str, shape: tuple[int, ...] | None =
     Without ``shape`` the nesting gives the shape; with it, ``data`` may be flat or
     nested, and must hold exactly the shape's number of values.
     """
+    if kind == "BYTES":
+        return bytes_from_json(data, tensor, shape)
     tensor = _label(tensor)
     dtype = datatype(kind, tensor)
     if not isinstance(data, list):
@@ -193,7 +196,10 @@ def checked_array(data: list, kind: str, dtype: np.dtype, tensor: str) -> np.nda
 
 
 def from_binary(buffer: memoryview | bytes, kind: str, tensor: str, shape: tuple[int, ...]) -> np.ndarray:
-    """Raw little-endian values (BOOL: one byte each), as Triton's binary tensor extension sends them."""
+    """Raw little-endian values (BOOL: one byte each; BYTES: serialized elements), as Triton's binary
+    tensor extension sends them."""
+    if kind == "BYTES":
+        return bytes_from_binary(buffer, tensor, shape)
     tensor = _label(tensor)
     dtype = datatype(kind, tensor).newbyteorder("<")
     if any(d < 0 for d in shape):
@@ -217,6 +223,8 @@ def _reshaped(array: np.ndarray, shape: tuple[int, ...], tensor: str) -> np.ndar
 
 
 def to_binary(array: np.ndarray) -> bytes:
+    if array.dtype == object:
+        return bytes_to_binary(array)
     return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
 
 
@@ -306,6 +314,21 @@ def bytes_from_json(data: Any, tensor: str, shape: tuple[int, ...] | None = None
             raise InvalidInput(f"tensor {tensor!r} (BYTES): element {i} has {len(elements[i])} bytes; at most "
                                f"{MAX_BYTES_ELEMENT} an element")
     return elements.reshape(shape if shape is not None else found)
+
+
+def bytes_from_elements(elements: list, tensor: str, shape: tuple[int, ...]) -> np.ndarray:
+    """A BYTES tensor of ``shape`` from its elements as a protocol gives them (gRPC's ``bytes_contents``)."""
+    tensor = _label(tensor)
+    count = _bytes_count(tensor, shape)
+    if len(elements) != count:
+        raise InvalidInput(f"tensor {tensor!r}: {len(elements)} values for shape {prefix(list(shape))}; send {count}")
+    array = np.empty(count, dtype=object)
+    for i, element in enumerate(elements):
+        if len(element) > MAX_BYTES_ELEMENT:
+            raise InvalidInput(f"tensor {tensor!r} (BYTES): element {i} has {len(element)} bytes; at most "
+                               f"{MAX_BYTES_ELEMENT} an element")
+        array[i] = bytes(element)
+    return array.reshape(shape)
 
 
 def check_text(array: np.ndarray, tensor: str) -> None:

@@ -21,7 +21,7 @@ from placeenv.serve.protocol import wire
 from placeenv.serve.protocol.errors import InvalidInput
 from placeenv.serve.protocol.wire import DATATYPES
 
-KIND = st.sampled_from(sorted(DATATYPES))
+KIND = st.sampled_from(sorted(k for k in DATATYPES if k != "BYTES"))  # numbers: BYTES has test_bytes.py
 _INTEGER_KINDS = {"UINT8", "INT8", "INT16", "INT32", "INT64"}
 
 
