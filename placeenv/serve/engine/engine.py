@@ -268,7 +268,7 @@ class Engine:
         """What serves ``work``; ``UnknownModel`` when nothing does (a front end's catalog may be older)."""
         entry = self.entries.get(work.model)
         template = self.templates.get((work.model, work.version))
-        if entry is None or template is None or work.version not in entry.versions:
+        if entry is None or template is None:  # a template is made for every version the entry had
             raise UnknownModel(f"model {work.model!r} version {work.version} is not served")
         return entry, entry.versions[work.version], template
 

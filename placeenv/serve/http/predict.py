@@ -128,11 +128,11 @@ def predict_inputs(model: ModelInfo, version: VersionInfo, body: PredictRequest)
         if len(specs) != 1:
             raise InvalidInput(f"model {model.name!r} takes {len(specs)} inputs; send inputs as "
                                f"{{{', '.join(repr(s.name) + ': [examples]' for s in specs)}}}")
-        given = {specs[0].name: body.inputs}
+        given, arrays = {specs[0].name: body.inputs}, {}
     else:
         given = body.inputs
-    # A name the model does not take stays, unread (None): Catalog.check refuses it, naming the inputs.
-    arrays = {name: None for name in given if all(spec.name != name for spec in specs)}
+        # A name the model does not take stays, unread (None): Catalog.check refuses it, naming the inputs.
+        arrays = {name: None for name in given if all(spec.name != name for spec in specs)}
     for spec in specs:
         examples = given.get(spec.name)
         if examples is None:

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from .. import metrics
-from .errors import OK_LABEL, ModelFailed, ServiceError, outcome
+from .errors import OK_LABEL, OUTCOMES, ModelFailed, ServiceError, outcome
 from .request import Catalog, InferRequest, ModelInfo, Result, VersionInfo, Work
 
 VERSION = importlib.metadata.version("placeenv")
@@ -82,7 +82,7 @@ class Gateway:
             self.refuse(exc, name)
             raise
         except Exception:  # a bug of ours: answered 500 / INTERNAL by the protocol, counted as one
-            metrics.ON_LOOP.count(self._label(name), "none", outcome(ModelFailed("")).label)
+            metrics.ON_LOOP.count(self._label(name), "none", OUTCOMES[ModelFailed].label)
             raise
         label = self._label(name)
         metrics.ON_LOOP.count(label, result.device, OK_LABEL)

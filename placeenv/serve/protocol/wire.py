@@ -241,13 +241,17 @@ MAX_BYTES_ELEMENT = 64 << 20
 _LENGTH = struct.Struct("<I")
 
 
-def _bytes_count(tensor: str, shape: tuple[int, ...]) -> int:
+def _bytes_count(tensor: str, shape: tuple[int, ...], given: int | None = None) -> int:
+    """The elements of a BYTES tensor of ``shape``, within the limit, and as many as ``given`` (the
+    values sent), checked before any element is read."""
     if any(d < 0 for d in shape):
         raise InvalidInput(f"tensor {tensor!r} has shape {prefix(list(shape))}; dimensions are >= 0")
     count = math.prod(shape)
     if count > MAX_BYTES_ELEMENTS:
         raise InvalidInput(f"tensor {tensor!r} (BYTES) has {prefix(count)} elements; at most {MAX_BYTES_ELEMENTS} "
                            "a tensor: send fewer, or longer ones")
+    if given is not None and given != count:
+        raise InvalidInput(f"tensor {tensor!r}: {given} values for shape {prefix(list(shape))}; send {count}")
     return count
 
 
@@ -283,7 +287,7 @@ def bytes_from_json(data: Any, tensor: str, shape: tuple[int, ...] | None = None
     """A BYTES tensor from JSON strings (nested, or flat with ``shape``): each element the UTF-8 bytes
     of its string. Anything else (a number, a ragged nesting, a lone surrogate) is an
     ``InvalidInput`` naming the position."""
-    tensor = _label(tensor)
+    name, tensor = tensor, _label(tensor)
     if not isinstance(data, list):
         raise InvalidInput(f"tensor {tensor!r}: data must be a list of strings, got {type(data).__name__}")
     found, level = [len(data)], data  # the nesting's shape, and its values one level down at a time
@@ -295,33 +299,26 @@ def bytes_from_json(data: Any, tensor: str, shape: tuple[int, ...] | None = None
         if len(found) > _MAX_DEPTH:
             raise InvalidInput(f"tensor {tensor!r} is nested too deep (at most {_MAX_DEPTH} levels)")
         level = list(itertools.chain.from_iterable(level))
-    count = _bytes_count(tensor, tuple(shape) if shape is not None else (len(level),))
-    if len(level) != count:
-        raise InvalidInput(f"tensor {tensor!r}: {len(level)} values for shape {prefix(list(shape or found))}; "
-                           f"send {count}")
-    elements = np.empty(count, dtype=object)
+    shape = tuple(shape) if shape is not None else tuple(found)
+    _bytes_count(tensor, shape, len(level))  # before a string is encoded
+    encoded = []
     for i, item in enumerate(level):
         if type(item) is not str:
             what = "a list where the nesting ends" if isinstance(item, list) else prefix(item)
             raise InvalidInput(f"tensor {tensor!r} (BYTES) has {what} at element {i}; expected strings (binary "
                                "data: send it with the binary tensor extension)")
         try:
-            elements[i] = item.encode("utf-8")
+            encoded.append(item.encode("utf-8"))
         except UnicodeEncodeError:
             raise InvalidInput(f"tensor {tensor!r} (BYTES): element {i} is not text (a lone surrogate); send "
                                "text, or the bytes with the binary tensor extension") from None
-        if len(elements[i]) > MAX_BYTES_ELEMENT:
-            raise InvalidInput(f"tensor {tensor!r} (BYTES): element {i} has {len(elements[i])} bytes; at most "
-                               f"{MAX_BYTES_ELEMENT} an element")
-    return elements.reshape(shape if shape is not None else found)
+    return bytes_from_elements(encoded, name, shape)
 
 
 def bytes_from_elements(elements: list, tensor: str, shape: tuple[int, ...]) -> np.ndarray:
     """A BYTES tensor of ``shape`` from its elements as a protocol gives them (gRPC's ``bytes_contents``)."""
     tensor = _label(tensor)
-    count = _bytes_count(tensor, shape)
-    if len(elements) != count:
-        raise InvalidInput(f"tensor {tensor!r}: {len(elements)} values for shape {prefix(list(shape))}; send {count}")
+    count = _bytes_count(tensor, shape, len(elements))
     array = np.empty(count, dtype=object)
     for i, element in enumerate(elements):
         if len(element) > MAX_BYTES_ELEMENT:

@@ -20,7 +20,6 @@ import pytest
 from support.models import replica, run
 from support.servers import ServiceProcess
 
-import placeenv
 from placeenv import PlaceEnv
 from placeenv.serve.models import scan
 from placeenv.serve.models.base import adopt_weights
