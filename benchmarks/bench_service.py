@@ -246,11 +246,17 @@ def service(devices: list[str], model: str, port: int | None = None, checkout: P
     return Server([sys.executable, "-m", "placeenv.serve"], env, port, cwd=checkout)
 
 
-def wrk(urls: list[str], body: str, connections: int, seconds: float, path: str = "/predict") -> dict:
-    """Run wrk against each URL at once (connections split among them); sum throughput."""
+def wrk(urls: list[str], body: str | bytes, connections: int, seconds: float, path: str = "/predict",
+        headers: dict[str, str] | None = None) -> dict:
+    """Run wrk against each URL at once (connections split among them); sum throughput. A JSON body
+    (text), or any bytes with the ``headers`` they need."""
+    if isinstance(body, str):
+        literal, headers = json.dumps(body), {"Content-Type": "application/json", **(headers or {})}
+    else:  # every byte as a Lua decimal escape: a binary body in a Lua string
+        literal = '"' + "".join(f"\\{b:03d}" for b in body) + '"'
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
-        script.write(f'wrk.method = "POST"\nwrk.body = {json.dumps(body)}\n'
-                     'wrk.headers["Content-Type"] = "application/json"\n')
+        script.write(f'wrk.method = "POST"\nwrk.body = {literal}\n'
+                     + "".join(f'wrk.headers["{k}"] = "{v}"\n' for k, v in (headers or {}).items()))
     per = max(1, connections // len(urls))
     procs = [
         subprocess.Popen(["wrk", "-t1", f"-c{per}", f"-d{int(seconds)}s", "--latency", "-s", script.name,

@@ -6,7 +6,9 @@ Defaults live in ``locust.conf`` at the repository root (Locust reads it from
 the working directory). Traffic: valid predictions across the models with
 varied batch sizes, on /predict and on /v2 (bodies encoded and answers decoded by
 tritonclient's own codec), plus a small share of deliberately invalid requests that
-count as correct when they get the expected 4xx.
+count as correct when they get the expected 4xx; and, when the service serves the
+bundled pipelines, JPEG images through ``classify`` and PNG pages through ``ocr``
+(whose line counts are checked against the pages drawn).
 
 When the run ends, the gate scrapes ``/metrics`` and compares with the scrape
 taken when it started; behind a load balancer, ``--prometheus URL`` reads what
@@ -24,10 +26,13 @@ import logging
 import random
 import time
 
+import io
+
 import gevent
 import numpy as np
 import tritonclient.http as triton
 import httpx
+from PIL import Image
 from locust import FastHttpUser, between, events, task
 from locust.contrib.fasthttp import LocustBadStatusCode
 
@@ -57,6 +62,40 @@ def v2_request(images: list) -> tuple[bytes, dict]:
 
 
 V2_MOBILENET = [v2_request(random.sample(MOBILENET, size)) + (size,) for size in (1, 1, 2)]
+
+
+def encoded(pixels: np.ndarray, format: str) -> bytes:
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format=format)
+    return out.getvalue()
+
+
+def bytes_request(name: str, items: list[bytes], outputs: list[str]) -> tuple[bytes, dict]:
+    """A request of one BYTES input (encoded images) in the Open Inference Protocol, by tritonclient."""
+    tensor = triton.InferInput(name, [len(items)], "BYTES")
+    tensor.set_data_from_numpy(np.array(items, dtype=np.object_), binary_data=True)
+    body, header = triton.InferenceServerClient.generate_request_body(
+        [tensor], outputs=[triton.InferRequestedOutput(o, binary_data=True) for o in outputs])
+    return body, {"Inference-Header-Content-Length": str(header), "Content-Type": "application/octet-stream"}
+
+
+def page(lines: int) -> np.ndarray:
+    """A page of ``lines`` dark bands of blocks, as the bundled ocr pipeline reads one (1x32x128)."""
+    pixels = np.full((32, 128), 235, np.uint8)
+    for i in range(lines):
+        top, left = 2 + i * 10, random.randint(2, 29)
+        glyphs = np.random.random((6, random.randint(50, 95))) < 0.6
+        glyphs[:, ::5] = False
+        pixels[top:top + 6, left:left + glyphs.shape[1]][glyphs] = 30
+    return pixels
+
+
+PHOTOS = [encoded(np.random.randint(0, 256, (64, 64, 3), dtype=np.uint8), "JPEG") for _ in range(8)]
+V2_CLASSIFY = [bytes_request("image", random.sample(PHOTOS, size), ["labels", "scores"]) + (size,)
+               for size in (1, 1, 2)]
+PAGES = [(lines, encoded(page(lines), "PNG")) for lines in (1, 2, 3) for _ in range(3)]
+#: The models the service serves (read when the run starts): pipeline traffic only where they are.
+SERVED: set[str] = set()
 
 INVALID = [  # (name, body, expected status)
     ("unknown model", {"model": "no-such-model", "inputs": [DIGITS[0]]}, 404),
@@ -151,18 +190,42 @@ class Client(FastHttpUser):
     @task(2)
     def mobilenet_v2(self) -> None:
         body, headers, size = random.choice(V2_MOBILENET)
-        with self.client.post("/v2/models/mobilenet/infer", data=body, headers=headers,
-                              name=f"v2 mobilenet x{size} (binary)", catch_response=True) as r:
+        found = self._v2("mobilenet", body, headers, f"v2 mobilenet x{size} (binary)")
+        if found is not None and found[1].as_numpy("output_0").shape != (size, 10):
+            found[0].failure("wrong output shape")
+
+    def _v2(self, model: str, body: bytes, headers: dict, name: str):
+        """A v2 binary request; its answer decoded by tritonclient, or None (a failure recorded)."""
+        with self.client.post(f"/v2/models/{model}/infer", data=body, headers=headers, name=name,
+                              catch_response=True) as r:
             if not answered(r, self.host):
-                return
+                return None
             if r.status_code != 200:
                 r.failure(f"{r.status_code}: {r.text[:200]}")
-                return
+                return None
             length = r.headers.get("Inference-Header-Content-Length")
-            result = triton.InferenceServerClient.parse_response_body(
+            return r, triton.InferenceServerClient.parse_response_body(
                 r.content, header_length=int(length) if length else None)
-            if result.as_numpy("output_0").shape != (size, 10):
-                r.failure("wrong output shape")
+
+    @task(2)
+    def classify(self) -> None:
+        if "classify" not in SERVED:
+            return
+        body, headers, size = random.choice(V2_CLASSIFY)
+        found = self._v2("classify", body, headers, f"v2 classify x{size} (JPEG)")
+        if found is not None and (found[1].as_numpy("labels").shape != (size, 3)
+                                  or found[1].as_numpy("scores").shape != (size, 3)):
+            found[0].failure("wrong output shape")
+
+    @task(1)
+    def ocr(self) -> None:
+        if "ocr" not in SERVED:
+            return
+        pages = random.sample(PAGES, random.choice((1, 2)))
+        body, headers = bytes_request("page", [p for _, p in pages], ["text", "lines"])
+        found = self._v2("ocr", body, headers, f"v2 ocr x{len(pages)} (PNG)")
+        if found is not None and found[1].as_numpy("lines").tolist() != [n for n, _ in pages]:
+            found[0].failure(f"lines {found[1].as_numpy('lines').tolist()}, drawn {[n for n, _ in pages]}")
 
     @task(1)
     def invalid(self) -> None:
@@ -183,6 +246,10 @@ _state: dict = {}
 def _start(environment, **_):
     if environment.parsed_options is None or not environment.host:
         return
+    try:
+        SERVED.update(m["name"] for m in httpx.get(environment.host + "/v1/models", timeout=10).json()["models"])
+    except (*UNREACHABLE, TypeError):  # the gate says so below; traffic goes to the models every service has
+        pass
     if environment.parsed_options.prometheus:
         _state["start"] = time.time()
         return

@@ -292,6 +292,30 @@ DEVICE_LEAKS = Counter(
     "Place checks that found a tensor or thread on the wrong device.",
     ["worker", "expected", "actual", "stage"],
 )
+# A pipeline's steps, and a model's calls to another (label pipeline: the calling model; step: the called).
+STEP_QUEUE_DURATION = Histogram(
+    "inference_pipeline_step_queue_duration_seconds", "Time a pipeline's step (or a model's call to another) "
+    "waited in its device queue.", ["pipeline", "step", "device"], buckets=LATENCY_BUCKETS,
+)
+STEP_COMPUTE_DURATION = Histogram(
+    "inference_pipeline_step_compute_duration_seconds", "Time from a pipeline's step (or a call) starting on "
+    "its worker to its answer: the forward pass it shared, and the hand-back.", ["pipeline", "step", "device"],
+    buckets=LATENCY_BUCKETS,
+)
+STEP_BATCH_SIZE = Histogram(
+    "inference_pipeline_step_batch_size", "Examples in the forward pass a pipeline's step (or a call) shared.",
+    ["pipeline", "step"], buckets=(1, 2, 4, 8, 16, 32, 64, 128),
+)
+STEP_HANDOFFS = Counter(
+    "inference_pipeline_handoffs", "Tensors a pipeline's step read from another step's output, by how: "
+    "'device' (the tensor the other made, where it was), 'moved' (that tensor, copied to this step's "
+    "device), 'host' (a host array, for a model with a preprocess or postprocess of its own).",
+    ["pipeline", "step", "way"],
+)
+STEP_LEAKS = Counter(
+    "placeenv_pipeline_step_device_leaks", "Place checks of a pipeline's step (or a model's call to "
+    "another) that found a tensor or thread on the wrong device.", ["pipeline", "step", "stage"],
+)
 # livemin: 1 only while every running process that imported this module says 1. The service is
 # ready when the engine and every front end are; each process starts at 0, sets 1 when it is
 # ready itself and 0 when it stops, and a dead one's vote goes with process_dead().

@@ -184,13 +184,15 @@ class DeviceStats:
     waits: int  # host waits that found the device busy
     wait_seconds: float
     memory_used: int  # bytes its allocator holds from the plugin
+    uploads: int = 0  # of the transfers, copies from the host into its memory
+    downloads: int = 0  # and from its memory to the host (the rest stay on devices)
 
 
 def stats(device: int) -> DeviceStats:
     """The counters of ``sim:<device>``, from the plugin this process loaded (after ``import paddle``)."""
     function = _stats_function(os.environ.get("CUSTOM_DEVICE_ROOT", ""))
-    values = (ctypes.c_uint64 * 6)()
+    values = (ctypes.c_uint64 * 8)()
     if function(int(device), values) != 0:
         raise SimSetupError(f"there is no sim:{device} in this process")
-    transfers, size, device_ns, waits, wait_ns, used = values
-    return DeviceStats(transfers, size, device_ns / 1e9, waits, wait_ns / 1e9, used)
+    transfers, size, device_ns, waits, wait_ns, used, uploads, downloads = values
+    return DeviceStats(transfers, size, device_ns / 1e9, waits, wait_ns / 1e9, used, uploads, downloads)

@@ -53,11 +53,16 @@ struct Timeline {
   std::mutex lock;
   int64_t busy_until = 0;  // steady-clock ns
   uint64_t transfers = 0, bytes = 0, device_ns = 0, waits = 0, wait_ns = 0;
+  uint64_t uploads = 0, downloads = 0;  // host to device, device to host (the rest stay on devices)
 };
 Timeline g_timeline[kMaxDevices];
 
+// Which way a copy goes: the counters tell a program's round trips through the host from its copies
+// that stay on devices.
+enum Direction { kUpload, kDownload, kWithin };
+
 // Queues a transfer of `size` bytes on `device`; returns when it will be done.
-int64_t enqueue(int device, size_t size) {
+int64_t enqueue(int device, size_t size, Direction direction) {
   Timeline& t = g_timeline[device];
   // At most 1000 s a transfer: the settings are clamped, and this keeps busy_until far from overflow.
   double per_byte = std::min(g_ns_per_byte * static_cast<double>(size), 1e12);
@@ -65,6 +70,8 @@ int64_t enqueue(int device, size_t size) {
   std::lock_guard<std::mutex> guard(t.lock);
   t.busy_until = std::max(t.busy_until, now_ns()) + cost;
   t.transfers += 1;
+  t.uploads += direction == kUpload;
+  t.downloads += direction == kDownload;
   t.bytes += size;
   t.device_ns += static_cast<uint64_t>(cost);
   return t.busy_until;
@@ -214,30 +221,32 @@ C_Status memory_set(const C_Device, void* ptr, unsigned char value, size_t size)
 }
 
 // A synchronous copy returns when it is done; an asynchronous one when it is queued.
-C_Status copy(const C_Device device, void* dst, const void* src, size_t size, bool wait) {
+C_Status copy(const C_Device device, void* dst, const void* src, size_t size, bool wait, Direction direction) {
   if (size) std::memcpy(dst, src, size);
   if (!valid(device)) return C_SUCCESS;
-  int64_t done = enqueue(device->id, size);
+  int64_t done = enqueue(device->id, size, direction);
   if (wait) wait_until(device->id, done);
   return C_SUCCESS;
 }
 
+template <Direction direction>
 C_Status memory_copy(const C_Device device, void* dst, const void* src, size_t size) {
-  return copy(device, dst, src, size, true);
+  return copy(device, dst, src, size, true, direction);
 }
 
+template <Direction direction>
 C_Status async_memory_copy(const C_Device device, C_Stream, void* dst, const void* src, size_t size) {
-  return copy(device, dst, src, size, false);
+  return copy(device, dst, src, size, false, direction);
 }
 
 // Peer copies are charged to the device that issues them.
 C_Status memory_copy_p2p(const C_Device device, const C_Device, void* dst, const void* src, size_t size) {
-  return copy(device, dst, src, size, true);
+  return copy(device, dst, src, size, true, kWithin);
 }
 
 C_Status async_memory_copy_p2p(const C_Device device, const C_Device, C_Stream, void* dst,
                                const void* src, size_t size) {
-  return copy(device, dst, src, size, false);
+  return copy(device, dst, src, size, false, kWithin);
 }
 
 C_Status get_device_count(size_t* count) {
@@ -272,12 +281,14 @@ int64_t setting(const char* name) {
 }  // namespace
 
 // placeenv.sim.stats(): one device's counters, for tests, benchmarks and the service's metrics.
-// out: transfers, bytes, device ns, host waits, host wait ns, device memory in use (bytes).
+// out: transfers, bytes, device ns, host waits, host wait ns, device memory in use (bytes), uploads,
+// downloads.
 extern "C" int placeenv_sim_stats(int device, uint64_t* out) {
   if (device < 0 || static_cast<size_t>(device) >= g_device_count) return -1;
   Timeline& t = g_timeline[device];
   std::lock_guard<std::mutex> guard(t.lock);
-  uint64_t values[] = {t.transfers, t.bytes, t.device_ns, t.waits, t.wait_ns, g_used[device].load()};
+  uint64_t values[] = {t.transfers, t.bytes, t.device_ns, t.waits, t.wait_ns, g_used[device].load(),
+                       t.uploads, t.downloads};
   std::memcpy(out, values, sizeof values);
   return 0;
 }
@@ -321,13 +332,13 @@ extern "C" void InitPlugin(CustomRuntimeParams* params) {
   api->device_memory_set = memory_set;
   api->host_memory_allocate = host_allocate;
   api->host_memory_deallocate = host_deallocate;
-  api->memory_copy_h2d = memory_copy;
-  api->memory_copy_d2h = memory_copy;
-  api->memory_copy_d2d = memory_copy;
+  api->memory_copy_h2d = memory_copy<kUpload>;
+  api->memory_copy_d2h = memory_copy<kDownload>;
+  api->memory_copy_d2d = memory_copy<kWithin>;
   api->memory_copy_p2p = memory_copy_p2p;
-  api->async_memory_copy_h2d = async_memory_copy;
-  api->async_memory_copy_d2h = async_memory_copy;
-  api->async_memory_copy_d2d = async_memory_copy;
+  api->async_memory_copy_h2d = async_memory_copy<kUpload>;
+  api->async_memory_copy_d2h = async_memory_copy<kDownload>;
+  api->async_memory_copy_d2d = async_memory_copy<kWithin>;
   api->async_memory_copy_p2p = async_memory_copy_p2p;
   api->get_device_count = get_device_count;
   api->get_device_list = get_device_list;

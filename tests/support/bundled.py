@@ -3,7 +3,8 @@ service's way, for tests that check models without serving them.
 
     from support.bundled import ENTRIES, checked, template
 
-Importing it builds mobilenet's program if it is not there, as the service does at start.
+Importing it builds the programs built at start (mobilenet's, the OCR pipeline's) if they are not
+there, as the service does.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from placeenv.serve.models import BUNDLED, Model, scan
 from placeenv.serve.models import examples as bundled
 from placeenv.serve.protocol import wire
 
-bundled.ensure_mobilenet()  # what the service does at start: mobilenet is built, not committed
+for _name in bundled.BUILT_AT_START:  # what the service does at start: these are built, not committed
+    bundled.ensure(_name)
 ENTRIES, ERRORS = scan([BUNDLED], None, max_batch_size=8, max_batch_delay_ms=2.0)
 
 

@@ -59,6 +59,12 @@ class Job:
     future: asyncio.Future | Settled
     arrived: float
     deadline: float
+    # A pipeline's step or a model's call (pipeline.py): the outputs a next step takes as tensors
+    # (Handed), the device its tensors are on, and (pipeline or calling model, step) for the metrics.
+    keep: frozenset[str] = frozenset()
+    prefer: str = ""
+    step: tuple[str, str] | None = None
+    chain: tuple[str, ...] = ()  # the models this request is inside of, outermost first (calls: no cycle)
     device: str = ""
     enqueued: float = 0.0
     started: float = 0.0
@@ -194,16 +200,19 @@ class DeviceQueue:
                     self._cond.notify_all()  # the one woken might not hold this model
             return True
 
-    def take_batch(self, limits: dict[tuple[str, int], tuple[int, float]], wait: float) -> list[Job] | None:
+    def take_batch(self, limits: dict[tuple[str, int], tuple[int, float]], wait: float,
+                   only: bool = False) -> list[Job] | None:
         """The first job of a model in ``limits``, and more of that model up to its (max examples,
         max delay): a model's batch waits for more until it is full, its delay is up, or
         ``max delay / QUIET_STEPS`` passes with no job of that model joining the queue; max examples 0
-        takes one job.
+        takes one job. ``only``: ``limits`` are some of the worker's models (a worker waiting for a
+        model's call), not all of them.
 
         Returns None when closed and empty (the worker should exit), [] on an idle ``wait``.
         """
+        first_of = self._first_of if not only else lambda held: self._take(lambda job: job.model in held)
         with self._cond:
-            first = self._first_of(limits)
+            first = first_of(limits)
             if first is None:
                 if self.closed and not self._jobs:
                     return None
@@ -212,7 +221,7 @@ class DeviceQueue:
                     self.clock.wait(self._cond, wait)
                 finally:
                     self._idle -= 1
-                first = self._first_of(limits)
+                first = first_of(limits)
                 if first is None:
                     return None if self.closed and not self._jobs else []
             max_examples, max_delay = limits[first.model]
@@ -268,6 +277,11 @@ class DeviceQueue:
         with self._cond:
             self.busy -= count
 
+    def wake(self) -> None:
+        """Wake the workers waiting for a job: one waiting for a call (``Worker.serve_until``) looks again."""
+        with self._cond:
+            self._cond.notify_all()
+
     def close(self) -> None:
         with self._cond:
             self.closed = True
@@ -305,6 +319,10 @@ class Dispatcher:
     def submit(self, job: Job) -> DeviceQueue:
         if self.closed:
             raise Draining(STOPPING)
+        preferred = self.queues.get(job.prefer)
+        # A step whose tensors are on a device runs there if it can: moving them costs copies.
+        if preferred is not None and job.model in preferred.models and preferred.offer(job):
+            return preferred
         turn = next(self._tiebreak)
         queues = [q for q in self.queues.values() if job.model in q.models]
         # Least loaded first; equal loads take turns, so idle devices all get work.

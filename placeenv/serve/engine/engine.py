@@ -5,15 +5,17 @@ in whichever process received it): from ``LocalEngine`` (local.py) in the single
 process, from ``link.EngineServer`` in the engine process. Here it is preprocessed
 on the CPU under ``PlaceEnv('cpu')``, queued on the least-loaded device that holds
 the model (dispatch.py), batched and run by a worker thread pinned to that device
-(workers.py), and answered with host arrays. Every failure is a ``ServiceError``
-(protocol/errors.py), or the exception of a bug of ours; either way every accepted
-request gets exactly one answer.
+(workers.py), and answered with host arrays. A request to a pipeline runs each of its
+steps that way, as does a model's call to another (pipeline.py). Every failure is a
+``ServiceError`` (protocol/errors.py), or the exception of a bug of ours; either way
+every accepted request gets exactly one answer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import gc
 import logging
 import time
@@ -31,8 +33,9 @@ from .dispatch import DeviceQueue, Dispatcher, Job, Settled
 from ..protocol.errors import InvalidInput, ModelFailed, ServiceError, StartupError, UnknownModel
 from ..models import examples
 from ..models.base import InputError, Model, ModelError, host_inputs
-from ..models.repository import BUNDLED, Entry, RepositoryError, Version, scan
+from ..models.repository import BUNDLED, Entry, Repository, RepositoryError, Version, read
 from ..protocol.request import Catalog, ModelInfo, Result, VersionInfo, Work
+from . import pipeline
 from .workers import Answer, PlaceChecker, WorkerPool
 
 log = logging.getLogger(__name__)
@@ -51,6 +54,21 @@ class Stats:
     preprocess_ns: int = 0
     last_inference_ms: int = 0
 
+    def succeeded(self, taken: float, measured: dict | None, job: Job | None = None,
+                  answer: Answer | None = None) -> None:
+        """One success, taken at ``taken``: its timings ``measured``, or those of ``job``'s ``answer``."""
+        measured = measured or timings(taken, job, answer)
+        self.success += 1
+        self.success_ns += int(measured["total_ms"] * 1e6)
+        self.queue_ns += int(measured["queue_ms"] * 1e6)
+        self.compute_ns += int(measured["compute_ms"] * 1e6)
+        self.preprocess_ns += int(measured["preprocess_ms"] * 1e6)
+        self.last_inference_ms = int(time.time() * 1000)
+
+    def failed(self, taken: float) -> None:
+        self.fail += 1
+        self.fail_ns += int((time.perf_counter() - taken) * 1e9)
+
     def describe(self, name: str, version: int) -> dict:
         pair = lambda count, ns: {"count": count, "ns": ns}
         return {
@@ -62,6 +80,18 @@ class Stats:
                 "compute_infer": pair(self.success, self.compute_ns), "compute_output": pair(self.success, 0),
             },
         }
+
+
+def timings(taken: float, job: Job, answer: Answer) -> dict[str, float]:
+    """Milliseconds of a job taken at ``taken``: preprocessing, in its queue, computing (its batch's
+    forward pass and the hop back), in all."""
+    done = time.perf_counter()
+    return {
+        "preprocess_ms": round((job.enqueued - taken) * 1000, 3),
+        "queue_ms": round((answer.compute_started - job.enqueued) * 1000, 3),
+        "compute_ms": round((done - answer.compute_started) * 1000, 3),
+        "total_ms": round((done - taken) * 1000, 3),
+    }
 
 
 def platform(version: Version) -> str:
@@ -87,33 +117,34 @@ def resolve_devices(settings: Settings) -> list[str]:
     return list(dict.fromkeys(good))
 
 
-def read_repository(settings: Settings) -> tuple[dict[str, Entry], dict[str, str]]:
-    """The entries to serve and, with ``on_model_failure=skip``, the skipped ones' reasons.
+def read_repository(settings: Settings) -> tuple[Repository, dict[str, str]]:
+    """The models and pipelines to serve and, with ``on_model_failure=skip``, the skipped ones' reasons.
 
     Refuses (``StartupError``, every problem named) under the default ``fail``.
     """
     repositories = settings.repository_list()
     if BUNDLED in repositories:
-        try:
-            examples.ensure_mobilenet()
-        except OSError as exc:
-            log.error("cannot build the bundled mobilenet into %s: %s; set XDG_CACHE_HOME to a writable "
-                      "directory, or run python -m placeenv.serve.models.examples DIR and serve DIR with "
-                      "PLACEENV_MODEL_REPOSITORY", examples.mobilenet_home(), exc)
+        for name in examples.BUILT_AT_START:
+            try:
+                examples.ensure(name)
+            except OSError as exc:
+                log.error("cannot build the bundled %s into %s: %s; set XDG_CACHE_HOME to a writable "
+                          "directory, or run python -m placeenv.serve.models.examples DIR and serve DIR with "
+                          "PLACEENV_MODEL_REPOSITORY", name, examples.home(name), exc)
     try:
-        entries, errors = scan(repositories, settings.model_list(), max_batch_size=settings.max_batch_size,
-                               max_batch_delay_ms=settings.max_batch_delay_ms)
+        found = read(repositories, settings.model_list(), max_batch_size=settings.max_batch_size,
+                     max_batch_delay_ms=settings.max_batch_delay_ms)
     except RepositoryError as exc:
         raise StartupError(f"model repository: {exc}") from None
-    if errors and settings.on_model_failure == "fail":
-        raise StartupError("model repository: " + "; ".join(str(e) for e in errors)
+    if found.errors and settings.on_model_failure == "fail":
+        raise StartupError("model repository: " + "; ".join(str(e) for e in found.errors)
                            + " (PLACEENV_ON_MODEL_FAILURE=skip serves the rest)")
-    skipped = {e.model: str(e) for e in errors}
+    skipped = {e.model: str(e) for e in found.errors}
     for message in skipped.values():
         log.error("not serving: %s", message)
-    if not entries:
+    if not found.entries:
         raise StartupError("model repository: no model to serve")
-    return entries, skipped
+    return found, skipped
 
 
 #: How the engine answers a request: ``done(result, None)`` or ``done(None, error)``, once, on the loop thread.
@@ -134,7 +165,8 @@ class Engine:
             placeenv.prepare_devices()
         else:
             placeenv.install()
-        self.entries, self.skipped = read_repository(settings)
+        found, self.skipped = read_repository(settings)
+        self.entries, self.pipelines = found.entries, found.pipelines
         # CPU-side instances for preprocessing: they have a context, never a network.
         self.templates: dict[tuple[str, int], Model] = {}
         for entry in self.entries.values():
@@ -145,15 +177,27 @@ class Engine:
         # The versions whose model.py has a preprocess of its own: only they run code that could make
         # a tensor, so only they need PlaceEnv('cpu') (two Tracer switches) and may go to the pool.
         self.own_preprocess = {key: type(t).preprocess is not Model.preprocess for key, t in self.templates.items()}
+        self.datatypes = {key: {s.name: s.datatype for s in t.context.outputs} for key, t in self.templates.items()}
         self.devices = resolve_devices(settings)
         queues = {
             d: DeviceQueue(d, settings.queue_capacity, settings.workers_per_device) for d in self.devices
         }
+        cpu_counts = [g.count for e in self.entries.values() for g in e.config.instance_group or () if g.kind == "cpu"]
+        listed_only = frozenset()
+        if cpu_counts and "cpu" not in queues:
+            # A model whose instance_group names the CPU (a pipeline's CPU step) gets CPU workers of its
+            # own, whichever devices the service serves, as Triton's KIND_CPU instances do. They are not
+            # one of the service's devices: requests are answered by these.
+            queues["cpu"] = DeviceQueue("cpu", settings.queue_capacity, max(cpu_counts))
+            listed_only = frozenset({"cpu"})
         self.dispatcher = Dispatcher(queues)
-        self.pool = WorkerPool(queues, dict(self.entries), settings)
+        self.pool = WorkerPool(queues, dict(self.entries), settings, functools.partial(pipeline.call, self._run,
+                               self.entries), listed_only)
         self.preprocess_pool = ThreadPoolExecutor(settings.preprocess_threads, thread_name_prefix="preprocess")
         self.check_cpu = PlaceChecker("preprocess", "cpu")
-        self.stats = {key: Stats() for key in self.templates}  # written on the event loop thread only
+        self.plans: dict[str, pipeline.Plan] = {}  # the pipelines served, once their steps are (start)
+        # Written on the event loop thread only: each version's, and each pipeline's.
+        self.stats = {**{key: Stats() for key in self.templates}, **{(p, 1): Stats() for p in self.pipelines}}
         self.received = self.answered = 0  # requests submitted / answered
         self.stopping = False  # not ready; requests are still served until the dispatcher closes
 
@@ -190,6 +234,17 @@ class Engine:
         if not self.entries:
             self.pool.stop(5)
             raise StartupError("no model could be loaded: " + "; ".join(failures.values()))
+        for name, found in self.pipelines.items():
+            lost = next((s for s in found.steps if s.model not in self.entries), None)
+            if lost is None:
+                self.plans[name] = pipeline.plan(found, self.entries)
+                continue
+            why = f"pipeline {name!r}: {lost} is not served: {self.skipped[lost.model]}"
+            if self.settings.on_model_failure == "fail":  # (its model's failure is fatal before this)
+                self.pool.stop(5)
+                raise StartupError(why)
+            log.error("not serving: %s", why)
+            self.skipped[name] = why
         for queue in self.dispatcher.queues.values():
             held = [{k for k in w.held if k[0] in self.entries} for w in self.pool.workers if w.queue is queue]
             queue.models = set().union(*held)
@@ -217,6 +272,12 @@ class Engine:
     def catalog(self) -> Catalog:
         """The served models, as front ends check requests against them (after ``start``)."""
         models = {}
+        for name, planned in self.plans.items():
+            found = planned.pipeline
+            config = found.config.model_dump(mode="json", include={"description", "max_batch_size", "pipeline"})
+            models[name] = ModelInfo(name, {found.version: VersionInfo(found.version, found.inputs, found.outputs,
+                                                                        "ensemble")},
+                                     found.max_batch_size, 0.0, found.config.description, config)
         for entry in self.entries.values():
             versions = {n: VersionInfo(n, v.inputs, v.outputs, platform(v)) for n, v in entry.versions.items()}
             # What runs the default version on each device: the backend auto chose, or why it fell back.
@@ -236,33 +297,84 @@ class Engine:
     def statistics(self, model: str | None = None, version: int | None = None) -> list[dict]:
         """Triton's statistics of every served version, of ``model``'s, or of one version."""
         return [stats.describe(name, number) for (name, number), stats in self.stats.items()
-                if name in self.entries and model in (None, name) and version in (None, number)]
+                if (name in self.entries or name in self.plans) and model in (None, name)
+                and version in (None, number)]
 
     # -- the request path --------------------------------------------------------------------
 
     def submit(self, work: Work, arrays: Mapping[str, np.ndarray], done: Done) -> None:
         """The one way in: run a checked request (``Catalog.check``), answered by ``done`` once on the
         loop thread. No task per request: a request preprocessed on the pool's threads takes one."""
-        key = (work.model, work.version)
         self.received += 1  # event-loop thread only
+        planned = self.plans.get(work.model)
+        if planned is not None:
+            stats = self.stats[work.model, work.version]
 
-        def answer(result: Result | None, error: BaseException | None) -> None:
+            def answer(result: Result | None, error: BaseException | None) -> None:
+                self.answered += 1
+                if error is None:
+                    stats.succeeded(work.arrived, result.timings)
+                else:
+                    stats.failed(work.arrived)
+                done(result, error)
+
+            run = pipeline.PipelineRun(self._run, planned, work, arrays, self.settings.inline_preprocess_bytes, answer)
+            try:
+                run.start()
+            except Exception as exc:  # a bug of ours: still answered, once
+                if not run.done:
+                    run.done = True
+                    answer(None, exc)
+            return
+
+        stats = self.stats.get((work.model, work.version))
+
+        def settled(job: Job | None, found: Answer | None, error: BaseException | None) -> None:
             self.answered += 1
             if error is None:
-                self._succeeded(key, result)
-            else:
-                self._failed(key, work.arrived)
-            done(result, error)
+                try:
+                    result = self._result(job, found, work)
+                except Exception as exc:  # a bug of ours: still answered
+                    error = exc
+                else:
+                    stats.succeeded(work.arrived, result.timings)
+                    done(result, None)
+                    return
+            if stats is not None:
+                stats.failed(work.arrived)
+            if isinstance(error, ServiceError) and job is not None:
+                error.device = job.device or "none"
+            done(None, error)
+
+        self._run(work, arrays, settled)
+
+    def _run(self, work: Work, arrays: Mapping, settled: pipeline.Settled, **step) -> None:
+        """Admit, preprocess and queue one model's work: a request's, a pipeline's step or a model's call
+        (``step``: the job's ``keep``, ``prefer``, ``step`` and ``chain``, which its model's statistics
+        count here). ``settled(job, answer, error)`` once, on the loop thread; ``job`` is None when it
+        was refused before it had one."""
+        key = (work.model, work.version)
+        counted = settled
+        if step:
+            taken, stats = time.perf_counter(), self.stats.get(key)
+
+            def counted(job: Job | None, found: Answer | None, error: BaseException | None) -> None:
+                if stats is not None and error is None:
+                    stats.succeeded(taken, None, job, found)
+                elif stats is not None:
+                    stats.failed(taken)
+                settled(job, found, error)
 
         try:
             entry, version, template = self._served(work)
             self.dispatcher.admit(key)  # before spending CPU on preprocessing
             if self._preprocess_inline(key, work):
-                self._enqueue(entry, version, work, self._prepare(key, entry, template, arrays), answer)
+                self._enqueue(entry, version, work, self._prepare(key, entry, template, arrays), counted, step)
             else:
-                asyncio.ensure_future(self._preprocess_then_enqueue(entry, version, template, work, arrays, answer))
+                asyncio.ensure_future(self._preprocess_then_enqueue(entry, version, template, work, arrays, counted,
+                                                                    step))
         except Exception as exc:  # a ServiceError, or a bug of ours: answered either way
-            answer(None, exc)
+            counted(None, None, exc)
 
     def _served(self, work: Work) -> tuple[Entry, Version, Model]:
         """What serves ``work``; ``UnknownModel`` when nothing does (a front end's catalog may be older)."""
@@ -278,32 +390,16 @@ class Engine:
         return work.inline or not self.own_preprocess[key]
 
     async def _preprocess_then_enqueue(self, entry: Entry, version: Version, template: Model, work: Work,
-                                       arrays, answer: Done) -> None:
+                                       arrays, settled: pipeline.Settled, step: dict) -> None:
         try:
             loop = asyncio.get_running_loop()
             try:
                 tensors = await loop.run_in_executor(self.preprocess_pool, self._preprocess, template, arrays)
             except Exception as exc:
                 raise self._preprocess_error(entry, exc) from None
-            self._enqueue(entry, version, work, tensors, answer)
+            self._enqueue(entry, version, work, tensors, settled, step)
         except Exception as exc:  # a ServiceError (Draining meanwhile, Overloaded), or a bug of ours
-            answer(None, exc)
-
-    def _failed(self, key: tuple[str, int], arrived: float) -> None:
-        stats = self.stats.get(key)
-        if stats is not None:
-            stats.fail += 1
-            stats.fail_ns += int((time.perf_counter() - arrived) * 1e9)
-
-    def _succeeded(self, key: tuple[str, int], result: Result) -> None:
-        stats = self.stats[key]
-        timings = result.timings
-        stats.success += 1
-        stats.success_ns += int(timings["total_ms"] * 1e6)
-        stats.queue_ns += int(timings["queue_ms"] * 1e6)
-        stats.compute_ns += int(timings["compute_ms"] * 1e6)
-        stats.preprocess_ns += int(timings["preprocess_ms"] * 1e6)
-        stats.last_inference_ms = int(time.time() * 1000)
+            settled(None, None, exc)
 
     def _prepare(self, key: tuple[str, int], entry: Entry, template: Model, arrays) -> dict:
         """Preprocess on this thread (``_preprocess_inline``)."""
@@ -325,52 +421,37 @@ class Engine:
         log.error("model %r: preprocess failed", entry.name, exc_info=exc)
         return ModelFailed(f"model {entry.name!r}: preprocess failed: {type(exc).__name__}: {str(exc)[:300]}")
 
-    def _enqueue(self, entry: Entry, version: Version, work: Work, tensors, answer: Done) -> None:
-        """Queue a preprocessed request on a device, with a timer at its deadline; the job's answer, from
-        a worker or the timer, becomes the request's ``Result`` or error."""
+    def _enqueue(self, entry: Entry, version: Version, work: Work, tensors, settled: pipeline.Settled,
+                 step: dict) -> None:
+        """Queue a preprocessed request on a device, with a timer at its deadline; ``settled`` gets the
+        job's answer, from a worker or the timer."""
         loop = asyncio.get_running_loop()
-        preprocessed = time.perf_counter()
-        metrics.ON_LOOP.observe(metrics.ON_LOOP.preprocess, (entry.name,), preprocessed - work.arrived)
+        if not step:  # a request's (a step's arrival is its pipeline's)
+            metrics.ON_LOOP.observe(metrics.ON_LOOP.preprocess, (entry.name,), time.perf_counter() - work.arrived)
 
-        def settled(found: Answer | None, error: BaseException | None) -> None:
+        def answered(found: Answer | None, error: BaseException | None) -> None:
             timer.cancel()
-            if error is None:
-                try:
-                    result = self._result(entry, version, job, found, work.outputs, preprocessed, work.arrived)
-                except Exception as exc:  # a bug of ours: still answered
-                    error = exc
-            if error is not None:
-                if isinstance(error, ServiceError):
-                    error.device = job.device or "none"
-                answer(None, error)
-            else:
-                answer(result, None)
+            settled(job, found, error)
 
         job = Job(
             model=(entry.name, version.number), inputs=tensors, examples=work.examples,
-            batched=entry.max_batch_size > 0, loop=loop, future=Settled(settled), arrived=work.arrived,
-            deadline=work.deadline,
+            batched=entry.max_batch_size > 0, loop=loop, future=Settled(answered), arrived=work.arrived,
+            deadline=work.deadline, **step,
         )
         self.dispatcher.submit(job)  # Overloaded or Draining
         # A timer, not asyncio.wait(timeout=): one handle instead of a waiter future and callbacks.
         timer = loop.call_later(max(0.0, job.deadline - time.perf_counter()), job.expire)
 
-    def _result(self, entry: Entry, version: Version, job: Job, answer: Answer, wanted: list[str],
-                preprocessed: float, arrived: float) -> Result:
-        done = time.perf_counter()
-        datatypes = {spec.name: spec.datatype for spec in version.outputs}
+    def _result(self, job: Job, answer: Answer, work: Work) -> Result:
+        entry = self.entries[work.model]
+        datatypes = self.datatypes[work.model, work.version]
+        wanted = work.outputs
         return Result(
-            model=entry.name, version=version.number,
+            model=entry.name, version=work.version,
             outputs={name: answer.outputs[name] for name in wanted},
             datatypes={name: datatypes[name] for name in wanted},
             device=answer.device, worker=answer.worker, batch_size=answer.batch_size,
-            batched=entry.max_batch_size > 0,
-            timings={
-                "preprocess_ms": round((preprocessed - arrived) * 1000, 3),
-                "queue_ms": round((answer.compute_started - job.enqueued) * 1000, 3),
-                "compute_ms": round((done - answer.compute_started) * 1000, 3),
-                "total_ms": round((done - arrived) * 1000, 3),
-            },
+            batched=entry.max_batch_size > 0, timings=timings(work.arrived, job, answer),
         )
 
     @PlaceEnv("cpu")

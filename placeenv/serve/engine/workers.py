@@ -22,8 +22,8 @@ import placeenv.sim
 
 from .. import metrics
 from .dispatch import DeviceQueue, Job, resolve_all
-from ..protocol.errors import ModelFailed, StartupError
-from ..models.base import JIT_LOAD_LOCK, DeviceShare, Model, batch_tensor, move_to
+from ..protocol.errors import Draining, ModelFailed, Overloaded, ServiceError, StartupError, Timeout
+from ..models.base import CALLS, JIT_LOAD_LOCK, DeviceShare, Model, batch_tensor, host_tensor, move_to
 from ..models.repository import Entry
 
 log = logging.getLogger(__name__)
@@ -38,6 +38,27 @@ class Answer:
     worker: str
     batch_size: int  # examples in the forward pass this job shared
     compute_started: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Handed:
+    """A step's output handed to the next step as the tensor ``execute`` made, not as a host array; with
+    the device it is on, so the next step moves it only when it runs elsewhere."""
+
+    tensor: paddle.Tensor
+    device: str
+
+
+#: What a model's call to another (``Model.infer``) answers when it fails, as it is: the request the
+#: call was made for gets the same answer (a deadline passed, every queue full, the service stopping).
+PASSED_ON = (Timeout, Overloaded, Draining)
+
+
+def failure(model: str, exc: Exception) -> ServiceError:
+    """The answer of a request whose model raised ``exc``."""
+    if isinstance(exc, PASSED_ON):
+        return exc
+    return ModelFailed(f"model {model!r} failed on this request: {type(exc).__name__}: {str(exc)[:500]}")
 
 
 class PlaceChecker:
@@ -60,8 +81,9 @@ class Worker:
     """One thread, one device, a replica of each model version it holds."""
 
     def __init__(self, name: str, device: str, queue: DeviceQueue, entries: list[Entry], settings,
-                 accelerators: int = 1, shares: Shares | None = None) -> None:
+                 accelerators: int = 1, shares: Shares | None = None, call=None) -> None:
         self.name, self.device, self.queue = name, device, queue
+        self.call = call  # the engine's way in for a model's call to another (Model.infer), or None
         self.accelerators = accelerators  # the devices of this process that are not the CPU
         self.shares = shares  # the weights this device's workers share; None: each loads its own
         self.entries, self.settings = entries, settings
@@ -73,7 +95,8 @@ class Worker:
         self.failed: dict[str, str] = {}  # model -> why it did not load here
         self.backends: dict[tuple[str, int], str] = {}  # (model, version) -> what runs it here
         self.held: dict[tuple[str, int], tuple[int, float]] = {}  # (model, version) -> batch limits
-        self.current: list[Job] = []
+        self.replicas: dict[tuple[str, int], Model] = {}  # (model, version) -> this worker's replica
+        self.current: list[Job] = []  # the jobs it holds (a batch, and one it runs while waiting for a call)
         self._stop = threading.Event()
         self._up = metrics.WORKER_UP.labels(name, device)
         self.thread = threading.Thread(target=self._run, name=f"worker-{name}", daemon=True)
@@ -88,7 +111,7 @@ class Worker:
         self._stop.set()
 
     def _run(self) -> None:
-        replicas: dict[tuple[str, int], Model] = {}
+        replicas = self.replicas
         try:
             # The thread's first Paddle call, not during another worker's jit.load: stock Paddle (isolation
             # off) gives a new thread the process-wide Tracer of that moment, and jit.load sets it to None
@@ -153,6 +176,25 @@ class Worker:
             self.queue.done(len(batch))
             self.current = []
 
+    def serve_until(self, answered, key: tuple[str, int], deadline: float) -> None:
+        """While a model on this worker waits for its call to ``key`` (a model it holds): run ``key``'s jobs
+        from this worker's queue, the call's among them, until ``answered`` (a future) is done or the
+        deadline passes. A worker waiting for a job only its own queue holds would wait for itself."""
+        limits = {key: self.held[key]}
+        answered.add_done_callback(lambda _: self.queue.wake())
+        while not answered.done():
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                return
+            batch = self.queue.take_batch(limits, wait=min(left, 0.05), only=True)
+            if not batch:
+                continue
+            outer = self.current
+            self.current = outer + batch  # a worker that dies answers them all
+            self._process(self.replicas[key], batch)  # answers every job, or raises only if dying
+            self.queue.done(len(batch))
+            self.current = outer
+
     def _process(self, replica: Model, jobs: list[Job]) -> None:
         now = time.perf_counter()
         live = [job for job in jobs if not job.answered and job.deadline > now]
@@ -175,8 +217,7 @@ class Worker:
                 for job in live:
                     self._process_one(replica, job)
                 return
-            live[0].fail(ModelFailed(f"model {name!r} failed on this request: {type(exc).__name__}: "
-                                     f"{str(exc)[:500]}"))
+            live[0].fail(failure(name, exc))
             return
         self._answer(live, outputs)
 
@@ -184,49 +225,88 @@ class Worker:
         try:
             outputs = self._forward(replica, [job])
         except Exception as exc:  # noqa: BLE001
-            job.fail(ModelFailed(f"model {replica.context.name!r} failed on this request: "
-                                 f"{type(exc).__name__}: {str(exc)[:500]}"))
+            job.fail(failure(replica.context.name, exc))
             return
         self._answer([job], outputs)
 
     def _forward(self, replica: Model, jobs: list[Job]):
         started = time.perf_counter()
         context = replica.context
-        self.check("worker", paddle.get_device())
+        check = self.check
+        steps = {job.step for job in jobs if job.step is not None}
+        if steps:  # a pipeline's steps: a leak is counted for each step too
+            def check(stage: str, actual: str, expected: str | None = None) -> bool:
+                if self.check(stage, actual, expected):
+                    return True
+                for pipeline, step in steps:
+                    metrics.child(metrics.STEP_LEAKS, pipeline, step, stage).inc()
+                return False
+        check("worker", paddle.get_device())
         examples = sum(job.examples for job in jobs)
         metrics.child(metrics.BATCH_SIZE, context.name).observe(examples)
-        results = forward(replica, [job.inputs for job in jobs], jobs[0].batched, examples, self.check)
+        keep = frozenset().union(*(job.keep for job in jobs))
+        calls = CALLS
+        outer = calls.call, calls.loop, calls.deadline, calls.chain, calls.worker  # (a call it serves meanwhile)
+        if self.call is not None:  # what Model.infer reaches from this batch: its strictest deadline
+            calls.call, calls.loop, calls.worker = self.call, jobs[0].loop, self
+            calls.deadline = min(job.deadline for job in jobs)
+            calls.chain = (*dict.fromkeys(m for job in jobs for m in job.chain), context.name)
+        try:
+            results = forward(replica, [job.inputs for job in jobs], jobs[0].batched, examples, check, keep)
+        finally:
+            calls.call, calls.loop, calls.deadline, calls.chain, calls.worker = outer
         metrics.child(metrics.COMPUTE_DURATION, context.name, self.device).observe(time.perf_counter() - started)
         return results, examples
 
     def _answer(self, jobs: list[Job], outputs) -> None:
         results, examples = outputs
+        # Outputs kept as tensors: a step that hands them on gets them as Handed, any other job as arrays.
+        kept = {name: placeenv.device_name(value.place) for name, value in results.items()
+                if not isinstance(value, np.ndarray)}
         if len(jobs) == 1:
-            jobs[0].resolve(Answer(results, self.device, self.name, examples, jobs[0].started))
+            part = self._handed(jobs[0], results, kept) if kept else results
+            jobs[0].resolve(Answer(part, self.device, self.name, examples, jobs[0].started))
             return
         answers, offset = [], 0
         for job in jobs:
             part = {name: array[offset:offset + job.examples] for name, array in results.items()}
+            if kept:
+                part = self._handed(job, part, kept)
             answers.append((job, Answer(part, self.device, self.name, examples, job.started)))
             offset += job.examples
         resolve_all(answers)
+
+    @staticmethod
+    def _handed(job: Job, outputs: dict, kept: dict[str, str]) -> dict:
+        return {name: value if name not in kept else Handed(value, kept[name]) if name in job.keep
+                else value.numpy() for name, value in outputs.items()}
 
 
 def _unchecked(stage: str, actual: str, expected: str | None = None) -> bool:
     return True
 
 
-def forward(replica: Model, inputs: list[dict], batched: bool, examples: int, check=_unchecked) -> dict:
+def forward(replica: Model, inputs: list[dict], batched: bool, examples: int, check=_unchecked,
+            keep: frozenset[str] = frozenset()) -> dict:
     """One forward pass of ``replica`` over some requests' preprocessed inputs, as every worker runs it:
     one host tensor per input for them all, moved to the replica's place, ``execute``, ``postprocess``;
     the declared outputs as host arrays, of ``examples`` rows each when ``batched``. ``check`` is the
-    worker's ``PlaceChecker``: where each tensor is, at each stage."""
+    worker's ``PlaceChecker``: where each tensor is, at each stage.
+
+    A pipeline's steps: an input may be a step's ``Handed`` tensor, joined where it is and moved only
+    when it is elsewhere; the outputs in ``keep`` (the model's postprocess is the default, ``numpy()``)
+    stay the tensors ``execute`` made, for the next step."""
     context = replica.context
     moved = {}
     for spec in context.inputs:
-        host = batch_tensor([request[spec.name] for request in inputs])
-        check("preprocess", placeenv.device_name(host.place), "cpu")
-        moved[spec.name] = tensor = move_to(host, replica.place)
+        parts = [request[spec.name] for request in inputs]
+        if any(isinstance(part, Handed) for part in parts):
+            tensor = _joined(parts, replica.place)
+        else:
+            host = batch_tensor(parts)
+            check("preprocess", placeenv.device_name(host.place), "cpu")
+            tensor = move_to(host, replica.place)
+        moved[spec.name] = tensor
         check("batch", placeenv.device_name(tensor.place))
     out = replica.execute(moved)
     # The thread's device after the forward: the one check that sees a leak for a saved program
@@ -234,16 +314,40 @@ def forward(replica: Model, inputs: list[dict], batched: bool, examples: int, ch
     check("execute", paddle.get_device())
     expected = replica.output_device()
     for tensor in out.values():
-        check("output", placeenv.device_name(tensor.place), expected)
-    results = replica.postprocess(out)
+        if not isinstance(tensor, np.ndarray):  # (an execute that works on the host may give arrays)
+            check("output", placeenv.device_name(tensor.place), expected)
+    results = replica.postprocess({n: t for n, t in out.items() if n not in keep} if keep else out)
+    results.update((name, out[name]) for name in keep)
     missing = [spec.name for spec in context.outputs if spec.name not in results]
     if missing:
         raise RuntimeError(f"postprocess returned no {', '.join(missing)} (declared outputs)")
     if batched:  # (requests share a forward pass only when their model batches)
-        short = [n for n, a in results.items() if np.ndim(a) == 0 or len(a) != examples]
+        short = [n for n, a in results.items() if _rows(a) != examples]
         if short:
             raise RuntimeError(f"outputs {short} do not have the batch's {examples} rows")
-    return {spec.name: np.asarray(results[spec.name]) for spec in context.outputs}
+    return {spec.name: results[spec.name] if spec.name in keep else np.asarray(results[spec.name])
+            for spec in context.outputs}
+
+
+def _rows(value) -> int | None:
+    """The first dimension of an array or tensor; None for a scalar."""
+    shape = value.shape if isinstance(value, (np.ndarray, paddle.Tensor)) else np.shape(value)
+    return shape[0] if len(shape) else None
+
+
+def _joined(parts: list, place) -> paddle.Tensor:
+    """One tensor on ``place`` of a batch's parts of one input, some of them a step's ``Handed`` tensors:
+    each moved only when it is elsewhere, then joined on ``place``."""
+    device = placeenv.device_name(place)
+    tensors = []
+    for part in parts:
+        if isinstance(part, Handed):
+            tensor, where = part.tensor, part.device
+        else:  # a batch-mate's host array (or its preprocess's CPU tensor)
+            tensor = host_tensor(part) if isinstance(part, np.ndarray) else part
+            where = placeenv.device_name(tensor.place)
+        tensors.append(tensor if where == device else move_to(tensor, place))
+    return tensors[0] if len(tensors) == 1 else paddle.concat(tensors)
 
 
 _memory_failed: set[str] = set()
@@ -280,15 +384,19 @@ class Shares:
 class WorkerPool:
     """All workers, and a thread that replaces dead ones."""
 
-    def __init__(self, queues: dict[str, DeviceQueue], entries: dict[str, Entry], settings) -> None:
-        self.queues, self.entries, self.settings = queues, entries, settings
+    def __init__(self, queues: dict[str, DeviceQueue], entries: dict[str, Entry], settings, call=None,
+                 listed_only: frozenset[str] = frozenset()) -> None:
+        """``call``: the engine's way in for a model's call to another; ``listed_only``: devices whose workers
+        load only the models whose instance_group names their kind (the CPU, added for such models)."""
+        self.queues, self.entries, self.settings, self.call = queues, entries, settings, call
+        self.listed_only = listed_only
         self.workers: list[Worker] = []
         self._stopping = threading.Event()
         self._replacer = threading.Thread(target=self._replace_dead, name="worker-replacer", daemon=True)
         self.shares = Shares()
         self.accelerator_devices = [device for device in queues if device != "cpu"]
         for device, queue in queues.items():
-            for i in range(settings.workers_per_device):
+            for i in range(queue.workers):
                 self.workers.append(self._new(f"{device}/{i}", device, queue))
 
     @property
@@ -297,8 +405,9 @@ class WorkerPool:
 
     def _new(self, name: str, device: str, queue: DeviceQueue) -> Worker:
         index = int(name.rsplit("/", 1)[1])
-        held = [e for e in self.entries.values() if index < e.instances(device, self.settings.workers_per_device)]
-        return Worker(name, device, queue, held, self.settings, self.accelerators, self.shares)
+        held = [e for e in self.entries.values()
+                if index < e.instances(device, queue.workers, listed_only=device in self.listed_only)]
+        return Worker(name, device, queue, held, self.settings, self.accelerators, self.shares, self.call)
 
     def start(self, timeout: float = 300) -> None:
         for device in self.accelerator_devices:

@@ -45,6 +45,22 @@ class ModelError(RuntimeError):
     """A model broke its contract (the request's failure, not the client's)."""
 
 
+class Calls(threading.local):
+    """What ``Model.infer`` needs on the worker thread running a batch, which the worker sets for the
+    batch: the engine's way in for a call, the event loop the batch's requests came from, their
+    strictest deadline, the models they are inside of (a call to one of them is a cycle), and the
+    worker (which serves its own queue while it waits)."""
+
+    call = None
+    loop = None
+    deadline = 0.0
+    chain: tuple[str, ...] = ()
+    worker = None
+
+
+CALLS = Calls()
+
+
 @dataclasses.dataclass(eq=False)
 class DeviceShare:
     """What the replicas of one model version on one device share: one copy of its weights.
@@ -218,8 +234,25 @@ class Model:
         return {spec.name: tensor for spec, tensor in zip(self.context.outputs, out)}
 
     def postprocess(self, outputs: dict[str, paddle.Tensor]) -> dict[str, np.ndarray]:
-        """Host arrays ``[batch, ...]``, one per declared output."""
-        return {name: tensor.numpy() for name, tensor in outputs.items()}
+        """Host arrays ``[batch, ...]``, one per declared output (an ``execute`` on the host may give them)."""
+        return {name: value if isinstance(value, np.ndarray) else value.numpy() for name, value in outputs.items()}
+
+    def infer(self, model: str, inputs: Mapping[str, np.ndarray | paddle.Tensor], outputs: list[str] | None = None,
+              version: int | None = None) -> dict[str, np.ndarray]:
+        """Run ``model`` (another of the repository) on ``inputs`` and return its outputs as host arrays:
+        from ``execute`` or ``postprocess``, for a chain whose shape depends on the data (one detection,
+        N crops, N recognitions), as Triton's BLS does.
+
+        The call is a request of the one being served: through the same queues and batching, within
+        its deadline (``Timeout`` past it, which answers that request 504), and refused if ``model`` is
+        one this request is already inside of (a cycle). A tensor input moves only if ``model`` runs
+        elsewhere. While it waits, the worker runs ``model``'s jobs from its own queue, the call's
+        among them, so it never waits for itself."""
+        calls = CALLS
+        if calls.call is None:
+            raise ModelError("Model.infer calls another model from execute() or postprocess(), on the worker "
+                             "serving a request")
+        return calls.call(model, version, dict(inputs), outputs, calls)
 
     def finalize(self) -> None:
         """Drop this replica's network (or Predictor), so its device memory can be reclaimed; what the

@@ -4,8 +4,11 @@
     <repository>/<model>/<version>/model.json + model.pdiparams   what paddle.jit.save(layer, ".../model") writes
                                   (or inference.json + inference.pdiparams, as PaddleX / PaddleOCR export)
     <repository>/<model>/<version>/model.py                       optional: a class Model (base.Model)
+    <repository>/<pipeline>/config.yaml                           a config with ``pipeline:`` steps, each a
+                                                                  model of the repository (Triton's ensemble)
 
-Versions are positive integers; the highest is the default. Nothing here runs
+Versions are positive integers; the highest is the default. A pipeline's steps are
+linked and checked here, against the models they name (``link``). Nothing here runs
 at request time, and no endpoint makes it read anything: the files are the
 operator's, as in Triton's and KServe's threat model.
 """
@@ -33,11 +36,7 @@ from . import examples
 from .base import JIT_LOAD_LOCK, Model, ModelContext, TensorSpec
 from .inference import Backend, InferenceOptions
 
-__all__ = ["BUNDLED", "Entry", "ModelConfig", "RepositoryError", "scan"]
-
-#: Bundled models whose versions are built at start into the per-user cache (an installed package
-#: may be read-only): where each one's version directories are.
-BUILT_AT_START = {"mobilenet": examples.mobilenet_home}
+__all__ = ["BUNDLED", "Entry", "ModelConfig", "Pipeline", "Repository", "RepositoryError", "read", "scan"]
 
 CONFIG_FILES = ("config.yaml", "config.yml", "config.toml")
 PROGRAM_PREFIXES = ("model", "inference")
@@ -81,6 +80,18 @@ class InstanceGroup(BaseModel):
     count: int = Field(1, ge=1, description="workers per device of that kind (at most --workers-per-device)")
 
 
+class Step(BaseModel):
+    """One step of a pipeline: a model of the repository, with the tensors it reads and writes."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str = Field(description="a model of the repository (not a pipeline)")
+    version: int | None = Field(None, ge=1, description="default: the model's highest")
+    inputs: dict[str, str] = Field(
+        description="each input of the model -> the tensor it reads: a pipeline input or another step's output")
+    outputs: dict[str, str] = Field(
+        default_factory=dict, description="outputs of the model -> the tensor each becomes (others are dropped)")
+
+
 class ModelConfig(BaseModel):
     """``<model>/config.yaml`` (or .yml, .toml). Every field is optional."""
 
@@ -107,6 +118,13 @@ class ModelConfig(BaseModel):
         None, description="whether the workers of a device share one copy of each version's weights. Default: "
         "yes, unless a model.py overrides load() or initialize() (which may make or change tensors per worker); "
         "true: share them anyway; false: each worker loads its own (e.g. a forward that changes its buffers)")
+    pipeline: list[Step] | None = Field(
+        None, description="steps, each a model of the repository: this entry is then a pipeline, which has "
+        "no program of its own and declares its inputs and outputs in full")
+
+
+#: A model config's fields that a pipeline does not take: its steps' models have their own.
+STEP_FIELDS = ("max_batch_delay_ms", "instance_group", "parameters", "backend", "inference", "share_weights")
 
 
 # -- entries -----------------------------------------------------------------------------------
@@ -152,11 +170,12 @@ class Entry:
     def default(self) -> Version:
         return self.versions[max(self.versions)]
 
-    def instances(self, device: str, workers: int) -> int:
-        """How many of ``device``'s workers load this model."""
+    def instances(self, device: str, workers: int, listed_only: bool = False) -> int:
+        """How many of ``device``'s workers load this model; with ``listed_only``, none unless its
+        instance_group names the device's kind."""
         groups = self.config.instance_group
         if groups is None:
-            return workers
+            return 0 if listed_only else workers
         kind = device.split(":")[0]
         return min(workers, sum(g.count for g in groups if g.kind == kind))
 
@@ -172,9 +191,62 @@ class Entry:
         }
 
 
+@dataclasses.dataclass(frozen=True)
+class PipelineStep:
+    """A pipeline's step, linked to the model version it runs."""
+
+    index: int  # its place in the config's list, from 1
+    label: str  # what metrics and messages call it: the model's name, "#<index>" added if it repeats
+    model: str
+    version: int
+    inputs: dict[str, str]  # the model's input -> the tensor it reads
+    outputs: dict[str, str]  # the model's output -> the tensor it becomes
+
+    def __str__(self) -> str:
+        return f"step {self.index} ({self.model!r})"
+
+
+@dataclasses.dataclass
+class Pipeline:
+    """A repository entry whose config names steps: each a model, run by the engine (engine/pipeline.py)."""
+
+    name: str
+    directory: Path
+    config: ModelConfig
+    config_file: Path | None
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    steps: tuple[PipelineStep, ...]  # in an order that runs each after the steps it reads from
+    max_batch_size: int = 0
+    version: int = 1  # a pipeline has one version: its config
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "versions": [str(self.version)], "description": self.config.description,
+                "max_batch_size": self.max_batch_size, "inputs": [s.describe() for s in self.inputs],
+                "outputs": [s.describe() for s in self.outputs]}
+
+
+@dataclasses.dataclass
+class Repository:
+    """What ``read`` found: the models, the pipelines over them, and the errors of the rest."""
+
+    entries: dict[str, Entry]
+    pipelines: dict[str, Pipeline]
+    errors: list[RepositoryError]
+
+
 def scan(repositories: list[Path], select: list[str] | None, *, max_batch_size: int,
          max_batch_delay_ms: float) -> tuple[dict[str, Entry], list[RepositoryError]]:
-    """Every model of ``repositories`` (or those in ``select``): the entries, and the errors of the rest."""
+    """Every model of ``repositories`` (or those in ``select``, and the steps of a pipeline selected):
+    the entries, and the errors of the rest. ``read`` gives the pipelines too."""
+    found = read(repositories, select, max_batch_size=max_batch_size, max_batch_delay_ms=max_batch_delay_ms)
+    return found.entries, found.errors
+
+
+def read(repositories: list[Path], select: list[str] | None, *, max_batch_size: int,
+         max_batch_delay_ms: float) -> Repository:
+    """Every model and pipeline of ``repositories``, or those in ``select`` and the models their steps
+    name (a pipeline is served with its steps, as Triton loads an ensemble's models)."""
     found: dict[str, Path] = {}
     errors: list[RepositoryError] = []
     for repository in repositories:
@@ -195,23 +267,43 @@ def scan(repositories: list[Path], select: list[str] | None, *, max_batch_size: 
                 ", ".join(unknown), ", ".join(str(r) for r in repositories),
                 f"not in the repository (PLACEENV_MODELS); it holds: {', '.join(sorted(found)) or 'nothing'}",
             )
-        found = {name: found[name] for name in select}
-    entries = {}
-    for name, directory in found.items():
+    configs: dict[str, tuple[ModelConfig, Path | None]] = {}
+    wanted = list(found if select is None else select)
+    for name in wanted:  # grows by the steps of each pipeline selected
         try:
-            entries[name] = load_entry(name, directory, max_batch_size, max_batch_delay_ms)
+            if not NAME.fullmatch(name):
+                raise RepositoryError(name, found[name], "a model name is letters, digits, '_', '.', '-' (at most 64)")
+            configs[name] = read_config(name, found[name])
         except RepositoryError as exc:
             errors.append(exc)
-    return entries, errors
+            continue
+        steps = configs[name][0].pipeline or ()
+        wanted += [s.model for s in steps if s.model in found and s.model not in wanted]
+    entries, pipelines = {}, {}
+    for name, (config, config_file) in configs.items():
+        if config.pipeline is None:
+            try:
+                entries[name] = load_entry(name, found[name], config, config_file, max_batch_size,
+                                           max_batch_delay_ms)
+            except RepositoryError as exc:
+                errors.append(exc)
+    failed = {e.model: e.problem for e in errors}
+    for name, (config, config_file) in configs.items():
+        if config.pipeline is not None:
+            try:
+                pipelines[name] = link(name, found[name], config, config_file, entries, failed,
+                                       {n for n, (c, _) in configs.items() if c.pipeline is not None},
+                                       max_batch_size)
+            except RepositoryError as exc:
+                errors.append(exc)
+    return Repository(entries, pipelines, errors)
 
 
-def load_entry(name: str, directory: Path, max_batch_size: int, max_batch_delay_ms: float) -> Entry:
-    if not NAME.fullmatch(name):
-        raise RepositoryError(name, directory, "a model name is letters, digits, '_', '.', '-' (at most 64)")
-    config, config_file = read_config(name, directory)
+def load_entry(name: str, directory: Path, config: ModelConfig, config_file: Path | None, max_batch_size: int,
+               max_batch_delay_ms: float) -> Entry:
     home = directory
-    if directory.parent == BUNDLED and name in BUILT_AT_START:
-        home = BUILT_AT_START[name]()
+    if directory.parent == BUNDLED and name in examples.BUILT_AT_START:
+        home = examples.home(name)
     versions = {}
     for child in sorted(home.iterdir()) if home.is_dir() else ():
         if child.is_dir() and child.name.isdigit() and int(child.name) > 0 and not child.name.startswith("0"):
@@ -236,7 +328,149 @@ def load_entry(name: str, directory: Path, max_batch_size: int, max_batch_delay_
     return entry
 
 
+# -- pipelines -----------------------------------------------------------------------------------
+
+
+def link(name: str, directory: Path, config: ModelConfig, config_file: Path | None, entries: dict[str, Entry],
+         failed: dict[str, str], pipelines: set[str], max_batch_size: int) -> Pipeline:
+    """A pipeline's steps linked to the models they name, every tensor checked from the pipeline's inputs
+    through the steps to its outputs; ``RepositoryError`` naming the step and what is wrong."""
+
+    def refuse(problem: str) -> RepositoryError:
+        return RepositoryError(name, config_file, f"pipeline: {problem}")
+
+    given = [f for f in STEP_FIELDS if f in config.model_fields_set]
+    if given:
+        raise refuse(f"{', '.join(given)}: a pipeline's steps run as their models do; set this in their "
+                     "config files")
+    if not config.pipeline:
+        raise refuse("no steps: list at least one {model, inputs, outputs}")
+    for child in directory.iterdir():
+        if child.is_dir() and child.name.isdigit() and any(
+                (child / f).exists() for f in ("model.py", *(p + ".json" for p in PROGRAM_PREFIXES))):
+            raise RepositoryError(name, child, "a pipeline runs its steps' models: its version directory "
+                                  "holds no program or model.py (an empty 1/ is Triton's layout)")
+    inputs = _declared_in_full(refuse, config.inputs, "inputs")
+    outputs = _declared_in_full(refuse, config.outputs, "outputs")
+    # Every tensor's spec and who makes it: a pipeline input, or a step's output.
+    made: dict[str, tuple[TensorSpec, str]] = {spec.name: (spec, "a pipeline input") for spec in inputs}
+    steps, counts = [], {}
+    for index, step in enumerate(config.pipeline, 1):
+        where = f"step {index} ({step.model!r})"
+        version = _step_version(refuse, where, step, name, entries, failed, pipelines)
+        takes, gives = {s.name: s for s in version.inputs}, {s.name: s for s in version.outputs}
+        for kind, mapped, specs in (("input", step.inputs, takes), ("output", step.outputs, gives)):
+            for key in mapped:
+                if key not in specs:
+                    raise refuse(f"{where}: model {step.model!r} has no {kind} {key!r}; its {kind}s are "
+                                 + ", ".join(_spec(s) for s in specs.values()))
+        for spec in version.inputs:
+            if spec.name not in step.inputs:
+                raise refuse(f"{where}: input {_spec(spec)} is not mapped: map it to a pipeline input or "
+                             "another step's output (inputs: {model input: tensor})")
+        for output, tensor in step.outputs.items():
+            if tensor in made:
+                raise refuse(f"{where}: output {output!r} becomes tensor {tensor!r}, which is already "
+                             f"{made[tensor][1]}: give it another name")
+            made[tensor] = (dataclasses.replace(gives[output], name=tensor), f"{where}'s output {output!r}")
+        counts[step.model] = counts.get(step.model, 0) + 1
+        label = step.model if counts[step.model] == 1 else f"{step.model}#{index}"
+        steps.append(PipelineStep(index, label, step.model, version.number, dict(step.inputs), dict(step.outputs)))
+    for step, version in ((s, entries[s.model].versions[s.version]) for s in steps):
+        takes = {s.name: s for s in version.inputs}
+        for key, tensor in step.inputs.items():
+            if tensor not in made:
+                raise refuse(f"{step}: input {key!r} reads tensor {tensor!r}, which no step makes and the "
+                             f"pipeline does not take; there are {', '.join(made)}")
+            _agree(refuse, f"{step}: input {key!r}", takes[key], *made[tensor])
+    for spec in outputs:
+        found = made.get(spec.name)
+        if found is None or found[1] == "a pipeline input":
+            raise refuse(f"output {spec.name!r} is made by no step: map a step's output to it")
+        _agree(refuse, f"output {spec.name!r}", spec, *found)
+    read_ = {t for s in steps for t in s.inputs.values()} | {s.name for s in outputs}
+    for tensor, (_, maker) in made.items():
+        if tensor not in read_:
+            raise refuse(f"tensor {tensor!r} ({maker}) is read by no step and is not an output of the pipeline")
+    batchable = all(spec.shape[:1] == (-1,) for spec in inputs)
+    if config.max_batch_size is not None and config.max_batch_size > 0 and not batchable:
+        raise refuse(f"max_batch_size {config.max_batch_size} needs every input's first dimension dynamic (-1)")
+    batch = config.max_batch_size if config.max_batch_size is not None else (max_batch_size if batchable else 0)
+    return Pipeline(name, directory, config, config_file, inputs, outputs, _ordered(refuse, steps), batch)
+
+
+def _spec(spec: TensorSpec) -> str:
+    return f"{spec.name!r} ({spec.datatype} {list(spec.shape)})"
+
+
+def _declared_in_full(refuse, overrides: list[TensorOverride], kind: str) -> tuple[TensorSpec, ...]:
+    if not overrides:
+        raise refuse(f"no {kind}: a pipeline declares its {kind}, each with name, datatype and shape")
+    specs = []
+    for i, override in enumerate(overrides):
+        if override.name is None or override.datatype is None or override.shape is None:
+            raise refuse(f"{kind}[{i}]: give its name, datatype and shape")
+        specs.append(TensorSpec(override.name, override.datatype, tuple(override.shape)))
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names):
+        raise refuse(f"{kind} names repeat: {names}")
+    return tuple(specs)
+
+
+def _step_version(refuse, where: str, step: Step, name: str, entries: dict[str, Entry], failed: dict[str, str],
+                  pipelines: set[str]) -> Version:
+    """The model version a step runs; why it cannot be had, naming the step."""
+    entry = entries.get(step.model)
+    if entry is None:
+        if step.model == name or step.model in pipelines:
+            raise refuse(f"{where}: {step.model!r} is a pipeline; a step is a model (pipelines do not nest)")
+        if step.model in failed:
+            raise refuse(f"{where}: model {step.model!r} cannot be served: {failed[step.model]}")
+        raise refuse(f"{where}: no model {step.model!r} in the repository; it holds "
+                     f"{', '.join(sorted(entries)) or 'no model'}")
+    if step.version is None:
+        return entry.default
+    if step.version not in entry.versions:
+        raise refuse(f"{where}: model {step.model!r} has no version {step.version}; it has "
+                     f"{', '.join(str(v) for v in sorted(entry.versions))}")
+    return entry.versions[step.version]
+
+
+def _agree(refuse, what: str, wanted: TensorSpec, found: TensorSpec, maker: str) -> None:
+    """A tensor ``maker`` makes as ``found`` fits where ``wanted`` reads it: one datatype, one rank,
+    and each dimension the same where both fix it."""
+    if wanted.datatype != found.datatype:
+        raise refuse(f"{what} is {wanted.datatype}, but tensor {found.name!r} ({maker}) is {found.datatype}")
+    if len(wanted.shape) != len(found.shape) or any(
+            a != b and -1 not in (a, b) for a, b in zip(wanted.shape, found.shape)):
+        raise refuse(f"{what} has shape {list(wanted.shape)}, but tensor {found.name!r} ({maker}) has "
+                     f"{list(found.shape)} (-1: any size)")
+
+
+def _ordered(refuse, steps: list[PipelineStep]) -> tuple[PipelineStep, ...]:
+    """``steps`` so that each comes after every step whose output it reads; a cycle refused, named."""
+    maker = {tensor: step for step in steps for tensor in step.outputs.values()}
+    after = {step.index: {maker[t].index for t in step.inputs.values() if t in maker} for step in steps}
+    by_index = {step.index: step for step in steps}
+    order: list[PipelineStep] = []
+    while len(order) < len(steps):
+        done = {s.index for s in order}
+        ready = [s for s in steps if s.index not in done and after[s.index] <= done]
+        if not ready:
+            # Walk back from any step left: each waits on one left too, so a step repeats.
+            path, at = [], min(set(by_index) - done)
+            while at not in path:
+                path.append(at)
+                at = min(after[at] - done)
+            cycle = path[path.index(at):] + [at]
+            raise refuse("steps read each other's outputs in a cycle: "
+                         + " -> ".join(str(by_index[i]) for i in reversed(cycle)))
+        order += ready
+    return tuple(order)
+
+
 def read_config(name: str, directory: Path) -> tuple[ModelConfig, Path | None]:
+    """The model's config file, validated (a default config when it has none)."""
     present = [directory / f for f in CONFIG_FILES if (directory / f).is_file()]
     if len(present) > 1:
         raise RepositoryError(name, directory, f"more than one config file: {', '.join(p.name for p in present)}")

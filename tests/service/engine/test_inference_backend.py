@@ -27,6 +27,7 @@ from placeenv.serve.engine import standalone
 from placeenv.serve.models import inference, scan
 from placeenv.serve.models.repository import BUNDLED
 from placeenv.serve.models.examples import ensure_mobilenet, mobilenet_home
+from placeenv.serve.engine.dispatch import DeviceQueue
 from placeenv.serve.engine.workers import WorkerPool
 
 RNG = np.random.default_rng(0)
@@ -114,7 +115,8 @@ def test_auto_runs_a_predictor_on_a_gpu_only_as_the_process_one_accelerator():
 def test_the_pool_counts_the_accelerators_it_serves(repository):
     entries, errors = scan([repository], ["two-auto"], max_batch_size=8, max_batch_delay_ms=0)
     assert not errors
-    pool = WorkerPool({"sim:0": None, "sim:1": None, "cpu": None}, entries, Settings(workers_per_device=2))
+    queues = {d: DeviceQueue(d, 4, 2) for d in ("sim:0", "sim:1", "cpu")}
+    pool = WorkerPool(queues, entries, Settings(workers_per_device=2))
     # The CPU does not count: a Predictor there is the fast path whatever the count.
     assert pool.accelerators == 2
     assert {w.accelerators for w in pool.workers} == {2}

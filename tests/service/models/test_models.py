@@ -42,8 +42,14 @@ def held_out():
 # ---- the bundled repository ----
 
 
+#: The bundled models: the two examples, and the steps of the two pipelines (tests/service/models/
+#: test_bundled_pipelines.py serves those).
+BUNDLED_MODELS = ["classify_decode", "classify_topk", "digits", "mobilenet", "ocr_decode", "ocr_det", "ocr_read",
+                  "ocr_rec"]
+
+
 def test_bundled_repository_serves_digits_and_mobilenet_and_describes_them():
-    assert ERRORS == [] and sorted(ENTRIES) == ["digits", "mobilenet"]
+    assert ERRORS == [] and sorted(ENTRIES) == BUNDLED_MODELS
     described = {e.name: e.describe() for e in ENTRIES.values()}
     assert json.loads(json.dumps(described, allow_nan=False)) == described
     digits, mobilenet = described["digits"], described["mobilenet"]
@@ -66,7 +72,8 @@ def test_a_model_not_in_the_repository_is_refused_naming_what_it_holds(name):
     with pytest.raises(RepositoryError) as caught:
         scan([BUNDLED], [name], max_batch_size=8, max_batch_delay_ms=2.0)
     message = str(caught.value)
-    assert name in message and "PLACEENV_MODELS" in message and "it holds: digits, mobilenet" in message
+    assert name in message and "PLACEENV_MODELS" in message
+    assert f"it holds: {', '.join(sorted([*BUNDLED_MODELS, 'classify', 'ocr']))}" in message
 
 
 # ---- digits: accuracy and placement ----

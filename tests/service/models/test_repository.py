@@ -577,8 +577,8 @@ def test_read_repository_refuses_by_default_and_skips_when_asked(programs, tmp_p
         "(PLACEENV_ON_MODEL_FAILURE=skip serves the rest)")
     assert f"model 'm': {tmp_path / 'm' / 'config.yaml'}: invalid config" in message
     assert f"model 'corrupt': {tmp_path / 'corrupt' / '1' / 'model.json'}: paddle.jit.load failed" in message
-    entries, skipped = read_repository(Settings(**settings, on_model_failure="skip"))
-    assert list(entries) == ["good"] and sorted(skipped) == ["corrupt", "m"]
+    found, skipped = read_repository(Settings(**settings, on_model_failure="skip"))
+    assert list(found.entries) == ["good"] and found.pipelines == {} and sorted(skipped) == ["corrupt", "m"]
     assert "config.yaml" in skipped["m"] and "model.json" in skipped["corrupt"]
     with pytest.raises(RuntimeError, match="it holds: corrupt, good, m"):
         read_repository(Settings(**{**settings, "models": "good,resnet"}, on_model_failure="skip"))

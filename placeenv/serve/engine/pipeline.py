@@ -1,0 +1,287 @@
+"""Pipelines: one request through a chain of the repository's models in this process (Triton's
+ensembles), and a model's call to another from its ``execute`` (Triton's BLS), both as steps of the
+request they serve.
+
+A pipeline (``models.repository.Pipeline``) is a graph of steps, each a model of the repository,
+linked by named tensors. ``PipelineRun`` carries one request through it on the event loop thread: a
+step starts as soon as the tensors it reads are there, as a job of its model through the engine's
+one path (``Engine._run``): the dispatcher, that model's batches with its other jobs, a worker on a
+device, or on the CPU under ``PlaceEnv('cpu')`` for a model whose instance_group is the CPU. Every
+step keeps the request's deadline, and each worker's place checks count a leak for the step too.
+
+Between two steps a tensor stays the one ``execute`` made (``Handed``), on the device that made it,
+when its model's postprocess is the default and every step that reads it takes tensors (its model
+has no preprocess of its own) (``plan``): the next step is queued on that device when it serves the
+model, so the tensor is neither downloaded nor uploaded between them.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import functools
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import paddle
+
+import placeenv
+
+from .. import metrics
+from ..models.base import Calls, Model
+from ..models.repository import Entry, Pipeline, PipelineStep
+from ..protocol.errors import InvalidInput, ModelFailed, ServiceError, Timeout, UnknownModel
+from ..protocol.request import InputError, Result, TensorSpec, Work
+from ..protocol.wire import datatype_of
+from .dispatch import Job
+from .workers import Answer, Handed
+
+#: ``Engine._run``: queue one model's work; ``settled(job, answer, error)`` once, on the loop thread.
+Run = Callable[..., None]
+Settled = Callable[[Job | None, Answer | None, BaseException | None], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class StepPlan:
+    """How a pipeline runs one of its steps."""
+
+    step: PipelineStep
+    inputs: tuple[TensorSpec, ...]  # its model's, checked at run time as each tensor arrives
+    batched: bool  # its model batches along the first dimension: its job has that many examples
+    keep: frozenset[str]  # its outputs it hands on as tensors (Handed)
+    reads_steps: frozenset[str]  # its inputs read from another step's output (the metrics' handoffs)
+    host_inputs: bool  # its model has a preprocess of its own, which takes host arrays
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    pipeline: Pipeline
+    steps: tuple[StepPlan, ...]
+    datatypes: dict[str, str]  # each output's
+
+
+def plan(pipeline: Pipeline, entries: Mapping[str, Entry]) -> Plan:
+    """How ``pipeline`` runs on ``entries``: which outputs each step hands on as tensors."""
+    versions = {s.index: entries[s.model].versions[s.version] for s in pipeline.steps}
+    own_preprocess = {i: v.model_class.preprocess is not Model.preprocess for i, v in versions.items()}
+    readers: dict[str, list[int]] = {}
+    for step in pipeline.steps:
+        for tensor in step.inputs.values():
+            readers.setdefault(tensor, []).append(step.index)
+    outputs = {spec.name for spec in pipeline.outputs}
+    made = {tensor for step in pipeline.steps for tensor in step.outputs.values()}
+    steps = []
+    for step in pipeline.steps:
+        version = versions[step.index]
+        default_post = version.model_class.postprocess is Model.postprocess
+        keep = frozenset(out for out, tensor in step.outputs.items() if default_post and tensor not in outputs
+                         and not any(own_preprocess[r] for r in readers.get(tensor, ())))
+        steps.append(StepPlan(step, version.inputs, entries[step.model].max_batch_size > 0, keep,
+                              frozenset(k for k, t in step.inputs.items() if t in made), own_preprocess[step.index]))
+    return Plan(pipeline, tuple(steps), {spec.name: spec.datatype for spec in pipeline.outputs})
+
+
+def _size(value) -> int:
+    """Bytes a step's preprocess would read of ``value``: a small input is preprocessed on the loop."""
+    if isinstance(value, np.ndarray):
+        return sum(len(v) for v in value.flat) if value.dtype == object else value.nbytes
+    return 0
+
+
+def _rows(value) -> int:
+    shape = value.tensor.shape if isinstance(value, Handed) else value.shape
+    return int(shape[0]) if len(shape) else 0
+
+
+def _check(spec: TensorSpec, value) -> None:
+    """``InputError`` unless ``value`` (an array, or a step's tensor) is what ``spec`` reads."""
+    if not isinstance(value, Handed):
+        spec.check(value)
+        return
+    shape, datatype = value.tensor.shape, datatype_of(value.tensor.dtype)
+    if datatype != spec.datatype or len(shape) != len(spec.shape) or any(
+            want not in (-1, got) for want, got in zip(spec.shape, shape)):
+        raise InputError(f"input {spec.name!r} is a {datatype} tensor of shape {list(shape)}; expected "
+                         f"{spec.datatype} {list(spec.shape)}")
+
+
+def step_metrics(pipeline: str, step: str, job: Job, answer: Answer, handed: list) -> None:
+    """A step's (or a call's) queue and compute time, the examples of the forward pass it shared, and
+    how each of ``handed`` (the tensors it read from another step, or its caller) reached it."""
+    metrics.child(metrics.STEP_QUEUE_DURATION, pipeline, step, answer.device).observe(
+        answer.compute_started - job.enqueued)
+    metrics.child(metrics.STEP_COMPUTE_DURATION, pipeline, step, answer.device).observe(
+        time.perf_counter() - answer.compute_started)
+    metrics.child(metrics.STEP_BATCH_SIZE, pipeline, step).observe(answer.batch_size)
+    for value in handed:
+        way = "host" if not isinstance(value, Handed) else "device" if value.device == answer.device else "moved"
+        metrics.child(metrics.STEP_HANDOFFS, pipeline, step, way).inc()
+
+
+class PipelineRun:
+    """One request through a pipeline, on the event loop thread; ``answer(result, error)`` once."""
+
+    def __init__(self, run: Run, plan_: Plan, work: Work, arrays: Mapping[str, np.ndarray], inline_bytes: int,
+                 answer: Callable[[Result | None, BaseException | None], None]) -> None:
+        self.run, self.plan, self.work, self.answer = run, plan_, work, answer
+        self.inline_bytes = inline_bytes
+        self.values: dict[str, Any] = dict(arrays)  # tensor name -> host array or Handed
+        self.pending = list(plan_.steps)  # steps not started yet
+        self.running = 0
+        self.done = False
+        self.times = {"preprocess_ms": 0.0, "queue_ms": 0.0, "compute_ms": 0.0}
+        self.shown: Answer | None = None  # the answer the result reports: the last on an accelerator
+
+    def start(self) -> None:
+        self._advance()
+
+    def _advance(self) -> None:
+        while not self.done:
+            ready = next((s for s in self.pending if all(t in self.values for t in s.step.inputs.values())), None)
+            if ready is None:
+                break
+            self.pending.remove(ready)
+            self.running += 1
+            self._start(ready)  # a step refused at once settles here, and may end the run
+        if not self.done and not self.pending and not self.running:
+            self._finish()
+
+    def _start(self, planned: StepPlan) -> None:
+        step = planned.step
+        arrays, prefer = {}, ""
+        try:
+            for spec in planned.inputs:
+                value = self.values[step.inputs[spec.name]]
+                _check(spec, value)
+                if isinstance(value, Handed):
+                    prefer = prefer or value.device
+                arrays[spec.name] = value
+            rows = {_rows(v) for v in arrays.values()} if planned.batched else {1}
+            if len(rows) != 1:
+                raise InputError(f"its inputs differ in their first (batch) dimension: "
+                                 f"{ {n: _rows(v) for n, v in arrays.items()} }")
+        except InputError as exc:
+            self._settled(planned, None, None, ModelFailed(str(exc)))
+            return
+        work = Work(step.model, step.version, rows.pop(), list(step.outputs), self.work.arrived, self.work.deadline,
+                    sum(_size(v) for v in arrays.values()) <= self.inline_bytes)
+        self.run(work, arrays, functools.partial(self._settled, planned), keep=planned.keep, prefer=prefer,
+                 step=(self.plan.pipeline.name, step.label), chain=(self.plan.pipeline.name,))
+
+    def _settled(self, planned: StepPlan, job: Job | None, answer: Answer | None,
+                 error: BaseException | None) -> None:
+        try:
+            self._take(planned, job, answer, error)
+        except Exception as exc:  # a bug of ours: the request is still answered, once
+            if not self.done:
+                self.done = True
+                self.answer(None, exc)
+
+    def _take(self, planned: StepPlan, job: Job | None, answer: Answer | None, error: BaseException | None) -> None:
+        """A step's answer: the tensors it made, and the steps they let start; or the request's error."""
+        self.running -= 1
+        if self.done:
+            return
+        step, name = planned.step, self.plan.pipeline.name
+        if error is not None:
+            self.done = True
+            if isinstance(error, ServiceError):
+                found = type(error)(f"pipeline {name!r}, {step}: {error}")
+                found.device = error.device if job is None else (job.device or "none")
+                error = found
+            self.answer(None, error)
+            return
+        step_metrics(name, step.label, job, answer, [self.values[step.inputs[key]] for key in planned.reads_steps])
+        now = time.perf_counter()
+        self.times["queue_ms"] += (answer.compute_started - job.enqueued) * 1000
+        self.times["compute_ms"] += (now - answer.compute_started) * 1000
+        if self.shown is None or answer.device != "cpu":
+            self.shown = answer
+        for output, tensor in step.outputs.items():
+            self.values[tensor] = answer.outputs[output]
+        self._advance()
+
+    def _finish(self) -> None:
+        self.done = True
+        work, pipeline = self.work, self.plan.pipeline
+        outputs = {name: self.values[name] for name in work.outputs}
+        if pipeline.max_batch_size > 0:
+            short = [n for n, a in outputs.items() if np.ndim(a) == 0 or len(a) != work.examples]
+            if short:
+                self.answer(None, ModelFailed(f"pipeline {pipeline.name!r}: outputs {short} do not have the "
+                                              f"request's {work.examples} rows"))
+                return
+        shown, now = self.shown, time.perf_counter()
+        self.answer(Result(
+            model=pipeline.name, version=pipeline.version, outputs=outputs,
+            datatypes={name: self.plan.datatypes[name] for name in work.outputs},
+            device=shown.device, worker=shown.worker, batch_size=shown.batch_size,
+            batched=pipeline.max_batch_size > 0,
+            timings={**{k: round(v, 3) for k, v in self.times.items()},
+                     "total_ms": round((now - work.arrived) * 1000, 3)},
+        ), None)
+
+
+def call(run: Run, entries: Mapping[str, Entry], name: str, version: int | None, inputs: dict, outputs,
+         calls: Calls) -> dict[str, np.ndarray]:
+    """A model's call to another (``Model.infer``), on the caller's worker thread: queued through the
+    event loop as a step of the caller's request, and waited for within that request's deadline."""
+    caller = calls.chain[-1]
+    where = f"model {caller!r} calling {name!r}"
+    if name in calls.chain:
+        raise ModelFailed(f"{where}: a call cycle ({' -> '.join((*calls.chain, name))}): a model cannot call "
+                          "one its request is already inside of")
+    entry = entries.get(name)
+    if entry is None:
+        raise UnknownModel(f"{where}: no such model; calls run the models served: {', '.join(entries)}")
+    chosen = entry.default if version is None else entry.versions.get(version)
+    if chosen is None:
+        raise UnknownModel(f"{where}: no version {version}; it has {', '.join(map(str, sorted(entry.versions)))}")
+    unknown = [key for key in inputs if key not in {s.name for s in chosen.inputs}]
+    if unknown:
+        raise InvalidInput(f"{where}: no input {unknown[0]!r}; it takes {', '.join(s.name for s in chosen.inputs)}")
+    arrays = {}
+    for spec in chosen.inputs:
+        if spec.name not in inputs:
+            raise InvalidInput(f"{where}: missing input {spec.name!r} ({spec.datatype} {list(spec.shape)})")
+        value = inputs[spec.name]
+        value = (Handed(value, placeenv.device_name(value.place)) if isinstance(value, paddle.Tensor)
+                 else np.asarray(value))
+        try:
+            _check(spec, value)
+        except InputError as exc:
+            raise InvalidInput(f"{where}: {exc}") from None
+        arrays[spec.name] = value
+    names = [spec.name for spec in chosen.outputs]
+    wanted = names if outputs is None else list(outputs)
+    if any(n not in names for n in wanted):
+        raise InvalidInput(f"{where}: no output {next(n for n in wanted if n not in names)!r}; it gives "
+                           f"{', '.join(names)}")
+    rows = {_rows(v) for v in arrays.values()} if entry.max_batch_size > 0 else {1}
+    if len(rows) != 1:
+        raise InvalidInput(f"{where}: inputs differ in their first (batch) dimension")
+    work = Work(name, chosen.number, rows.pop(), wanted, time.perf_counter(), calls.deadline, False)
+    future: concurrent.futures.Future = concurrent.futures.Future()
+
+    def settled(job: Job | None, answer: Answer | None, error: BaseException | None) -> None:
+        if error is None:
+            future.set_result(answer)
+            step_metrics(caller, name, job, answer, list(arrays.values()))
+        else:
+            future.set_exception(error)
+
+    key, worker = (name, chosen.number), calls.worker
+    # Where its tensors are; else on the caller's own device, which serves it while it waits.
+    prefer = next((v.device for v in arrays.values() if isinstance(v, Handed)),
+                  worker.device if key in worker.held else "")
+    calls.loop.call_soon_threadsafe(functools.partial(run, work, arrays, settled, prefer=prefer,
+                                                      step=(caller, name), chain=calls.chain))
+    if key in worker.held:
+        worker.serve_until(future, key, calls.deadline)
+    try:
+        answer = future.result(timeout=max(0.0, calls.deadline - time.perf_counter()))
+    except concurrent.futures.TimeoutError:
+        raise Timeout(f"{where}: no answer within the request's deadline") from None
+    return {n: answer.outputs[n] for n in wanted}

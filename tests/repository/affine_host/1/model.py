@@ -1,0 +1,1 @@
+../../affine/1/model.py
