@@ -8,7 +8,7 @@
              benchmarks/transformer_app.py (one uvicorn process: decode, then top 3) calling the same
              service's mobilenet on sim:0,sim:1 over v2 binary HTTP
   one model  benchmarks/repository/classify_whole: decode in preprocess, mobilenet in execute and the top
-             3 in postprocess, in one model.py, on sim:0,sim:1
+             3 in postprocess, in one model.py beside mobilenet's saved program, on sim:0,sim:1
 
 Every way gets the same request: the Open Inference Protocol with one 64x64 JPEG as BYTES (tritonclient's
 binary encoding), and answers the same labels. All the processes start once; each round measures each
@@ -22,8 +22,10 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -35,9 +37,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_service import Server, free_port, save_results, service, wrk  # noqa: E402
 
-from placeenv.serve.models import BUNDLED, images  # noqa: E402
+from placeenv.serve.models import BUNDLED, examples, images  # noqa: E402
 
 DEVICES = ["sim:0", "sim:1"]
+BENCH = ROOT / "benchmarks" / "repository"
 WAYS = ("pipeline", "chained", "one model")
 
 
@@ -59,19 +62,43 @@ def answer(url: str, model: str, body: bytes, headers: dict) -> list:
     return result.as_numpy("labels").tolist()
 
 
-def start(transfer_us: int) -> dict[str, tuple[Server, str]]:
+def repository(tmp: Path, device_ms: float) -> Path:
+    """The models every way serves: classify_whole with mobilenet's saved program beside its model.py
+    (the service builds it into its cache at start), or with ``device_ms``, mobilenet_time for mobilenet
+    (in classify too, with its decode and top-3 steps) and classify_whole's stand-in execute."""
+    shutil.copytree(BENCH / "classify_whole", tmp / "classify_whole")
+    if not device_ms:
+        examples.ensure("mobilenet")
+        for name in ("model.json", "model.pdiparams"):
+            shutil.copyfile(examples.home("mobilenet") / "1" / name, tmp / "classify_whole" / "1" / name)
+        return tmp
+    settings = f"parameters:\n  sleep_ms: {device_ms}\n"
+    for name in ("classify_decode", "classify_topk"):
+        shutil.copytree(BUNDLED / name, tmp / name)
+    shutil.copytree(BENCH / "mobilenet_time", tmp / "mobilenet_time")
+    (tmp / "mobilenet_time" / "config.yaml").write_text(settings)
+    (tmp / "classify_whole" / "config.yaml").write_text(settings)
+    (tmp / "classify").mkdir()
+    (tmp / "classify" / "config.yaml").write_text(
+        (BUNDLED / "classify" / "config.yaml").read_text().replace("model: mobilenet\n", "model: mobilenet_time\n"))
+    return tmp
+
+
+def start(transfer_us: int, device_ms: float, tmp: Path) -> dict[str, tuple[Server, str]]:
     """Each way's front door and the model its requests name, started and answering."""
+    models = repository(tmp, device_ms)
     sim = {"SIM_TRANSFER_US": transfer_us, "SIM_DEVICES": len(DEVICES)}
-    repositories = f"{BUNDLED},{ROOT / 'benchmarks' / 'repository'}"
-    ways = {"pipeline": (service(DEVICES, "classify", **sim), "classify")}
-    predictor = service(DEVICES, "mobilenet", **sim)
+    ours = {"MODEL_REPOSITORY": models} if device_ms else {}  # the classify pipeline: the bundled one
+    device_model = "mobilenet_time" if device_ms else "mobilenet"
+    ways = {"pipeline": (service(DEVICES, "classify", **ours, **sim), "classify")}
+    predictor = service(DEVICES, device_model, **ours, **sim)
     port = free_port()
     transformer = Server([sys.executable, "-m", "uvicorn", "benchmarks.transformer_app:app", "--port", str(port),
                           "--log-level", "warning", "--no-access-log"],
-                         {"PREDICTOR": f"127.0.0.1:{predictor.port}"}, port)
+                         {"PREDICTOR": f"127.0.0.1:{predictor.port}", "MODEL": device_model}, port)
     transformer.predictor = predictor
     ways["chained"] = (transformer, "classify")
-    ways["one model"] = (service(DEVICES, "classify_whole", MODEL_REPOSITORY=repositories, **sim), "classify_whole")
+    ways["one model"] = (service(DEVICES, "classify_whole", MODEL_REPOSITORY=models, **sim), "classify_whole")
     return ways
 
 
@@ -96,9 +123,12 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5)
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--transfer-us", type=int, default=0)
+    parser.add_argument("--device-ms", type=float, default=0,
+                        help="mobilenet_time for mobilenet: this much device time a batch, no host CPU")
     args = parser.parse_args()
     body, headers = request()
-    ways = start(args.transfer_us)
+    tmp = Path(tempfile.mkdtemp(prefix="pipelines-"))
+    ways = start(args.transfer_us, args.device_ms, tmp)
     try:
         labels = {name: answer(server.url, model, body, headers) for name, (server, model) in ways.items()}
         assert len({repr(v) for v in labels.values()}) == 1, labels  # the same chain, the same answer
@@ -117,8 +147,10 @@ def main() -> None:
             server.stop()
             if hasattr(server, "predictor"):
                 server.predictor.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    device = f"mobilenet_time, {args.device_ms:g} ms a batch" if args.device_ms else "mobilenet's saved program"
     print(f"\n{time.strftime('%Y-%m-%d')}, {platform.machine()}, {os.cpu_count()} cores; {args.rounds} rounds, "
-          f"wrk {args.seconds:g} s; sim device time {args.transfer_us} us a transfer\n")
+          f"wrk {args.seconds:g} s; the device step: {device}; sim device time {args.transfer_us} us a transfer\n")
     keys = list(found["pipeline"][0])
     print("| figure | " + " | ".join(WAYS) + " | pipeline / chained | pipeline / one model |")
     print("|---|" + "---:|" * (len(WAYS) + 2))

@@ -4,7 +4,7 @@ Inference Protocol, a JPEG as BYTES), decodes it on its event loop (the pipeline
 transformer's synchronous preprocess runs), calls the model service's mobilenet over v2 binary HTTP
 (tritonclient's asyncio client), takes the top 3 (the pipeline's classify_topk), and answers in v2.
 
-    PREDICTOR=127.0.0.1:8000 uvicorn benchmarks.transformer_app:app --port 8200
+    PREDICTOR=127.0.0.1:8000 [MODEL=mobilenet] uvicorn benchmarks.transformer_app:app --port 8200
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ async def infer(request: Request):
     pixels = decode_all(arrays["image"], "image", mode="RGB", size=(32, 32))
     image = triton.InferInput("image", list(pixels.shape), "FP32")
     image.set_data_from_numpy(pixels, binary_data=True)
-    answer = await state["predictor"].infer("mobilenet", [image],
+    answer = await state["predictor"].infer(os.environ.get("MODEL", "mobilenet"), [image],
                                             outputs=[triton.InferRequestedOutput("output_0", binary_data=True)])
     labels, scores = top_labels(answer.as_numpy("output_0"), LABELS, 3)
     return render(Result("classify", 1, {"labels": labels, "scores": scores}, {"labels": "BYTES", "scores": "FP32"},

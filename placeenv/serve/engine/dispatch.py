@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import itertools
 import logging
 import threading
 import time
@@ -306,7 +305,7 @@ class Dispatcher:
 
     def __init__(self, queues: dict[str, DeviceQueue]) -> None:
         self.queues = queues
-        self._tiebreak = itertools.count()
+        self._turns: dict[tuple[str, int], int] = {}  # each model's last turn (least-loaded ties)
         self.closed = False  # the engine is stopping: no new work
 
     def admit(self, model: tuple[str, int]) -> None:
@@ -323,7 +322,9 @@ class Dispatcher:
         # A step whose tensors are on a device runs there if it can: moving them costs copies.
         if preferred is not None and job.model in preferred.models and preferred.offer(job):
             return preferred
-        turn = next(self._tiebreak)
+        # Each model's own turns: a pipeline's other steps, queued in between, must not keep its turn
+        # on one device.
+        turn = self._turns[job.model] = self._turns.get(job.model, -1) + 1
         queues = [q for q in self.queues.values() if job.model in q.models]
         # Least loaded first; equal loads take turns, so idle devices all get work.
         order = sorted(range(len(queues)), key=lambda i: (queues[i].load(), (i - turn) % len(queues)))

@@ -11,8 +11,8 @@ step keeps the request's deadline, and each worker's place checks count a leak f
 
 Between two steps a tensor stays the one ``execute`` made (``Handed``), on the device that made it,
 when its model's postprocess is the default and every step that reads it takes tensors (its model
-has no preprocess of its own) (``plan``): the next step is queued on that device when it serves the
-model, so the tensor is neither downloaded nor uploaded between them.
+has no preprocess of its own and runs on an accelerator) (``plan``): the next step is queued on that
+device when it serves the model, so the tensor is neither downloaded nor uploaded between them.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class StepPlan:
     batched: bool  # its model batches along the first dimension: its job has that many examples
     keep: frozenset[str]  # its outputs it hands on as tensors (Handed)
     reads_steps: frozenset[str]  # its inputs read from another step's output (the metrics' handoffs)
-    host_inputs: bool  # its model has a preprocess of its own, which takes host arrays
+    after: frozenset[int]  # the steps (by index) whose outputs it reads: it starts once they are done
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,22 +65,32 @@ class Plan:
 def plan(pipeline: Pipeline, entries: Mapping[str, Entry]) -> Plan:
     """How ``pipeline`` runs on ``entries``: which outputs each step hands on as tensors."""
     versions = {s.index: entries[s.model].versions[s.version] for s in pipeline.steps}
-    own_preprocess = {i: v.model_class.preprocess is not Model.preprocess for i, v in versions.items()}
+    # A step that takes host arrays: its model has a preprocess of its own, or runs on CPU workers only
+    # (the producer's worker then makes its tensor an array once a batch, not each job's rows apart).
+    takes_arrays = {s.index: versions[s.index].model_class.preprocess is not Model.preprocess
+                    or on_host_only(entries[s.model]) for s in pipeline.steps}
     readers: dict[str, list[int]] = {}
     for step in pipeline.steps:
         for tensor in step.inputs.values():
             readers.setdefault(tensor, []).append(step.index)
     outputs = {spec.name for spec in pipeline.outputs}
-    made = {tensor for step in pipeline.steps for tensor in step.outputs.values()}
+    maker = {tensor: step.index for step in pipeline.steps for tensor in step.outputs.values()}
     steps = []
     for step in pipeline.steps:
         version = versions[step.index]
         default_post = version.model_class.postprocess is Model.postprocess
         keep = frozenset(out for out, tensor in step.outputs.items() if default_post and tensor not in outputs
-                         and not any(own_preprocess[r] for r in readers.get(tensor, ())))
+                         and not any(takes_arrays[r] for r in readers.get(tensor, ())))
         steps.append(StepPlan(step, version.inputs, entries[step.model].max_batch_size > 0, keep,
-                              frozenset(k for k, t in step.inputs.items() if t in made), own_preprocess[step.index]))
+                              frozenset(k for k, t in step.inputs.items() if t in maker),
+                              frozenset(maker[t] for t in step.inputs.values() if t in maker)))
     return Plan(pipeline, tuple(steps), {spec.name: spec.datatype for spec in pipeline.outputs})
+
+
+def on_host_only(entry: Entry) -> bool:
+    """Whether only CPU workers serve ``entry`` (its instance_group names the CPU alone)."""
+    groups = entry.config.instance_group
+    return groups is not None and all(g.kind == "cpu" for g in groups)
 
 
 def _size(value) -> int:
@@ -91,7 +101,7 @@ def _size(value) -> int:
 
 
 def _rows(value) -> int:
-    shape = value.tensor.shape if isinstance(value, Handed) else value.shape
+    shape = value.shape
     return int(shape[0]) if len(shape) else 0
 
 
@@ -100,7 +110,7 @@ def _check(spec: TensorSpec, value) -> None:
     if not isinstance(value, Handed):
         spec.check(value)
         return
-    shape, datatype = value.tensor.shape, datatype_of(value.tensor.dtype)
+    shape, datatype = value.shape, datatype_of(value.tensor.dtype)
     if datatype != spec.datatype or len(shape) != len(spec.shape) or any(
             want not in (-1, got) for want, got in zip(spec.shape, shape)):
         raise InputError(f"input {spec.name!r} is a {datatype} tensor of shape {list(shape)}; expected "
@@ -129,6 +139,7 @@ class PipelineRun:
         self.inline_bytes = inline_bytes
         self.values: dict[str, Any] = dict(arrays)  # tensor name -> host array or Handed
         self.pending = list(plan_.steps)  # steps not started yet
+        self.finished: set[int] = set()  # steps answered (by index)
         self.running = 0
         self.done = False
         self.times = {"preprocess_ms": 0.0, "queue_ms": 0.0, "compute_ms": 0.0}
@@ -139,7 +150,7 @@ class PipelineRun:
 
     def _advance(self) -> None:
         while not self.done:
-            ready = next((s for s in self.pending if all(t in self.values for t in s.step.inputs.values())), None)
+            ready = next((s for s in self.pending if s.after <= self.finished), None)
             if ready is None:
                 break
             self.pending.remove(ready)
@@ -201,6 +212,7 @@ class PipelineRun:
             self.shown = answer
         for output, tensor in step.outputs.items():
             self.values[tensor] = answer.outputs[output]
+        self.finished.add(step.index)
         self._advance()
 
     def _finish(self) -> None:

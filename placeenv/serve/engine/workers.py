@@ -43,10 +43,18 @@ class Answer:
 @dataclasses.dataclass(frozen=True, slots=True)
 class Handed:
     """A step's output handed to the next step as the tensor ``execute`` made, not as a host array; with
-    the device it is on, so the next step moves it only when it runs elsewhere."""
+    the device it is on, so the next step moves it only when it runs elsewhere. The jobs of one batch
+    share its tensor, each its ``rows`` (start, stop; None: all of it): slicing a tensor costs a Paddle
+    call a job, and a next step that batches the same jobs in the same order takes it whole."""
 
     tensor: paddle.Tensor
     device: str
+    rows: tuple[int, int] | None = None
+
+    @property
+    def shape(self) -> list[int]:
+        shape = self.tensor.shape
+        return shape if self.rows is None else [self.rows[1] - self.rows[0], *shape[1:]]
 
 
 #: What a model's call to another (``Model.infer``) answers when it fails, as it is: the request the
@@ -261,25 +269,36 @@ class Worker:
     def _answer(self, jobs: list[Job], outputs) -> None:
         results, examples = outputs
         # Outputs kept as tensors: a step that hands them on gets them as Handed, any other job as arrays.
-        kept = {name: placeenv.device_name(value.place) for name, value in results.items()
-                if not isinstance(value, np.ndarray)}
+        # One on the host goes as an array (one copy a batch): a job's rows of it cost no Paddle call,
+        # and the next step joins arrays as it joins requests'.
+        kept = {}
+        for name, value in results.items():
+            if not isinstance(value, np.ndarray):
+                kept[name] = placeenv.device_name(value.place)
+                if kept[name] == "cpu":
+                    del kept[name]
+                    results = {**results, name: value.numpy()}
         if len(jobs) == 1:
-            part = self._handed(jobs[0], results, kept) if kept else results
-            jobs[0].resolve(Answer(part, self.device, self.name, examples, jobs[0].started))
+            job = jobs[0]
+            part = {name: value if name not in kept else Handed(value, kept[name]) if name in job.keep
+                    else value.numpy() for name, value in results.items()} if kept else results
+            job.resolve(Answer(part, self.device, self.name, examples, job.started))
             return
+        if kept and not all(job.keep >= kept.keys() for job in jobs):  # a job that wants them as arrays
+            results = {**results, **{f"{name} (host)": results[name].numpy() for name in kept}}
         answers, offset = [], 0
         for job in jobs:
-            part = {name: array[offset:offset + job.examples] for name, array in results.items()}
-            if kept:
-                part = self._handed(job, part, kept)
+            rows, part = (offset, offset + job.examples), {}
+            for name, value in results.items():
+                if name not in kept:
+                    part[name] = value[offset:rows[1]]
+                elif name in job.keep:
+                    part[name] = Handed(value, kept[name], rows)
+                else:
+                    part[name] = results[f"{name} (host)"][offset:rows[1]]
             answers.append((job, Answer(part, self.device, self.name, examples, job.started)))
             offset += job.examples
         resolve_all(answers)
-
-    @staticmethod
-    def _handed(job: Job, outputs: dict, kept: dict[str, str]) -> dict:
-        return {name: value if name not in kept else Handed(value, kept[name]) if name in job.keep
-                else value.numpy() for name, value in outputs.items()}
 
 
 def _unchecked(stage: str, actual: str, expected: str | None = None) -> bool:
@@ -297,6 +316,7 @@ def forward(replica: Model, inputs: list[dict], batched: bool, examples: int, ch
     when it is elsewhere; the outputs in ``keep`` (the model's postprocess is the default, ``numpy()``)
     stay the tensors ``execute`` made, for the next step."""
     context = replica.context
+    on_host = placeenv.device_name(replica.place) == "cpu"  # a CPU worker: its host tensors are in place
     moved = {}
     for spec in context.inputs:
         parts = [request[spec.name] for request in inputs]
@@ -305,7 +325,7 @@ def forward(replica: Model, inputs: list[dict], batched: bool, examples: int, ch
         else:
             host = batch_tensor(parts)
             check("preprocess", placeenv.device_name(host.place), "cpu")
-            tensor = move_to(host, replica.place)
+            tensor = host if on_host else move_to(host, replica.place)
         moved[spec.name] = tensor
         check("batch", placeenv.device_name(tensor.place))
     out = replica.execute(moved)
@@ -337,15 +357,24 @@ def _rows(value) -> int | None:
 
 def _joined(parts: list, place) -> paddle.Tensor:
     """One tensor on ``place`` of a batch's parts of one input, some of them a step's ``Handed`` tensors:
-    each moved only when it is elsewhere, then joined on ``place``."""
+    the parts that are consecutive rows of one tensor taken as one piece (the whole tensor when they
+    are all of it), each piece moved only when it is elsewhere, then joined on ``place``."""
     device = placeenv.device_name(place)
-    tensors = []
+    pieces: list[list] = []  # [tensor, its device, start, stop (None: the whole tensor)]
     for part in parts:
         if isinstance(part, Handed):
-            tensor, where = part.tensor, part.device
+            last = pieces[-1] if pieces else None
+            if part.rows is not None and last is not None and last[0] is part.tensor and last[3] == part.rows[0]:
+                last[3] = part.rows[1]  # the next rows of the same batch's tensor
+            else:
+                pieces.append([part.tensor, part.device, *(part.rows or (None, None))])
         else:  # a batch-mate's host array (or its preprocess's CPU tensor)
             tensor = host_tensor(part) if isinstance(part, np.ndarray) else part
-            where = placeenv.device_name(tensor.place)
+            pieces.append([tensor, placeenv.device_name(tensor.place), None, None])
+    tensors = []
+    for tensor, where, start, stop in pieces:
+        if start is not None and not (start == 0 and stop == tensor.shape[0]):
+            tensor = tensor[start:stop]
         tensors.append(tensor if where == device else move_to(tensor, place))
     return tensors[0] if len(tensors) == 1 else paddle.concat(tensors)
 

@@ -232,16 +232,23 @@ def test_a_pipelines_version_directory_holds_no_model(repo):
 
 
 def test_the_plan_keeps_a_tensor_on_its_device_only_where_every_reader_takes_tensors(repo):
-    pipeline(repo, "p", CHAIN)
+    pipeline(repo, "p", HEAD, """
+        pipeline:
+          - {model: affine, inputs: {x: x}, outputs: {y: first}}
+          - {model: affine, inputs: {x: first}, outputs: {y: second}}
+          - {model: rowsum, inputs: {x: second}, outputs: {sum: sum}}
+    """)
     pipeline(repo, "host", CHAIN.replace("model: rowsum", "model: affine_host").replace("sum: sum", "y: sum")
              .replace("[-1, 1]", "[-1, 4]"))
     found = read_all(repo)
     assert found.errors == []
     kept = {name: {s.step.label: set(s.keep) for s in plan(p, found.entries).steps}
             for name, p in found.pipelines.items()}
-    # affine's y goes to rowsum, whose preprocess is the default: a tensor. rowsum's sum is the
-    # pipeline's output: a host array. affine_host has a preprocess of its own: it reads host arrays.
-    assert kept == {"p": {"affine": {"y"}, "rowsum": set()}, "host": {"affine": set(), "affine_host": set()}}
+    # affine's y goes to affine#2, whose preprocess is the default and which runs on the devices: a
+    # tensor. rowsum runs on CPU workers only, and its sum is the pipeline's output: host arrays.
+    # affine_host has a preprocess of its own: it reads host arrays.
+    assert kept == {"p": {"affine": {"y"}, "affine#2": set(), "rowsum": set()},
+                    "host": {"affine": set(), "affine_host": set()}}
 
 
 # -- encoded images ------------------------------------------------------------------------------
