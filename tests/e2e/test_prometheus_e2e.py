@@ -1,9 +1,10 @@
 """End to end with real tools: the service on 4 sim devices, Locust load, a real Prometheus.
 
 Checks that every PromQL expression the Grafana dashboards use returns data,
-that no device leaked, and that every device served; then, as the negative
-control, that the same queries see leaks (and the Locust gate fails) with
-``PLACEENV_ISOLATION=off``.
+that no device leaked, and that every device served, with Locust's traffic through
+the bundled pipelines too (classify, ocr: a leak in any step of theirs counts); then,
+as the negative control, that the same queries see leaks (and the Locust gate fails)
+with ``PLACEENV_ISOLATION=off``, in the pipelines' steps too.
 """
 
 from __future__ import annotations
@@ -31,6 +32,12 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+#: The bundled examples and pipelines (mobilenet among classify's steps; ocr_rec, which ocr_read calls).
+MODELS = "digits,classify,ocr,ocr_rec"
+PIPELINE_STEPS = {("classify", "classify_decode"), ("classify", "mobilenet"), ("classify", "classify_topk"),
+                  ("ocr", "ocr_decode"), ("ocr", "ocr_det"), ("ocr", "ocr_read"), ("ocr_read", "ocr_rec")}
+
+
 def locust(url: str, seconds: int, csv: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
         [LOCUST, "-f", "loadtest/", "--host", url, "-u", "16", "-r", "8", "-t", f"{seconds}s",
@@ -56,7 +63,7 @@ def test_dashboards_have_data_no_leaks_and_the_gate_can_fire(tmp_path):
     on_port, off_port = free_port(), free_port()
     prom = Prometheus(tmp_path, {"isolation_on": on_port, "isolation_off": off_port})
     try:
-        with ServiceProcess(port=on_port, MODELS="digits,mobilenet") as on:
+        with ServiceProcess(port=on_port, MODELS=MODELS) as on:
             run = locust(on.url, 15, tmp_path / "on")
             assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
             assert "leak gate: PASS" in run.stdout + run.stderr
@@ -69,8 +76,12 @@ def test_dashboards_have_data_no_leaks_and_the_gate_can_fire(tmp_path):
             assert set(served) == {"sim:0", "sim:1", "sim:2", "sim:3"}
             assert all(n > 0 for n in served.values())
             assert prom.value('sum(placeenv_place_checks_total{job="isolation_on"})') > 0
+            # Locust went through every step of both pipelines, each checked, none leaking.
+            steps = 'sum by (pipeline, step) (inference_pipeline_step_queue_duration_seconds_count{job="isolation_on"})'
+            assert {(s["metric"]["pipeline"], s["metric"]["step"]) for s in prom.query(steps)} >= PIPELINE_STEPS
+            assert prom.value('sum(placeenv_pipeline_step_device_leaks_total{job="isolation_on"}) or vector(0)') == 0
 
-        with ServiceProcess(port=off_port, MODELS="digits,mobilenet", ISOLATION="off") as off:
+        with ServiceProcess(port=off_port, MODELS=MODELS, ISOLATION="off") as off:
             run = locust(off.url, 8, tmp_path / "off")
             assert run.returncode != 0, "the leak gate did not fire with isolation off"
             assert "leak gate: FAIL" in run.stdout + run.stderr
@@ -79,5 +90,7 @@ def test_dashboards_have_data_no_leaks_and_the_gate_can_fire(tmp_path):
             assert grown and int(grown.group(1)) > 0, run.stdout[-3000:] + run.stderr[-3000:]
             wait_for_scrapes(prom, "isolation_off", since=time.time())
             assert prom.value('sum(placeenv_device_leaks_total{job="isolation_off"}) or vector(0)') > 0
+            # The pipelines' steps leaked too, counted by step.
+            assert prom.value('sum(placeenv_pipeline_step_device_leaks_total{job="isolation_off"}) or vector(0)') > 0
     finally:
         prom.stop()

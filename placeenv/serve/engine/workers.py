@@ -284,8 +284,9 @@ class Worker:
                     else value.numpy() for name, value in results.items()} if kept else results
             job.resolve(Answer(part, self.device, self.name, examples, job.started))
             return
-        if kept and not all(job.keep >= kept.keys() for job in jobs):  # a job that wants them as arrays
-            results = {**results, **{f"{name} (host)": results[name].numpy() for name in kept}}
+        # The kept outputs as arrays too, once a batch, when a job of it wants them so (a request).
+        arrays = ({name: results[name].numpy() for name in kept}
+                  if kept and not all(job.keep >= kept.keys() for job in jobs) else {})
         answers, offset = [], 0
         for job in jobs:
             rows, part = (offset, offset + job.examples), {}
@@ -295,7 +296,7 @@ class Worker:
                 elif name in job.keep:
                     part[name] = Handed(value, kept[name], rows)
                 else:
-                    part[name] = results[f"{name} (host)"][offset:rows[1]]
+                    part[name] = arrays[name][offset:rows[1]]
             answers.append((job, Answer(part, self.device, self.name, examples, job.started)))
             offset += job.examples
         resolve_all(answers)

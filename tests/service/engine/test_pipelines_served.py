@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import numpy as np
@@ -166,6 +167,31 @@ def test_under_load_each_step_runs_where_its_tensors_are_place_checked_with_no_l
     stats = {s["name"]: s["inference_stats"]["success"]["count"]
              for s in http.get_inference_statistics()["model_stats"]}
     assert stats["chain"] >= 64 and stats["affine"] >= 2 * 64 and stats["rowsum"] >= 64
+
+
+def test_a_batch_of_a_steps_jobs_and_its_models_own_requests_answers_each_its_way(service):
+    """affine's jobs for chain keep their output on the device, its own requests want arrays: queued
+    behind held workers, they share batches, and each gets its own answer."""
+    before = service.total("inference_batch_size_count", model="affine")
+    examples_before = service.total("inference_batch_size_sum", model="affine")
+
+    async def main():
+        async with httpx.AsyncClient(base_url=service.url, timeout=60) as http:
+            sent = [http.post(f"/v2/models/{m}/infer", json=v2_json(X + i)) for i in range(8)
+                    for m in ("chain", "affine")]
+            return await asyncio.gather(*sent)
+
+    with ThreadPoolExecutor(1) as pool, workers_held(service.url, 4):
+        running = pool.submit(asyncio.run, main())
+        wait_until(lambda: service.total("inference_queue_depth") >= 16, 30, "the requests did not queue")
+    answers = running.result(60)
+    for i, (chain, affine) in enumerate(zip(answers[::2], answers[1::2])):
+        assert chain.status_code == affine.status_code == 200, (chain.text, affine.text)
+        np.testing.assert_allclose(np.reshape(chain.json()["outputs"][0]["data"], (2, 1)), by_hand(X + i))
+        np.testing.assert_allclose(np.reshape(affine.json()["outputs"][0]["data"], X.shape), (X + i) * 2 + 1)
+    batches = service.total("inference_batch_size_count", model="affine") - before
+    examples = service.total("inference_batch_size_sum", model="affine") - examples_before
+    assert examples / batches > 2, (examples, batches)  # requests of both kinds shared forward passes
 
 
 def test_a_step_that_fails_answers_its_request_naming_the_step_and_no_other(service):
