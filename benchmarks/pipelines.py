@@ -23,7 +23,6 @@ import argparse
 import os
 import platform
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -35,6 +34,7 @@ import tritonclient.http as triton
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
+from against import spread  # noqa: E402
 from bench_service import Server, free_port, save_results, service, wrk  # noqa: E402
 
 from placeenv.serve.models import BUNDLED, examples, images  # noqa: E402
@@ -110,11 +110,6 @@ def measure(url: str, model: str, body: bytes, headers: dict, connections: int, 
         raise RuntimeError(f"{model} at {url}: answers that were not 200 ({one['non_2xx']}, {many['non_2xx']})")
     return {"c=1 req/s": one["rps"], "c=1 p50 ms": one["p50_ms"], f"c={connections} req/s": many["rps"],
             f"c={connections} p50 ms": many["p50_ms"]}
-
-
-def spread(values: list[float]) -> str:
-    form = "{:.2f}" if max(values) < 100 else "{:.0f}"
-    return f"{form.format(statistics.median(values))} ({form.format(min(values))}..{form.format(max(values))})"
 
 
 def main() -> None:

@@ -94,8 +94,9 @@ PHOTOS = [encoded(np.random.randint(0, 256, (64, 64, 3), dtype=np.uint8), "JPEG"
 V2_CLASSIFY = [bytes_request("image", random.sample(PHOTOS, size), ["labels", "scores"]) + (size,)
                for size in (1, 1, 2)]
 PAGES = [(lines, encoded(page(lines), "PNG")) for lines in (1, 2, 3) for _ in range(3)]
-#: The models the service serves (read when the run starts): pipeline traffic only where they are.
-SERVED: set[str] = set()
+#: The tasks that call a bundled pipeline, by the model each calls: they are left out of a run whose
+#: service does not serve it (read from /v1/models when the run starts).
+PIPELINE_TASKS = {"classify": "classify", "ocr": "ocr"}
 
 INVALID = [  # (name, body, expected status)
     ("unknown model", {"model": "no-such-model", "inputs": [DIGITS[0]]}, 404),
@@ -190,42 +191,40 @@ class Client(FastHttpUser):
     @task(2)
     def mobilenet_v2(self) -> None:
         body, headers, size = random.choice(V2_MOBILENET)
-        found = self._v2("mobilenet", body, headers, f"v2 mobilenet x{size} (binary)")
-        if found is not None and found[1].as_numpy("output_0").shape != (size, 10):
-            found[0].failure("wrong output shape")
+        self._v2("mobilenet", body, headers, f"v2 mobilenet x{size} (binary)",
+                 lambda result: result.as_numpy("output_0").shape == (size, 10) or "wrong output shape")
 
-    def _v2(self, model: str, body: bytes, headers: dict, name: str):
-        """A v2 binary request; its answer decoded by tritonclient, or None (a failure recorded)."""
+    def _v2(self, model: str, body: bytes, headers: dict, name: str, check) -> None:
+        """A v2 binary request, its answer decoded by tritonclient and given to ``check``, which returns
+        True or what is wrong (a failure); inside the request's block, where Locust records it."""
         with self.client.post(f"/v2/models/{model}/infer", data=body, headers=headers, name=name,
                               catch_response=True) as r:
             if not answered(r, self.host):
-                return None
+                return
             if r.status_code != 200:
                 r.failure(f"{r.status_code}: {r.text[:200]}")
-                return None
+                return
             length = r.headers.get("Inference-Header-Content-Length")
-            return r, triton.InferenceServerClient.parse_response_body(
-                r.content, header_length=int(length) if length else None)
+            wrong = check(triton.InferenceServerClient.parse_response_body(
+                r.content, header_length=int(length) if length else None))
+            if wrong is not True:
+                r.failure(wrong)
 
     @task(2)
     def classify(self) -> None:
-        if "classify" not in SERVED:
-            return
         body, headers, size = random.choice(V2_CLASSIFY)
-        found = self._v2("classify", body, headers, f"v2 classify x{size} (JPEG)")
-        if found is not None and (found[1].as_numpy("labels").shape != (size, 3)
-                                  or found[1].as_numpy("scores").shape != (size, 3)):
-            found[0].failure("wrong output shape")
+        self._v2("classify", body, headers, f"v2 classify x{size} (JPEG)",
+                 lambda result: result.as_numpy("labels").shape == result.as_numpy("scores").shape == (size, 3)
+                 or "wrong output shape")
 
     @task(1)
     def ocr(self) -> None:
-        if "ocr" not in SERVED:
-            return
         pages = random.sample(PAGES, random.choice((1, 2)))
+        drawn = [n for n, _ in pages]
         body, headers = bytes_request("page", [p for _, p in pages], ["text", "lines"])
-        found = self._v2("ocr", body, headers, f"v2 ocr x{len(pages)} (PNG)")
-        if found is not None and found[1].as_numpy("lines").tolist() != [n for n, _ in pages]:
-            found[0].failure(f"lines {found[1].as_numpy('lines').tolist()}, drawn {[n for n, _ in pages]}")
+        self._v2("ocr", body, headers, f"v2 ocr x{len(pages)} (PNG)",
+                 lambda result: result.as_numpy("lines").tolist() == drawn
+                 or f"lines {result.as_numpy('lines').tolist()}, drawn {drawn}")
 
     @task(1)
     def invalid(self) -> None:
@@ -247,9 +246,11 @@ def _start(environment, **_):
     if environment.parsed_options is None or not environment.host:
         return
     try:
-        SERVED.update(m["name"] for m in httpx.get(environment.host + "/v1/models", timeout=10).json()["models"])
+        served = {m["name"] for m in httpx.get(environment.host + "/v1/models", timeout=10).json()["models"]}
     except (*UNREACHABLE, TypeError):  # the gate says so below; traffic goes to the models every service has
-        pass
+        served = set()
+    unserved = {task for task, model in PIPELINE_TASKS.items() if model not in served}
+    Client.tasks = [t for t in Client.tasks if t.__name__ not in unserved]  # before any user starts
     if environment.parsed_options.prometheus:
         _state["start"] = time.time()
         return

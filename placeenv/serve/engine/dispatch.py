@@ -164,6 +164,7 @@ class DeviceQueue:
         self._cond = threading.Condition()
         self._more = threading.Condition(self._cond._lock)  # type: ignore[attr-defined]
         self._idle = 0  # workers waiting on _cond
+        self._helping = 0  # of them, workers waiting for a call, serving only some models meanwhile
         self._gathering: list[tuple[tuple[str, int], int]] = []  # per worker gathering a batch: its
         # model, and the queue length that may fill the batch
         self.busy = 0  # jobs taken by workers, not yet answered
@@ -193,10 +194,10 @@ class DeviceQueue:
                 if len(self._jobs) >= min(fill_at):
                     self._more.notify_all()
             elif self._idle:
-                if self.uniform:
+                if self.uniform and not self._helping:
                     self._cond.notify()
                 else:
-                    self._cond.notify_all()  # the one woken might not hold this model
+                    self._cond.notify_all()  # the one woken might not take this model
             return True
 
     def take_batch(self, limits: dict[tuple[str, int], tuple[int, float]], wait: float,
@@ -216,10 +217,12 @@ class DeviceQueue:
                 if self.closed and not self._jobs:
                     return None
                 self._idle += 1
+                self._helping += only
                 try:
                     self.clock.wait(self._cond, wait)
                 finally:
                     self._idle -= 1
+                    self._helping -= only
                 first = first_of(limits)
                 if first is None:
                     return None if self.closed and not self._jobs else []
@@ -306,17 +309,23 @@ class Dispatcher:
     def __init__(self, queues: dict[str, DeviceQueue]) -> None:
         self.queues = queues
         self._turns: dict[tuple[str, int], int] = {}  # each model's last turn (least-loaded ties)
-        self.closed = False  # the engine is stopping: no new work
+        self.closed = False  # the engine is stopping: no new requests (their steps and calls still run)
 
-    def admit(self, model: tuple[str, int]) -> None:
-        """Refuse now what ``submit`` would refuse, before CPU is spent on preprocessing."""
+    def check_open(self) -> None:
+        """Draining once closed: a request to a pipeline meets this before its first step."""
         if self.closed:
             raise Draining(STOPPING)
+
+    def admit(self, model: tuple[str, int], step: bool = False) -> None:
+        """Refuse now what ``submit`` would refuse, before CPU is spent on preprocessing. ``step``: a
+        pipeline's step or a model's call, work of a request already taken, which stopping does not refuse."""
+        if not step:
+            self.check_open()
         if not any(len(q) < q.capacity and not q.closed and model in q.models for q in self.queues.values()):
             raise Overloaded(FULL)
 
     def submit(self, job: Job) -> DeviceQueue:
-        if self.closed:
+        if self.closed and job.step is None:
             raise Draining(STOPPING)
         preferred = self.queues.get(job.prefer)
         # A step whose tensors are on a device runs there if it can: moving them costs copies.

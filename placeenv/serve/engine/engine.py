@@ -199,6 +199,7 @@ class Engine:
         # Written on the event loop thread only: each version's, and each pipeline's.
         self.stats = {**{key: Stats() for key in self.templates}, **{(p, 1): Stats() for p in self.pipelines}}
         self.received = self.answered = 0  # requests submitted / answered
+        self.pipelines_running = 0  # requests to a pipeline not yet answered (event-loop thread)
         self.stopping = False  # not ready; requests are still served until the dispatcher closes
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -256,10 +257,14 @@ class Engine:
         metrics.READY.set(0)
 
     def stop(self) -> None:
-        """Refuse new requests (503 Draining), let the workers finish what they hold, answer the rest."""
+        """Refuse new requests (503 Draining), let the workers finish what they hold and the pipelines
+        their steps, answer the rest."""
         self.begin_stopping()
         self.dispatcher.close()
-        self.pool.stop(self.settings.shutdown_grace_s)
+        deadline = time.monotonic() + self.settings.shutdown_grace_s
+        while self.pipelines_running and time.monotonic() < deadline:  # their next steps are still taken
+            time.sleep(0.02)
+        self.pool.stop(max(0.0, deadline - time.monotonic()))
         self.dispatcher.fail_unstarted()
         self.preprocess_pool.shutdown(wait=True)
         log.info("stopped: %d inference requests received, %d answered", self.received, self.answered)
@@ -312,19 +317,20 @@ class Engine:
 
             def answer(result: Result | None, error: BaseException | None) -> None:
                 self.answered += 1
+                self.pipelines_running -= 1
                 if error is None:
                     stats.succeeded(work.arrived, result.timings)
                 else:
                     stats.failed(work.arrived)
                 done(result, error)
 
+            self.pipelines_running += 1
             run = pipeline.PipelineRun(self._run, planned, work, arrays, self.settings.inline_preprocess_bytes, answer)
             try:
+                self.dispatcher.check_open()  # (its steps are taken while the engine stops: not it)
                 run.start()
-            except Exception as exc:  # a bug of ours: still answered, once
-                if not run.done:
-                    run.done = True
-                    answer(None, exc)
+            except Exception as exc:  # Draining, or a bug of ours: answered, once
+                run.fail(exc)
             return
 
         stats = self.stats.get((work.model, work.version))
@@ -367,7 +373,7 @@ class Engine:
 
         try:
             entry, version, template = self._served(work)
-            self.dispatcher.admit(key)  # before spending CPU on preprocessing
+            self.dispatcher.admit(key, bool(step))  # before spending CPU on preprocessing
             if self._preprocess_inline(key, work):
                 self._enqueue(entry, version, work, self._prepare(key, entry, template, arrays), counted, step)
             else:

@@ -141,7 +141,8 @@ class PipelineRun:
         self.pending = list(plan_.steps)  # steps not started yet
         self.finished: set[int] = set()  # steps answered (by index)
         self.running = 0
-        self.done = False
+        self.done = False  # no more steps start: the run has ended (answered, or answering)
+        self.answered = False
         self.times = {"preprocess_ms": 0.0, "queue_ms": 0.0, "compute_ms": 0.0}
         self.shown: Answer | None = None  # the answer the result reports: the last on an accelerator
 
@@ -186,9 +187,17 @@ class PipelineRun:
         try:
             self._take(planned, job, answer, error)
         except Exception as exc:  # a bug of ours: the request is still answered, once
-            if not self.done:
-                self.done = True
-                self.answer(None, exc)
+            self.fail(exc)
+
+    def fail(self, error: BaseException) -> None:
+        """Answer ``error``, unless the request has its answer."""
+        self._reply(None, error)
+
+    def _reply(self, result: Result | None, error: BaseException | None) -> None:
+        if self.answered:
+            return
+        self.answered = self.done = True
+        self.answer(result, error)
 
     def _take(self, planned: StepPlan, job: Job | None, answer: Answer | None, error: BaseException | None) -> None:
         """A step's answer: the tensors it made, and the steps they let start; or the request's error."""
@@ -202,7 +211,7 @@ class PipelineRun:
                 found = type(error)(f"pipeline {name!r}, {step}: {error}")
                 found.device = error.device if job is None else (job.device or "none")
                 error = found
-            self.answer(None, error)
+            self._reply(None, error)
             return
         step_metrics(name, step.label, job, answer, [self.values[step.inputs[key]] for key in planned.reads_steps])
         now = time.perf_counter()
@@ -222,11 +231,11 @@ class PipelineRun:
         if pipeline.max_batch_size > 0:
             short = [n for n, a in outputs.items() if np.ndim(a) == 0 or len(a) != work.examples]
             if short:
-                self.answer(None, ModelFailed(f"pipeline {pipeline.name!r}: outputs {short} do not have the "
+                self._reply(None, ModelFailed(f"pipeline {pipeline.name!r}: outputs {short} do not have the "
                                               f"request's {work.examples} rows"))
                 return
         shown, now = self.shown, time.perf_counter()
-        self.answer(Result(
+        self._reply(Result(
             model=pipeline.name, version=pipeline.version, outputs=outputs,
             datatypes={name: self.plan.datatypes[name] for name in work.outputs},
             device=shown.device, worker=shown.worker, batch_size=shown.batch_size,
@@ -254,13 +263,17 @@ def call(run: Run, entries: Mapping[str, Entry], name: str, version: int | None,
     unknown = [key for key in inputs if key not in {s.name for s in chosen.inputs}]
     if unknown:
         raise InvalidInput(f"{where}: no input {unknown[0]!r}; it takes {', '.join(s.name for s in chosen.inputs)}")
+    # A model with a preprocess of its own, or on CPU workers only, takes host arrays (as a step does).
+    takes_arrays = chosen.model_class.preprocess is not Model.preprocess or on_host_only(entry)
     arrays = {}
     for spec in chosen.inputs:
         if spec.name not in inputs:
             raise InvalidInput(f"{where}: missing input {spec.name!r} ({spec.datatype} {list(spec.shape)})")
         value = inputs[spec.name]
-        value = (Handed(value, placeenv.device_name(value.place)) if isinstance(value, paddle.Tensor)
-                 else np.asarray(value))
+        if isinstance(value, paddle.Tensor):
+            value = value.numpy() if takes_arrays else Handed(value, placeenv.device_name(value.place))
+        else:
+            value = np.asarray(value)
         try:
             _check(spec, value)
         except InputError as exc:
@@ -290,8 +303,7 @@ def call(run: Run, entries: Mapping[str, Entry], name: str, version: int | None,
                   worker.device if key in worker.held else "")
     calls.loop.call_soon_threadsafe(functools.partial(run, work, arrays, settled, prefer=prefer,
                                                       step=(caller, name), chain=calls.chain))
-    if key in worker.held:
-        worker.serve_until(future, key, calls.deadline)
+    worker.serve_until(future, calls.deadline)
     try:
         answer = future.result(timeout=max(0.0, calls.deadline - time.perf_counter()))
     except concurrent.futures.TimeoutError:

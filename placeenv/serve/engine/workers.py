@@ -8,6 +8,7 @@ naive code does, and the place checks see other workers' devices.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
 import logging
@@ -104,7 +105,8 @@ class Worker:
         self.backends: dict[tuple[str, int], str] = {}  # (model, version) -> what runs it here
         self.held: dict[tuple[str, int], tuple[int, float]] = {}  # (model, version) -> batch limits
         self.replicas: dict[tuple[str, int], Model] = {}  # (model, version) -> this worker's replica
-        self.current: list[Job] = []  # the jobs it holds (a batch, and one it runs while waiting for a call)
+        self.current: list[Job] = []  # the jobs it holds (a batch, and those it runs while waiting for a call)
+        self.stack: list[tuple[str, int]] = []  # the models whose batches it is running, outermost first
         self._stop = threading.Event()
         self._up = metrics.WORKER_UP.labels(name, device)
         self.thread = threading.Thread(target=self._run, name=f"worker-{name}", daemon=True)
@@ -184,22 +186,32 @@ class Worker:
             self.queue.done(len(batch))
             self.current = []
 
-    def serve_until(self, answered, key: tuple[str, int], deadline: float) -> None:
-        """While a model on this worker waits for its call to ``key`` (a model it holds): run ``key``'s jobs
-        from this worker's queue, the call's among them, until ``answered`` (a future) is done or the
-        deadline passes. A worker waiting for a job only its own queue holds would wait for itself."""
-        limits = {key: self.held[key]}
+    def serve_until(self, answered, deadline: float) -> None:
+        """While a model on this worker waits for a call (``answered``, a future): run jobs from this
+        worker's queue, of every model it holds but those whose batches it is already running (their
+        calls wait further down this thread), until the call is answered or the deadline passes. A
+        worker that only waited could wait for itself, or for workers that wait for it."""
+        limits = {key: held for key, held in self.held.items() if key not in self.stack}
+        if not limits:
+            return
         answered.add_done_callback(lambda _: self.queue.wake())
         while not answered.done():
             left = deadline - time.perf_counter()
             if left <= 0:
                 return
             batch = self.queue.take_batch(limits, wait=min(left, 0.05), only=True)
+            if batch is None:  # closed and empty: nothing left to serve
+                concurrent.futures.wait([answered], timeout=left)
+                return
             if not batch:
                 continue
             outer = self.current
             self.current = outer + batch  # a worker that dies answers them all
-            self._process(self.replicas[key], batch)  # answers every job, or raises only if dying
+            try:
+                self._process(self.replicas[batch[0].model], batch)
+            except Exception as exc:  # answering the batch failed: its jobs still get their one answer
+                for job in batch:
+                    job.fail(failure(batch[0].model[0], exc))
             self.queue.done(len(batch))
             self.current = outer
 
@@ -223,13 +235,17 @@ class Worker:
         except Exception as exc:  # noqa: BLE001 - a model's failure is the request's answer
             if len(live) > 1:  # one bad request must not fail its batch-mates
                 for job in live:
-                    self._process_one(replica, job)
+                    if not job.answered:  # (a timer may have answered it meanwhile)
+                        self._process_one(replica, job)
                 return
             live[0].fail(failure(name, exc))
             return
         self._answer(live, outputs)
 
     def _process_one(self, replica: Model, job: Job) -> None:
+        if job.deadline <= time.perf_counter():
+            job.expire()
+            return
         try:
             outputs = self._forward(replica, [job])
         except Exception as exc:  # noqa: BLE001
@@ -259,9 +275,11 @@ class Worker:
             calls.call, calls.loop, calls.worker = self.call, jobs[0].loop, self
             calls.deadline = min(job.deadline for job in jobs)
             calls.chain = (*dict.fromkeys(m for job in jobs for m in job.chain), context.name)
+        self.stack.append(jobs[0].model)
         try:
             results = forward(replica, [job.inputs for job in jobs], jobs[0].batched, examples, check, keep)
         finally:
+            self.stack.pop()
             calls.call, calls.loop, calls.deadline, calls.chain, calls.worker = outer
         metrics.child(metrics.COMPUTE_DURATION, context.name, self.device).observe(time.perf_counter() - started)
         return results, examples
@@ -338,7 +356,8 @@ def forward(replica: Model, inputs: list[dict], batched: bool, examples: int, ch
         if not isinstance(tensor, np.ndarray):  # (an execute that works on the host may give arrays)
             check("output", placeenv.device_name(tensor.place), expected)
     results = replica.postprocess({n: t for n, t in out.items() if n not in keep} if keep else out)
-    results.update((name, out[name]) for name in keep)
+    # A Predictor's outputs are its output variables, which its next run writes over: a kept one is copied.
+    results.update((name, out[name] if replica.predictor is None else out[name].clone()) for name in keep)
     missing = [spec.name for spec in context.outputs if spec.name not in results]
     if missing:
         raise RuntimeError(f"postprocess returned no {', '.join(missing)} (declared outputs)")
@@ -468,7 +487,12 @@ class WorkerPool:
                 fresh.start()
 
     def stop(self, timeout: float = 30) -> None:
-        """Let workers finish what they hold, then join them."""
+        """Let workers finish what they hold, then join them. The queues stay open until they are idle
+        (or the time is up): a batch running may call another model, through them."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and any(len(q) or q.busy for q in self.queues.values()):
+            time.sleep(0.02)
+        timeout = max(0.0, deadline - time.monotonic())
         self._stopping.set()
         for queue in self.queues.values():
             queue.close()

@@ -395,7 +395,14 @@ def link(name: str, directory: Path, config: ModelConfig, config_file: Path | No
     batchable = all(spec.shape[:1] == (-1,) for spec in inputs)
     if config.max_batch_size is not None and config.max_batch_size > 0 and not batchable:
         raise refuse(f"max_batch_size {config.max_batch_size} needs every input's first dimension dynamic (-1)")
-    batch = config.max_batch_size if config.max_batch_size is not None else (max_batch_size if batchable else 0)
+    # At most each batching step's: a request more than one of them takes runs as one oversize batch.
+    smallest = min(((entries[s.model].max_batch_size, s) for s in steps if entries[s.model].max_batch_size > 0),
+                   default=None, key=lambda found: found[0])
+    if config.max_batch_size is not None and smallest is not None and config.max_batch_size > smallest[0]:
+        raise refuse(f"max_batch_size {config.max_batch_size} is more than {smallest[1]} takes: "
+                     f"its model's max_batch_size is {smallest[0]}")
+    batch = config.max_batch_size if config.max_batch_size is not None else (
+        min(max_batch_size, smallest[0]) if batchable and smallest is not None else max_batch_size if batchable else 0)
     return Pipeline(name, directory, config, config_file, inputs, outputs, _ordered(refuse, steps), batch)
 
 

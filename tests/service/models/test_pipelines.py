@@ -208,6 +208,9 @@ def test_a_broken_pipeline_is_one_error_naming_the_pipeline_its_file_and_the_ste
     ("inputs:\n  - {name: x, datatype: FP32}\noutputs:\n  - {name: y, datatype: FP32, shape: [-1, 4]}\n"
      "pipeline:\n  - {model: affine, inputs: {x: x}, outputs: {y: y}}\n", "inputs[0]: give its name, datatype and shape"),
     (textwrap.dedent(HEAD) + "pipeline: []\n", "no steps"),
+    (textwrap.dedent(HEAD) + "max_batch_size: 16\npipeline:\n  - {model: affine, inputs: {x: x}, outputs: {y: y}}\n"
+     "  - {model: rowsum, inputs: {x: y}, outputs: {sum: sum}}\n",
+     "max_batch_size 16 is more than step 1 ('affine') takes: its model's max_batch_size is 8"),
     (textwrap.dedent(HEAD) + "pipeline:\n  - {model: affine, inputs: {x: x}, outputs: {y: sum}, batch: 2}\n", "pipeline.0.batch"),
 ])
 def test_a_pipeline_config_is_refused_naming_what_to_change(repo, config, says):
