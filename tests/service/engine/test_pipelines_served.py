@@ -273,4 +273,5 @@ def test_with_isolation_off_the_same_load_counts_leaks_for_each_step():
 
         found = wait_until(leaked, 120, lambda: f"no leaks by step: {proc.output()[-2000:]}", interval=0)
         assert set(found) <= {"affine", "affine#2", "rowsum"} and all(v > 0 for v in found.values())
-        assert proc.total("placeenv_device_leaks_total") >= sum(found.values())
+        # (a batch holding both affine steps' jobs counts one device leak for each of them)
+        assert proc.total("placeenv_device_leaks_total") >= max(found.values())
