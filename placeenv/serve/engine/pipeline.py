@@ -140,6 +140,7 @@ class PipelineRun:
         self.values: dict[str, Any] = dict(arrays)  # tensor name -> host array or Handed
         self.pending = list(plan_.steps)  # steps not started yet
         self.finished: set[int] = set()  # steps answered (by index)
+        self.started: dict[int, float] = {}  # when each step was handed to the engine
         self.running = 0
         self.done = False  # no more steps start: the run has ended (answered, or answering)
         self.answered = False
@@ -179,6 +180,7 @@ class PipelineRun:
             return
         work = Work(step.model, step.version, rows.pop(), list(step.outputs), self.work.arrived, self.work.deadline,
                     sum(_size(v) for v in arrays.values()) <= self.inline_bytes)
+        self.started[step.index] = time.perf_counter()
         self.run(work, arrays, functools.partial(self._settled, planned), keep=planned.keep, prefer=prefer,
                  step=(self.plan.pipeline.name, step.label), chain=(self.plan.pipeline.name,))
 
@@ -215,6 +217,7 @@ class PipelineRun:
             return
         step_metrics(name, step.label, job, answer, [self.values[step.inputs[key]] for key in planned.reads_steps])
         now = time.perf_counter()
+        self.times["preprocess_ms"] += (job.enqueued - self.started[step.index]) * 1000
         self.times["queue_ms"] += (answer.compute_started - job.enqueued) * 1000
         self.times["compute_ms"] += (now - answer.compute_started) * 1000
         if self.shown is None or answer.device != "cpu":

@@ -131,6 +131,14 @@ def test_a_pipeline_answers_what_its_steps_compute_over_tritonclients_http_and_g
     config = http.get_model_config("chain")
     assert [s["model"] for s in config["pipeline"]] == ["affine", "affine", "rowsum"]
     assert grpc.is_model_ready("chain")
+    # /predict too: its answer's timings are the steps' (each a sum over them) and the whole request's.
+    answer = httpx.post(f"{service.url}/predict", json={"model": "chain", "inputs": X.tolist()}, timeout=30)
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert [row["sum"] for row in body["outputs"]] == by_hand(X).tolist()
+    timings = body["timings"]
+    assert set(timings) == {"preprocess_ms", "queue_ms", "compute_ms", "total_ms"}
+    assert min(timings.values()) >= 0 and timings["total_ms"] >= timings["queue_ms"] + timings["compute_ms"]
 
 
 def test_under_load_each_step_runs_where_its_tensors_are_place_checked_with_no_leak(service):
