@@ -36,7 +36,7 @@ from ..protocol.errors import InvalidInput, ModelFailed, ServiceError, Timeout, 
 from ..protocol.request import InputError, Result, TensorSpec, Work
 from ..protocol.wire import datatype_of
 from .dispatch import Job
-from .workers import Answer, Handed
+from .workers import Answer, Handed, rows_of
 
 #: ``Engine._run``: queue one model's work; ``settled(job, answer, error)`` once, on the loop thread.
 Run = Callable[..., None]
@@ -100,21 +100,15 @@ def _size(value) -> int:
     return 0
 
 
-def _rows(value) -> int:
-    shape = value.shape
-    return int(shape[0]) if len(shape) else 0
-
-
 def _check(spec: TensorSpec, value) -> None:
     """``InputError`` unless ``value`` (an array, or a step's tensor) is what ``spec`` reads."""
     if not isinstance(value, Handed):
         spec.check(value)
         return
-    shape, datatype = value.shape, datatype_of(value.tensor.dtype)
-    if datatype != spec.datatype or len(shape) != len(spec.shape) or any(
-            want not in (-1, got) for want, got in zip(spec.shape, shape)):
-        raise InputError(f"input {spec.name!r} is a {datatype} tensor of shape {list(shape)}; expected "
-                         f"{spec.datatype} {list(spec.shape)}")
+    datatype = datatype_of(value.tensor.dtype)
+    if datatype != spec.datatype:
+        raise InputError(f"input {spec.name!r} has datatype {datatype}; expected {spec.datatype}")
+    spec.check_shape(value.shape)
 
 
 def step_metrics(pipeline: str, step: str, job: Job, answer: Answer, handed: list) -> None:
@@ -171,10 +165,10 @@ class PipelineRun:
                 if isinstance(value, Handed):
                     prefer = prefer or value.device
                 arrays[spec.name] = value
-            rows = {_rows(v) for v in arrays.values()} if planned.batched else {1}
+            rows = {rows_of(v) for v in arrays.values()} if planned.batched else {1}
             if len(rows) != 1:
                 raise InputError(f"its inputs differ in their first (batch) dimension: "
-                                 f"{ {n: _rows(v) for n, v in arrays.items()} }")
+                                 f"{ {n: rows_of(v) for n, v in arrays.items()} }")
         except InputError as exc:
             self._settled(planned, None, None, ModelFailed(str(exc)))
             return
@@ -287,7 +281,7 @@ def call(run: Run, entries: Mapping[str, Entry], name: str, version: int | None,
     if any(n not in names for n in wanted):
         raise InvalidInput(f"{where}: no output {next(n for n in wanted if n not in names)!r}; it gives "
                            f"{', '.join(names)}")
-    rows = {_rows(v) for v in arrays.values()} if entry.max_batch_size > 0 else {1}
+    rows = {rows_of(v) for v in arrays.values()} if entry.max_batch_size > 0 else {1}
     if len(rows) != 1:
         raise InvalidInput(f"{where}: inputs differ in their first (batch) dimension")
     work = Work(name, chosen.number, rows.pop(), wanted, time.perf_counter(), calls.deadline, False)

@@ -286,35 +286,30 @@ class Worker:
 
     def _answer(self, jobs: list[Job], outputs) -> None:
         results, examples = outputs
-        # Outputs kept as tensors: a step that hands them on gets them as Handed, any other job as arrays.
-        # One on the host goes as an array (one copy a batch): a job's rows of it cost no Paddle call,
-        # and the next step joins arrays as it joins requests'.
-        kept = {}
-        for name, value in results.items():
-            if not isinstance(value, np.ndarray):
-                kept[name] = placeenv.device_name(value.place)
-                if kept[name] == "cpu":
-                    del kept[name]
-                    results = {**results, name: value.numpy()}
+        # Outputs kept as tensors (forward's ``keep``): a step that hands them on gets them as Handed, a
+        # job that wants arrays (a request) as arrays, made once a batch. One on the host goes as an
+        # array to all: a job's rows of it cost no Paddle call, and the next step joins arrays as it
+        # joins requests'.
+        tensors = {name: value for name, value in results.items() if not isinstance(value, np.ndarray)}
+        kept: dict[str, str] = {}
+        if tensors:
+            kept = {name: where for name, value in tensors.items()
+                    if (where := placeenv.device_name(value.place)) != "cpu"}
+            handed_to_all = kept.keys() & set.intersection(*(set(job.keep) for job in jobs))
+            results = {name: value.numpy() if name in tensors else value
+                       for name, value in results.items() if name not in handed_to_all}
         if len(jobs) == 1:
             job = jobs[0]
-            part = {name: value if name not in kept else Handed(value, kept[name]) if name in job.keep
-                    else value.numpy() for name, value in results.items()} if kept else results
+            part = results if not kept else {
+                **results, **{name: Handed(tensors[name], kept[name]) for name in job.keep & kept.keys()}}
             job.resolve(Answer(part, self.device, self.name, examples, job.started))
             return
-        # The kept outputs as arrays too, once a batch, when a job of it wants them so (a request).
-        arrays = ({name: results[name].numpy() for name in kept}
-                  if kept and not all(job.keep >= kept.keys() for job in jobs) else {})
         answers, offset = [], 0
         for job in jobs:
-            rows, part = (offset, offset + job.examples), {}
-            for name, value in results.items():
-                if name not in kept:
-                    part[name] = value[offset:rows[1]]
-                elif name in job.keep:
-                    part[name] = Handed(value, kept[name], rows)
-                else:
-                    part[name] = arrays[name][offset:rows[1]]
+            rows = (offset, offset + job.examples)
+            handed = job.keep & kept.keys()
+            part = {name: value[offset:rows[1]] for name, value in results.items() if name not in handed}
+            part.update((name, Handed(tensors[name], kept[name], rows)) for name in handed)
             answers.append((job, Answer(part, self.device, self.name, examples, job.started)))
             offset += job.examples
         resolve_all(answers)
@@ -362,17 +357,18 @@ def forward(replica: Model, inputs: list[dict], batched: bool, examples: int, ch
     if missing:
         raise RuntimeError(f"postprocess returned no {', '.join(missing)} (declared outputs)")
     if batched:  # (requests share a forward pass only when their model batches)
-        short = [n for n, a in results.items() if _rows(a) != examples]
+        short = [n for n, a in results.items() if rows_of(a) != examples]
         if short:
             raise RuntimeError(f"outputs {short} do not have the batch's {examples} rows")
     return {spec.name: results[spec.name] if spec.name in keep else np.asarray(results[spec.name])
             for spec in context.outputs}
 
 
-def _rows(value) -> int | None:
-    """The first dimension of an array or tensor; None for a scalar."""
-    shape = value.shape if isinstance(value, (np.ndarray, paddle.Tensor)) else np.shape(value)
-    return shape[0] if len(shape) else None
+def rows_of(value) -> int | None:
+    """The first dimension of an array, a tensor or a ``Handed`` one (anything with a shape, or a list);
+    None for a scalar."""
+    shape = value.shape if hasattr(value, "shape") else np.shape(value)
+    return int(shape[0]) if len(shape) else None
 
 
 def _joined(parts: list, place) -> paddle.Tensor:

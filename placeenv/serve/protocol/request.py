@@ -59,13 +59,13 @@ class TensorSpec:
             except ValueError:
                 sent = array.dtype
             raise InputError(f"input {self.name!r} has datatype {sent}; expected {self.datatype}")
-        if len(array.shape) != len(self.shape) or any(
-            want not in (-1, got) for want, got in zip(self.shape, array.shape)
-        ):
-            raise InputError(
-                f"input {self.name!r} has shape {list(array.shape)}; expected {list(self.shape)} "
-                "(-1: any size)"
-            )
+        self.check_shape(array.shape)
+
+    def check_shape(self, shape) -> None:
+        """``InputError`` unless this spec allows ``shape`` (an array's, or a tensor's)."""
+        if len(shape) != len(self.shape) or any(want not in (-1, got) for want, got in zip(self.shape, shape)):
+            raise InputError(f"input {self.name!r} has shape {list(shape)}; expected {list(self.shape)} "
+                             "(-1: any size)")
 
 
 @dataclasses.dataclass(slots=True)
