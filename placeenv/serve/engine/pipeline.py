@@ -100,6 +100,16 @@ def _size(value) -> int:
     return 0
 
 
+def _examples(arrays: Mapping[str, Any], batched: bool) -> int:
+    """The examples of a step's (or a call's) job: its inputs' one first dimension when its model batches,
+    else 1; ``InputError`` when they differ."""
+    rows = {rows_of(v) for v in arrays.values()} if batched else {1}
+    if len(rows) != 1:
+        raise InputError(f"its inputs differ in their first (batch) dimension: "
+                         f"{ {n: rows_of(v) for n, v in arrays.items()} }")
+    return rows.pop()
+
+
 def _check(spec: TensorSpec, value) -> None:
     """``InputError`` unless ``value`` (an array, or a step's tensor) is what ``spec`` reads."""
     if not isinstance(value, Handed):
@@ -165,14 +175,11 @@ class PipelineRun:
                 if isinstance(value, Handed):
                     prefer = prefer or value.device
                 arrays[spec.name] = value
-            rows = {rows_of(v) for v in arrays.values()} if planned.batched else {1}
-            if len(rows) != 1:
-                raise InputError(f"its inputs differ in their first (batch) dimension: "
-                                 f"{ {n: rows_of(v) for n, v in arrays.items()} }")
+            examples = _examples(arrays, planned.batched)
         except InputError as exc:
             self._settled(planned, None, None, ModelFailed(str(exc)))
             return
-        work = Work(step.model, step.version, rows.pop(), list(step.outputs), self.work.arrived, self.work.deadline,
+        work = Work(step.model, step.version, examples, list(step.outputs), self.work.arrived, self.work.deadline,
                     sum(_size(v) for v in arrays.values()) <= self.inline_bytes)
         self.started[step.index] = time.perf_counter()
         self.run(work, arrays, functools.partial(self._settled, planned), keep=planned.keep, prefer=prefer,
@@ -281,10 +288,11 @@ def call(run: Run, entries: Mapping[str, Entry], name: str, version: int | None,
     if any(n not in names for n in wanted):
         raise InvalidInput(f"{where}: no output {next(n for n in wanted if n not in names)!r}; it gives "
                            f"{', '.join(names)}")
-    rows = {rows_of(v) for v in arrays.values()} if entry.max_batch_size > 0 else {1}
-    if len(rows) != 1:
-        raise InvalidInput(f"{where}: inputs differ in their first (batch) dimension")
-    work = Work(name, chosen.number, rows.pop(), wanted, time.perf_counter(), calls.deadline, False)
+    try:
+        examples = _examples(arrays, entry.max_batch_size > 0)
+    except InputError as exc:
+        raise InvalidInput(f"{where}: {exc}") from None
+    work = Work(name, chosen.number, examples, wanted, time.perf_counter(), calls.deadline, False)
     future: concurrent.futures.Future = concurrent.futures.Future()
 
     def settled(job: Job | None, answer: Answer | None, error: BaseException | None) -> None:

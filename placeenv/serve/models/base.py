@@ -246,8 +246,8 @@ class Model:
         The call is a request of the one being served: through the same queues and batching, within
         its deadline (``Timeout`` past it, which answers that request 504), and refused if ``model`` is
         one this request is already inside of (a cycle). A tensor input moves only if ``model`` runs
-        elsewhere. While it waits, the worker runs ``model``'s jobs from its own queue, the call's
-        among them, so it never waits for itself."""
+        elsewhere. While it waits, the worker runs jobs from its own queue (the call's among them) of
+        every model it holds but those it is already running, so it never waits for itself."""
         calls = CALLS
         if calls.call is None:
             raise ModelError("Model.infer calls another model from execute() or postprocess(), on the worker "
