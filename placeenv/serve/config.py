@@ -78,6 +78,14 @@ class Settings(BaseSettings):
         "empty: the bundled examples (digits, mobilenet)",
     )
     models: str = Field("", description="comma-separated models to serve; empty: every model in the repository")
+    model_control_mode: Literal["none", "explicit", "poll"] = Field(
+        "none", description="loading models while serving, as Triton's: 'none' serves what the repository "
+        "held at start; 'explicit' takes load and unload requests (POST /v2/repository/models/{m}/load and "
+        "/unload, gRPC RepositoryModelLoad/Unload); 'poll' loads what changes in the repository, every "
+        "--repository-poll-s",
+    )
+    repository_poll_s: float = Field(15.0, gt=0, description="with --model-control-mode poll: seconds between "
+                                     "two looks at the repository's files")
     on_model_failure: Literal["fail", "skip"] = Field(
         "fail", description="a model that cannot be loaded (bad file, bad config, fails on a device): refuse to "
         "start, or start without it and report it not ready",

@@ -7,9 +7,9 @@ batching across both protocols, the same metrics and errors (``errors.OUTCOMES``
 each to a gRPC status code).
 
 Served: ServerLive, ServerReady, ServerMetadata, ModelReady, ModelMetadata, ModelInfer
-(``raw_input_contents`` or typed ``contents``; outputs in ``raw_output_contents``) and
-RepositoryIndex. The rest (streaming, shared memory, model load/unload, traces) answer
-UNIMPLEMENTED. The message classes and the servicer base are tritonclient's generated
+(``raw_input_contents`` or typed ``contents``; outputs in ``raw_output_contents``),
+RepositoryIndex, RepositoryModelLoad and RepositoryModelUnload (model control). The rest
+(streaming, shared memory, traces) answer UNIMPLEMENTED. The message classes and the servicer base are tritonclient's generated
 code (``tritonclient[grpc]``, the ``grpc`` extra).
 """
 
@@ -64,6 +64,12 @@ def inputs_of(request: pb.ModelInferRequest,
     return arrays
 
 
+def _parameters(parameters) -> dict:
+    """A request's ``parameters`` map (``ModelRepositoryParameter``s) as plain values."""
+    return {key: getattr(value, value.WhichOneof("parameter_choice") or "string_param")
+            for key, value in parameters.items()}
+
+
 class InferenceServicer(rpc.GRPCInferenceServiceServicer):
     def __init__(self, gateway: Gateway, settings) -> None:
         self.gateway, self.settings = gateway, settings
@@ -97,6 +103,22 @@ class InferenceServicer(rpc.GRPCInferenceServiceServicer):
     async def RepositoryIndex(self, request, context):
         rows = await self.gateway.repository_index(ready_only=request.ready)
         return json_format.ParseDict({"models": rows}, pb.RepositoryIndexResponse())
+
+    async def RepositoryModelLoad(self, request, context):
+        try:
+            if request.repository_name:
+                raise InvalidInput("repository_name is not taken: a load reads the configured repositories")
+            await self.gateway.load_model(request.model_name, _parameters(request.parameters))
+        except ServiceError as exc:
+            await self._fail(context, exc)
+        return pb.RepositoryModelLoadResponse()
+
+    async def RepositoryModelUnload(self, request, context):
+        try:
+            await self.gateway.unload_model(request.model_name, _parameters(request.parameters))
+        except ServiceError as exc:
+            await self._fail(context, exc)
+        return pb.RepositoryModelUnloadResponse()
 
     async def ModelInfer(self, request, context):
         arrived = time.perf_counter()

@@ -316,6 +316,15 @@ STEP_LEAKS = Counter(
     "placeenv_pipeline_step_device_leaks", "Place checks of a pipeline's step (or a model's call to "
     "another) that found a tensor or thread on the wrong device.", ["pipeline", "step", "stage"],
 )
+# Model control (engine/control.py): written by the engine process only.
+MODEL_LOADS = Counter(
+    "placeenv_model_loads", "Model loads (a request, or a poll that saw a change), by model and outcome "
+    "('ok', 'failed': what served the model serves on).", ["model", "outcome"],
+)
+MODEL_LOAD_FAILED = Gauge(
+    "placeenv_model_load_failed", "1 while a model's last load failed (the repository index says why), "
+    "0 once one succeeds.", ["model"], multiprocess_mode="livemax",
+)
 # livemin: 1 only while every running process that imported this module says 1. The service is
 # ready when the engine and every front end are; each process starts at 0, sets 1 when it is
 # ready itself and 0 when it stops, and a dead one's vote goes with process_dead().

@@ -352,7 +352,8 @@ def test_every_request_enters_the_engine_one_way_and_is_counted_in_one_place():
                   if isinstance(node, ast.ClassDef) and node.name == "Engine")
     public = {f.name for f in engine.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
               and not f.name.startswith("_")}
-    assert public == {"submit", "start", "stop", "begin_stopping", "ready", "catalog", "status", "statistics"}
+    assert public == {"submit", "start", "stop", "begin_stopping", "ready", "catalog", "status", "statistics",
+                      "load", "unload"}
     for adapter in ADAPTERS:
         assert calls(sources[adapter], "infer") == ["self.gateway" if adapter.endswith("grpc.py") else "gateway"]
         imports = imported_modules(sources[adapter], serve_module(ROOT / adapter))

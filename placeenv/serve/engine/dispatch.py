@@ -258,7 +258,9 @@ class DeviceQueue:
 
     def _first_of(self, held) -> Job | None:
         if self.uniform:
-            return self._jobs.popleft() if self._jobs else None
+            # A worker's ``held`` may be older than the queue's models for a moment (a load swaps both,
+            # while the worker waits here with the dict it read before): it takes nothing it cannot run.
+            return self._jobs.popleft() if self._jobs and self._jobs[0].model in held else None
         return self._take(lambda job: job.model in held)
 
     def _next_of(self, model: tuple[str, int], room: int) -> Job | None:

@@ -14,6 +14,7 @@ every accepted request gets exactly one answer.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import functools
 import gc
@@ -21,6 +22,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 
@@ -33,9 +35,10 @@ from .dispatch import DeviceQueue, Dispatcher, Job, Settled
 from ..protocol.errors import InvalidInput, ModelFailed, ServiceError, StartupError, UnknownModel
 from ..models import examples
 from ..models.base import InputError, Model, ModelError, host_inputs
-from ..models.repository import BUNDLED, Entry, Repository, RepositoryError, Version, read
+from ..models.repository import BUNDLED, Entry, Pipeline, Repository, RepositoryError, Version, read
 from ..protocol.request import Catalog, ModelInfo, Result, VersionInfo, Work
 from . import pipeline
+from .control import Control
 from .workers import Answer, PlaceChecker, WorkerPool
 
 log = logging.getLogger(__name__)
@@ -166,18 +169,19 @@ class Engine:
         else:
             placeenv.install()
         found, self.skipped = read_repository(settings)
+        # Changed in place only (a model's call reads the dict from a worker thread): by a load, on the loop.
         self.entries, self.pipelines = found.entries, found.pipelines
         # CPU-side instances for preprocessing: they have a context, never a network.
         self.templates: dict[tuple[str, int], Model] = {}
-        for entry in self.entries.values():
-            for number, version in entry.versions.items():
-                template = version.model_class()
-                template.context = version.context
-                self.templates[entry.name, number] = template
         # The versions whose model.py has a preprocess of its own: only they run code that could make
         # a tensor, so only they need PlaceEnv('cpu') (two Tracer switches) and may go to the pool.
-        self.own_preprocess = {key: type(t).preprocess is not Model.preprocess for key, t in self.templates.items()}
-        self.datatypes = {key: {s.name: s.datatype for s in t.context.outputs} for key, t in self.templates.items()}
+        self.own_preprocess: dict[tuple[str, int], bool] = {}
+        self.datatypes: dict[tuple[str, int], dict[str, str]] = {}
+        # Written on the event loop thread only: each version's, and each pipeline's.
+        self.stats: dict[tuple[str, int], Stats] = {}
+        self.load_errors: dict[str, str] = {}  # a model's last load that failed, while what served it serves on
+        for entry in list(self.entries.values()):
+            self._adopt(entry)
         self.devices = resolve_devices(settings)
         queues = {
             d: DeviceQueue(d, settings.queue_capacity, settings.workers_per_device) for d in self.devices
@@ -196,11 +200,21 @@ class Engine:
         self.preprocess_pool = ThreadPoolExecutor(settings.preprocess_threads, thread_name_prefix="preprocess")
         self.check_cpu = PlaceChecker("preprocess", "cpu")
         self.plans: dict[str, pipeline.Plan] = {}  # the pipelines served, once their steps are (start)
-        # Written on the event loop thread only: each version's, and each pipeline's.
-        self.stats = {**{key: Stats() for key in self.templates}, **{(p, 1): Stats() for p in self.pipelines}}
+        self.stats.update({(p, 1): Stats() for p in self.pipelines})
         self.received = self.answered = 0  # requests submitted / answered
         self.pipelines_running = 0  # requests to a pipeline not yet answered (event-loop thread)
         self.stopping = False  # not ready; requests are still served until the dispatcher closes
+        # Model control (control.py): the versions out of the catalog that still serve the requests taken
+        # before, those requests per version, and the pipeline runs in flight (by their start's number).
+        self.control = Control(self)
+        self.retiring: dict[tuple[str, int], tuple[Entry, Version]] = {}
+        self.counting = settings.model_control_mode != "none"  # inflight and runs_live are kept
+        self.inflight: collections.Counter[tuple[str, int]] = collections.Counter()
+        self.runs_started = 0
+        self.runs_live: set[int] = set()
+        #: Who hears of a new catalog (``catalog()``), in the order added; one may be a coroutine (the
+        #: engine process's front ends, which it waits for).
+        self.publishers: list[Callable[[Catalog], Any]] = []
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -235,21 +249,62 @@ class Engine:
         if not self.entries:
             self.pool.stop(5)
             raise StartupError("no model could be loaded: " + "; ".join(failures.values()))
-        for name, found in self.pipelines.items():
+        for name, found in list(self.pipelines.items()):
             lost = next((s for s in found.steps if s.model not in self.entries), None)
             if lost is None:
                 self.plans[name] = pipeline.plan(found, self.entries)
                 continue
+            del self.pipelines[name]
             why = f"pipeline {name!r}: {lost} is not served: {self.skipped[lost.model]}"
             if self.settings.on_model_failure == "fail":  # (its model's failure is fatal before this)
                 self.pool.stop(5)
                 raise StartupError(why)
             log.error("not serving: %s", why)
             self.skipped[name] = why
+        self._hold()
+
+    def _hold(self) -> None:
+        """Each queue's models, as its workers hold them (at start, and after each load or unload)."""
         for queue in self.dispatcher.queues.values():
-            held = [{k for k in w.held if k[0] in self.entries} for w in self.pool.workers if w.queue is queue]
+            held = [{k for k in w.held if k[0] in self.entries or k in self.retiring} for w in self.pool.workers
+                    if w.queue is queue]
             queue.models = set().union(*held)
             queue.uniform = all(h == held[0] for h in held)
+
+    def _adopt(self, entry: Entry) -> None:
+        """Serve ``entry``'s versions (at start, or a load's swap): its preprocessing templates and tables."""
+        self.entries[entry.name] = entry
+        for number, version in entry.versions.items():
+            key = (entry.name, number)
+            template = version.model_class()
+            template.context = version.context
+            self.templates[key] = template
+            self.own_preprocess[key] = type(template).preprocess is not Model.preprocess
+            self.datatypes[key] = {s.name: s.datatype for s in version.outputs}
+            self.stats.setdefault(key, Stats())
+        self.skipped.pop(entry.name, None)
+        self.load_errors.pop(entry.name, None)
+
+    def _adopt_pipeline(self, found: Pipeline) -> None:
+        self.pipelines[found.name] = found
+        self.plans[found.name] = pipeline.plan(found, self.entries)
+        self.stats.setdefault((found.name, found.version), Stats())
+        self.skipped.pop(found.name, None)
+
+    def _forget(self, key: tuple[str, int]) -> None:
+        """A version no longer served, nor draining: its tables go."""
+        for table in (self.templates, self.own_preprocess, self.datatypes, self.stats):
+            table.pop(key, None)
+        self.inflight.pop(key, None)
+
+    async def _publish(self) -> None:
+        """Hand the catalog, as it is now, to everyone who answers from it; wait for those who say when
+        they have it (the front ends)."""
+        catalog = self.catalog()
+        for publish in self.publishers:
+            done = publish(catalog)
+            if asyncio.iscoroutine(done):
+                await done
 
     def begin_stopping(self) -> None:
         """Readiness off; requests are still served (a load balancer needs time to stop routing here)."""
@@ -284,7 +339,8 @@ class Engine:
                                                                         "ensemble")},
                                      found.max_batch_size, 0.0, found.config.description, config)
         for entry in self.entries.values():
-            versions = {n: VersionInfo(n, v.inputs, v.outputs, platform(v)) for n, v in entry.versions.items()}
+            versions = {n: VersionInfo(n, v.inputs, v.outputs, platform(v)) for n, v in entry.versions.items()
+                        if (entry.name, n) not in self.retiring}
             # What runs the default version on each device: the backend auto chose, or why it fell back.
             key = (entry.name, entry.default.number)
             backends = {w.device: w.backends[key] for w in self.pool.workers if key in w.backends}
@@ -292,7 +348,8 @@ class Engine:
                 entry.name, versions, entry.max_batch_size, entry.max_batch_delay_ms, entry.config.description,
                 {**entry.config.model_dump(mode="json", exclude={"inputs", "outputs"}), "backends": backends})
         return Catalog(models, dict(self.skipped), list(self.devices), self.settings.max_examples_per_request,
-                       self.dispatcher.capacity(self.settings.max_batch_size))
+                       self.dispatcher.capacity(self.settings.max_batch_size), dict(self.load_errors),
+                       self.settings.model_control_mode)
 
     def status(self) -> dict:
         """Readiness, as ``/readyz`` shows it: each worker started and alive."""
@@ -305,6 +362,28 @@ class Engine:
                 if (name in self.entries or name in self.plans) and model in (None, name)
                 and version in (None, number)]
 
+    # -- model control (control.py) -------------------------------------------------------------
+
+    async def load(self, name: str) -> None:
+        """Load ``name`` from the repositories, or load it again if its files changed (explicit model
+        control); answered once every worker and front end serves it."""
+        self._controlled("load")
+        await self.control.load(name)
+
+    async def unload(self, name: str, dependents: bool = False) -> None:
+        """Stop serving ``name``; answered once its requests in flight drained and its memory is freed."""
+        self._controlled("unload")
+        await self.control.unload(name, dependents)
+
+    def _controlled(self, what: str) -> None:
+        mode = self.settings.model_control_mode
+        if mode == "none":
+            raise InvalidInput(f"cannot {what} models: model control is off; start the service with "
+                               "--model-control-mode explicit (PLACEENV_MODEL_CONTROL_MODE=explicit)")
+        if mode == "poll":
+            raise InvalidInput(f"cannot {what} models by request: the service polls its repository "
+                               "(--model-control-mode poll); change the repository's files instead")
+
     # -- the request path --------------------------------------------------------------------
 
     def submit(self, work: Work, arrays: Mapping[str, np.ndarray], done: Done) -> None:
@@ -315,9 +394,14 @@ class Engine:
         if planned is not None:
             stats = self.stats[work.model, work.version]
 
+            self.runs_started += 1
+            number = self.runs_started
+            self.runs_live.add(number)
+
             def answer(result: Result | None, error: BaseException | None) -> None:
                 self.answered += 1
                 self.pipelines_running -= 1
+                self.runs_live.discard(number)
                 if error is None:
                     stats.succeeded(work.arrived, result.timings)
                 else:
@@ -361,6 +445,15 @@ class Engine:
         was refused before it had one."""
         key = (work.model, work.version)
         counted = settled
+        if self.counting:  # a version retired by a load or unload drains these
+            self.inflight[key] += 1
+
+            def settled(job: Job | None, found: Answer | None, error: BaseException | None,
+                        answer=settled) -> None:
+                self.inflight[key] -= 1
+                answer(job, found, error)
+
+            counted = settled
         if step:
             taken, stats = time.perf_counter(), self.stats.get(key)
 
@@ -384,11 +477,17 @@ class Engine:
 
     def _served(self, work: Work) -> tuple[Entry, Version, Model]:
         """What serves ``work``; ``UnknownModel`` when nothing does (a front end's catalog may be older)."""
-        entry = self.entries.get(work.model)
-        template = self.templates.get((work.model, work.version))
-        if entry is None or template is None:  # a template is made for every version the entry had
+        key = (work.model, work.version)
+        found = self.retiring.get(key)
+        if found is not None:  # out of the catalog, still serving the requests taken before (control.py)
+            entry, version = found
+        else:
+            entry = self.entries.get(work.model)
+            version = entry.versions.get(work.version) if entry is not None else None
+        template = self.templates.get(key)
+        if version is None or template is None:  # (a front end's catalog may be older than ours)
             raise UnknownModel(f"model {work.model!r} version {work.version} is not served")
-        return entry, entry.versions[work.version], template
+        return entry, version, template
 
     def _preprocess_inline(self, key: tuple[str, int], work: Work) -> bool:
         """Where a request is preprocessed: on the event loop thread when the model has no preprocess of
@@ -449,15 +548,14 @@ class Engine:
         timer = loop.call_later(max(0.0, job.deadline - time.perf_counter()), job.expire)
 
     def _result(self, job: Job, answer: Answer, work: Work) -> Result:
-        entry = self.entries[work.model]
         datatypes = self.datatypes[work.model, work.version]
         wanted = work.outputs
         return Result(
-            model=entry.name, version=work.version,
+            model=work.model, version=work.version,
             outputs={name: answer.outputs[name] for name in wanted},
             datatypes={name: datatypes[name] for name in wanted},
             device=answer.device, worker=answer.worker, batch_size=answer.batch_size,
-            batched=entry.max_batch_size > 0, timings=timings(work.arrived, job, answer),
+            batched=job.batched, timings=timings(work.arrived, job, answer),
         )
 
     @PlaceEnv("cpu")

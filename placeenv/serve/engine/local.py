@@ -20,6 +20,10 @@ class LocalEngine:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.catalog: Catalog = engine.catalog()
+        engine.publishers.append(self._publish)  # a load's or an unload's new catalog, in the loop's turn
+
+    def _publish(self, catalog: Catalog) -> None:
+        self.catalog = catalog
 
     async def run(self, work: Work, arrays: dict[str, np.ndarray]) -> Result:
         future = asyncio.get_running_loop().create_future()
@@ -41,6 +45,12 @@ class LocalEngine:
     async def statistics(self, model: str | None = None, version: int | None = None) -> list[dict]:
         return self.engine.statistics(model, version)
 
+    async def load(self, name: str) -> None:
+        await self.engine.load(name)
+
+    async def unload(self, name: str, dependents: bool = False) -> None:
+        await self.engine.unload(name, dependents)
+
     def begin_stopping(self) -> None:
         self.engine.begin_stopping()
 
@@ -50,7 +60,11 @@ async def local_gateway(settings):
     """The models, devices and workers in this process, and the gateway over them, for the app's life."""
     engine = Engine(settings)
     await asyncio.to_thread(engine.start)
+    handle = LocalEngine(engine)
+    polling = asyncio.ensure_future(engine.control.poll()) if settings.model_control_mode == "poll" else None
     try:
-        yield Gateway(settings, LocalEngine(engine))
+        yield Gateway(settings, handle)
     finally:
+        if polling is not None:
+            polling.cancel()
         await asyncio.to_thread(engine.stop)

@@ -8,23 +8,28 @@ naive code does, and the place checks see other workers' devices.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import dataclasses
 import functools
+import gc
 import logging
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import paddle
 
 import placeenv
 import placeenv.sim
+from placeenv import PlaceEnv
 
 from .. import metrics
 from .dispatch import DeviceQueue, Job, resolve_all
-from ..protocol.errors import Draining, ModelFailed, Overloaded, ServiceError, StartupError, Timeout
-from ..models.base import CALLS, JIT_LOAD_LOCK, DeviceShare, Model, batch_tensor, host_tensor, move_to
+from ..protocol.errors import Draining, ModelFailed, Overloaded, ServiceError, StartupError, Timeout, UnknownModel
+from ..models.base import CALLS, JIT_LOAD_LOCK, DeviceShare, Model, batch_tensor, host_inputs, host_tensor, move_to
 from ..models.repository import Entry
 
 log = logging.getLogger(__name__)
@@ -108,6 +113,9 @@ class Worker:
         self.current: list[Job] = []  # the jobs it holds (a batch, and those it runs while waiting for a call)
         self.stack: list[tuple[str, int]] = []  # the models whose batches it is running, outermost first
         self._stop = threading.Event()
+        # What the engine's control asks of this thread between batches (engine/control.py): build a
+        # version's replica, drop one. Each (function, future).
+        self.tasks: collections.deque[tuple[Callable[[], Any], concurrent.futures.Future]] = collections.deque()
         self._up = metrics.WORKER_UP.labels(name, device)
         self.thread = threading.Thread(target=self._run, name=f"worker-{name}", daemon=True)
 
@@ -120,8 +128,61 @@ class Worker:
     def stop(self) -> None:
         self._stop.set()
 
+    def do(self, task: Callable[[], Any]) -> concurrent.futures.Future:
+        """Run ``task`` on this worker's thread, between two batches: a replica is built, used and
+        finalized by the thread of its device (Paddle's per-thread place, and one user at a time)."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self.tasks.append((task, future))
+        self.queue.wake()
+        return future
+
+    def _run_tasks(self) -> None:
+        while self.tasks:
+            task, future = self.tasks.popleft()
+            try:
+                future.set_result(task())
+            except BaseException as exc:  # noqa: BLE001 - the control's answer to give
+                future.set_exception(exc)
+
+    def stage(self, entry: Entry, numbers: list[int]) -> dict[tuple[str, int], Model]:
+        """Build and warm up replicas of ``entry``'s versions ``numbers`` on this thread, beside those it
+        serves (``install`` puts them in service); a failure finalizes what was built and names the worker."""
+        built: dict[tuple[str, int], Model] = {}
+        try:
+            for number in numbers:
+                built[entry.name, number] = self._load(entry, entry.versions[number])
+        except Exception as exc:
+            for replica in built.values():
+                _finalize(replica, self.name)
+            raise RuntimeError(f"worker {self.name}: {type(exc).__name__}: {str(exc)[:500]}") from None
+        return built
+
+    def install(self, entry: Entry, built: dict[tuple[str, int], Model]) -> dict[tuple[str, int], Model]:
+        """Serve ``built`` (``stage``'s) from the next batch on; the replicas they replace, to drop. New
+        dicts, not changed ones: the worker's thread reads them without a lock."""
+        replaced = {key: self.replicas[key] for key in built if key in self.replicas}
+        delay = entry.max_batch_delay_ms / 1000
+        self.replicas = {**self.replicas, **built}
+        self.held = {**self.held, **{key: (entry.max_batch_size, delay) for key in built}}
+        return replaced
+
+    def drop(self, keys, replaced: dict[tuple[str, int], Model] | None = None) -> None:
+        """On this thread: stop serving ``keys`` and finalize their replicas (and ``replaced``, the ones a
+        new build took the place of), then hand the device's freed memory back (Paddle's allocator keeps
+        it cached otherwise)."""
+        gone = [self.replicas[key] for key in keys if key in self.replicas] + list((replaced or {}).values())
+        self.held = {key: held for key, held in self.held.items() if key not in keys}
+        self.replicas = {key: replica for key, replica in self.replicas.items() if key not in keys}
+        for key in keys:
+            self.backends.pop(key, None)
+        for replica in gone:
+            _finalize(replica, self.name)
+        del gone
+        gc.collect()
+        if self.place is not None and placeenv.device_name(self.place) != "cpu":
+            paddle.device.empty_cache()
+
     def _run(self) -> None:
-        replicas = self.replicas
         try:
             # The thread's first Paddle call, not during another worker's jit.load: stock Paddle (isolation
             # off) gives a new thread the process-wide Tracer of that moment, and jit.load sets it to None
@@ -129,51 +190,74 @@ class Worker:
             with JIT_LOAD_LOCK:
                 paddle.set_device(self.device)  # once: placeenv keeps it to this thread
             for entry in self.entries:
-                try:
-                    loaded = {key: self._load(entry, version) for key, version in
-                              ((( entry.name, n), v) for n, v in entry.versions.items())}
-                except Exception as exc:  # noqa: BLE001 - reported by the service, named
-                    self.failed[entry.name] = f"{type(exc).__name__}: {str(exc)[:500]}"
-                    log.error("worker %s: model %r did not load on %s: %s", self.name, entry.name, self.device,
-                              self.failed[entry.name])
-                    continue
-                replicas.update(loaded)
-                delay = entry.max_batch_delay_ms / 1000
-                self.held.update({key: (entry.max_batch_size, delay) for key in loaded})
+                self._load_entry(entry)
             self.ready.set()
             self._up.set(1)
-            self._serve(replicas)
+            self._serve()
         except BaseException as exc:  # noqa: BLE001 - recorded; the pool replaces us
             self.error = exc
             log.error("worker %s died: %r", self.name, exc)
         finally:
-            for replica in replicas.values():
-                try:
-                    replica.finalize()
-                except Exception:
-                    log.exception("worker %s: finalize failed", self.name)
+            for replica in self.replicas.values():
+                _finalize(replica, self.name)
             self._up.set(0)
+            while self.tasks:  # the control waits for each
+                self.tasks.popleft()[1].set_exception(RuntimeError(f"worker {self.name} stopped"))
             if self.current:  # every accepted request gets exactly one answer
                 for job in self.current:
                     job.fail(ModelFailed(f"the worker serving this request ({self.name}) died"))
                 self.queue.done(len(self.current))
                 self.current = []
 
+    def _load_entry(self, entry: Entry) -> None:
+        """Load and serve every version of ``entry`` (at start), or say why not (``failed``)."""
+        try:
+            loaded = {(entry.name, n): self._load(entry, version) for n, version in entry.versions.items()}
+        except Exception as exc:  # noqa: BLE001 - reported by the service, named
+            self.failed[entry.name] = f"{type(exc).__name__}: {str(exc)[:500]}"
+            log.error("worker %s: model %r did not load on %s: %s", self.name, entry.name, self.device,
+                      self.failed[entry.name])
+            return
+        self.install(entry, loaded)
+
     def _load(self, entry: Entry, version) -> Model:
         replica = version.model_class()
         # The replica decides whether it takes the share (its config's share_weights, its own code).
-        share = self.shares.get(self.device, entry.name, version.number) if self.shares is not None else None
+        share = (self.shares.get(self.device, entry.name, version.number, version.fingerprint)
+                 if self.shares is not None else None)
         replica.initialize(self.place, dataclasses.replace(
             version.context, accelerators=self.accelerators, share=share))
-        self.backends[version.context.name, version.number] = replica.backend
         stray = {k: d for k, d in replica.parameter_devices().items() if d != self.device}
         self.check("load", next(iter(stray.values()), self.device))
         if stray and self.isolation:
+            _finalize(replica, self.name)
             raise RuntimeError(f"weights not on {self.device} after initialize: {dict(list(stray.items())[:3])}")
+        try:
+            self._warm_up(replica, entry, version)
+        except Exception:
+            _finalize(replica, self.name)
+            raise
+        self.backends[version.context.name, version.number] = replica.backend
         return replica
 
-    def _serve(self, replicas) -> None:
+    def _warm_up(self, replica: Model, entry: Entry, version) -> None:
+        """Run the version's warm-up requests (its config's ``warmup``) through ``replica`` as a batch runs:
+        preprocess on the host, forward, postprocess. A Predictor builds and allocates at its first run:
+        this is that run, before the worker (or a load) says the version is ready."""
+        for label, arrays in version.warmup:
+            try:
+                with PlaceEnv("cpu"):
+                    prepared = host_inputs(replica.context, replica.preprocess(
+                        {name: array.copy() for name, array in arrays.items()}))
+                examples = rows_of(next(iter(arrays.values()))) if entry.max_batch_size > 0 else 1
+                forward(replica, [prepared], entry.max_batch_size > 0, examples, self.check)
+            except Exception as exc:
+                raise RuntimeError(f"{label} failed: {type(exc).__name__}: {str(exc)[:400]}") from None
+
+    def _serve(self) -> None:
         while True:
+            if self.tasks:
+                self._run_tasks()
             batch = self.queue.take_batch(self.held, wait=0.2)
             if batch is None:
                 return
@@ -182,9 +266,15 @@ class Worker:
                     return
                 continue
             self.current = batch
-            self._process(replicas[batch[0].model], batch)  # answers every job, or raises only if dying
+            replica = self.replicas.get(batch[0].model)
+            if replica is None:  # dropped by an unload that stopped waiting for its requests (control.py)
+                for job in batch:
+                    job.fail(UnknownModel(f"model {job.model[0]!r} version {job.model[1]} was unloaded"))
+            else:
+                self._process(replica, batch)  # answers every job, or raises only if dying
             self.queue.done(len(batch))
-            self.current = []
+            # Nothing of the batch stays referenced while the worker waits: an unloaded replica is freed.
+            self.current = batch = replica = []
 
     def serve_until(self, answered, deadline: float) -> None:
         """While a model on this worker waits for a call (``answered``, a future): run jobs from this
@@ -315,6 +405,13 @@ class Worker:
         resolve_all(answers)
 
 
+def _finalize(replica: Model, worker: str) -> None:
+    try:
+        replica.finalize()
+    except Exception:
+        log.exception("worker %s: finalize failed", worker)
+
+
 def _unchecked(stage: str, actual: str, expected: str | None = None) -> bool:
     return True
 
@@ -414,16 +511,23 @@ def device_memory(device: str) -> float:
 
 
 class Shares:
-    """One ``DeviceShare`` for each (device, model, version): what its workers share, for as long as
-    the pool lives, so a replacement worker takes the same copy of the weights."""
+    """One ``DeviceShare`` for each (device, model, version, its files' fingerprint): what its workers
+    share while it is served, so a replacement worker takes the same copy of the weights, and a version
+    loaded again from changed files does not."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._shares: dict[tuple[str, str, int], DeviceShare] = {}
+        self._shares: dict[tuple[str, str, int, str], DeviceShare] = {}
 
-    def get(self, device: str, model: str, version: int) -> DeviceShare:
+    def get(self, device: str, model: str, version: int, fingerprint: str = "") -> DeviceShare:
         with self._lock:
-            return self._shares.setdefault((device, model, version), DeviceShare())
+            return self._shares.setdefault((device, model, version, fingerprint), DeviceShare())
+
+    def forget(self, model: str, version: int, fingerprint: str) -> None:
+        """Let go of a version's weights (unloaded, or loaded again from changed files)."""
+        with self._lock:
+            for key in [k for k in self._shares if k[1:] == (model, version, fingerprint)]:
+                del self._shares[key]
 
 
 class WorkerPool:

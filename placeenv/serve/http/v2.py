@@ -17,6 +17,7 @@ way.
 
 from __future__ import annotations
 
+import json
 import zlib
 from collections.abc import Mapping
 from types import MappingProxyType
@@ -259,8 +260,39 @@ def router() -> APIRouter:
         api.add_api_route(path + "/stats", statistics, methods=["GET"], summary="Statistics" + suffix,
                           responses={404: failed})
 
-    @api.post("/repository/index", summary="Repository index (read-only)")
+    @api.post("/repository/index", summary="Repository index")
     async def repository_index(request: Request) -> JSON:
-        return JSON(await gateway_of(request).repository_index())
+        body = await _control_body(request)
+        return JSON(await gateway_of(request).repository_index(ready_only=body.get("ready") is True))
+
+    @api.post("/repository/models/{name}/load", summary="Load a model (--model-control-mode explicit)",
+              responses={400: failed, 404: failed})
+    async def load(request: Request, name: str) -> JSON:
+        body = await _control_body(request)
+        await gateway_of(request).load_model(name, body.get("parameters"))
+        return JSON({})
+
+    @api.post("/repository/models/{name}/unload", summary="Unload a model (--model-control-mode explicit)",
+              responses={400: failed, 404: failed})
+    async def unload(request: Request, name: str) -> JSON:
+        body = await _control_body(request)
+        await gateway_of(request).unload_model(name, body.get("parameters"))
+        return JSON({})
 
     return api
+
+
+async def _control_body(request: Request) -> dict[str, Any]:
+    """A repository request's JSON body ({} when empty): ``{"parameters": {...}}``, or the index's
+    ``{"ready": true}``."""
+    raw = await request.body()
+    if not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        body = None
+    if not isinstance(body, dict) or not isinstance(body.get("parameters", {}), dict):
+        raise InvalidInput(f"the body {prefix(raw[:40])} is not a repository request; send JSON "
+                           '{"parameters": {...}} or nothing')
+    return body

@@ -1,4 +1,4 @@
-"""The model repository: Triton's layout, read once at start.
+"""The model repository: Triton's layout, read at start and at each load (engine/control.py).
 
     <repository>/<model>/config.yaml | config.yml | config.toml   optional, schema ModelConfig
     <repository>/<model>/<version>/model.json + model.pdiparams   what paddle.jit.save(layer, ".../model") writes
@@ -7,15 +7,17 @@
     <repository>/<pipeline>/config.yaml                           a config with ``pipeline:`` steps, each a
                                                                   model of the repository (Triton's ensemble)
 
-Versions are positive integers; the highest is the default. A pipeline's steps are
-linked and checked here, against the models they name (``link``). Nothing here runs
-at request time, and no endpoint makes it read anything: the files are the
+Versions are positive integers; the config's ``version_policy`` says which are served (Triton's:
+the latest one by default), the highest of them the default. A pipeline's steps are linked and
+checked here, against the models they name (``link``). Nothing here runs at request time; a load
+request names a model of the configured repositories, never a path or code: the files are the
 operator's, as in Triton's and KServe's threat model.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib.util
 import inspect
 import re
@@ -25,7 +27,8 @@ from typing import Any, Literal
 
 import paddle
 import tomllib
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from placeenv import PlaceEnv
 from placeenv.tensors import program_signature
@@ -92,6 +95,76 @@ class Step(BaseModel):
         default_factory=dict, description="outputs of the model -> the tensor each becomes (others are dropped)")
 
 
+class Latest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    num_versions: int = Field(1, ge=1, description="the highest this many versions")
+
+
+class Specific(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    versions: list[int] = Field(min_length=1, description="these versions, each of which must exist")
+
+    @field_validator("versions")
+    @classmethod
+    def _positive(cls, versions: list[int]) -> list[int]:
+        if any(v < 1 for v in versions):
+            raise ValueError("versions are positive integers")
+        return sorted(set(versions))
+
+
+class VersionPolicy(BaseModel):
+    """Which versions of the repository's are served, as Triton's ``version_policy``: exactly one of
+    ``latest: {num_versions: N}``, ``all: {}``, ``specific: {versions: [...]}``."""
+
+    model_config = ConfigDict(extra="forbid")
+    latest: Latest | None = None
+    all: dict[str, Any] | None = None
+    specific: Specific | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> VersionPolicy:
+        given = [k for k in ("latest", "all", "specific") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("give exactly one of latest: {num_versions: N}, all: {}, specific: {versions: [...]}")
+        if self.all:
+            raise ValueError("all takes no settings: write all: {}")
+        return self
+
+    def chosen(self, present: list[int]) -> list[int]:
+        """The versions served of those ``present``; ``ValueError`` naming versions that are not there."""
+        if self.all is not None:
+            return sorted(present)
+        if self.latest is not None:
+            return sorted(present)[-self.latest.num_versions:]
+        missing = [v for v in self.specific.versions if v not in present]
+        if missing:
+            raise ValueError(f"version_policy specific names versions {missing}, which the repository does not "
+                             f"have (it has {sorted(present)})")
+        return list(self.specific.versions)
+
+
+class WarmupSample(BaseModel):
+    """Requests each worker runs through a version before it is ready (Triton's model_warmup)."""
+
+    model_config = ConfigDict(extra="forbid")
+    batch_sizes: list[int] = Field([1], min_length=1, description="one warm-up request of each size")
+    data: Literal["zero", "random", "file"] = Field("zero", description="zeros, random values (seeded), or "
+                                                   "each input's sample file (files)")
+    dims: dict[str, list[int]] = Field(default_factory=dict, description="an input's shape without its batch "
+                                       "dimension, where the model's has a dynamic (-1) one")
+    files: dict[str, str] = Field(default_factory=dict, description="data: file: each input's sample, relative "
+                                  "to the model's directory: a .npy of one example, or for a BYTES input the "
+                                  "file's bytes as its one element (an image, a text)")
+    count: int = Field(1, ge=1, le=100, description="runs of each request")
+
+    @field_validator("batch_sizes")
+    @classmethod
+    def _sizes(cls, sizes: list[int]) -> list[int]:
+        if any(s < 1 for s in sizes):
+            raise ValueError("batch sizes are positive")
+        return sizes
+
+
 class ModelConfig(BaseModel):
     """``<model>/config.yaml`` (or .yml, .toml). Every field is optional."""
 
@@ -121,10 +194,18 @@ class ModelConfig(BaseModel):
     pipeline: list[Step] | None = Field(
         None, description="steps, each a model of the repository: this entry is then a pipeline, which has "
         "no program of its own and declares its inputs and outputs in full")
+    version_policy: VersionPolicy = Field(
+        default_factory=lambda: VersionPolicy(latest=Latest()),
+        description="which versions are served, as Triton's: latest: {num_versions: N} (default: the latest "
+        "one), all: {}, or specific: {versions: [...]}")
+    warmup: list[WarmupSample] = Field(
+        default_factory=list, description="requests each worker runs through each version it loads before "
+        "it is ready; a failure is the model's load error")
 
 
 #: A model config's fields that a pipeline does not take: its steps' models have their own.
-STEP_FIELDS = ("max_batch_delay_ms", "instance_group", "parameters", "backend", "inference", "share_weights")
+STEP_FIELDS = ("max_batch_delay_ms", "instance_group", "parameters", "backend", "inference", "share_weights",
+               "version_policy", "warmup")
 
 
 # -- entries -----------------------------------------------------------------------------------
@@ -136,6 +217,9 @@ class Version:
 
     model_class: type[Model]
     context: ModelContext
+    fingerprint: str = ""  # of its directory's files and its model's config: a changed one is loaded again
+    #: The warm-up requests its workers run before it is ready: (what a message calls it, its arrays).
+    warmup: list[tuple[str, dict[str, np.ndarray]]] = dataclasses.field(default_factory=list)
 
     @property
     def number(self) -> int:
@@ -301,19 +385,24 @@ def read(repositories: list[Path], select: list[str] | None, *, max_batch_size: 
 
 def load_entry(name: str, directory: Path, config: ModelConfig, config_file: Path | None, max_batch_size: int,
                max_batch_delay_ms: float) -> Entry:
-    home = directory
-    if directory.parent == BUNDLED and name in examples.BUILT_AT_START:
-        home = examples.home(name)
-    versions = {}
-    for child in sorted(home.iterdir()) if home.is_dir() else ():
-        if child.is_dir() and child.name.isdigit() and int(child.name) > 0 and not child.name.startswith("0"):
-            versions[int(child.name)] = read_version(name, child, config)
-    if not versions and home != directory:
+    home = version_home(name, directory)
+    present = version_directories(home)
+    if not present and home != directory:
         raise RepositoryError(name, home, "not built: the service builds it at start, or run "
                               "python -m placeenv.serve.models.examples")
-    if not versions:
+    if not present:
         raise RepositoryError(name, directory, "no version directory: expected <model>/1/model.json "
                               "(paddle.jit.save(layer, '<repository>/<model>/1/model', input_spec=[...]))")
+    try:
+        chosen = config.version_policy.chosen(sorted(present))
+    except ValueError as exc:
+        raise RepositoryError(name, config_file or directory, str(exc)) from None
+    configured = config_fingerprint(config_file)
+    versions = {}
+    for number in chosen:
+        version = read_version(name, present[number], config)
+        version.fingerprint = configured + ":" + files_fingerprint(present[number])
+        versions[number] = version
     entry = Entry(name, directory, config, config_file, versions)
     batchable = all(spec.shape[:1] == (-1,) for v in versions.values() for spec in v.inputs)
     if config.max_batch_size is None:
@@ -325,7 +414,136 @@ def load_entry(name: str, directory: Path, config: ModelConfig, config_file: Pat
         entry.max_batch_size = config.max_batch_size
     entry.max_batch_delay_ms = (max_batch_delay_ms if config.max_batch_delay_ms is None
                                 else config.max_batch_delay_ms)
+    for version in versions.values():
+        version.warmup = warmup_requests(entry, version)
     return entry
+
+
+def version_home(name: str, directory: Path) -> Path:
+    """Where a model's version directories are: its own directory, or the cache a bundled example is
+    built into at start."""
+    if directory.parent == BUNDLED and name in examples.BUILT_AT_START:
+        return examples.home(name)
+    return directory
+
+
+def version_directories(home: Path) -> dict[int, Path]:
+    """Each version directory of a model: a positive number without leading zeros."""
+    return {int(c.name): c for c in sorted(home.iterdir()) if home.is_dir() and c.is_dir() and c.name.isdigit()
+            and int(c.name) > 0 and not c.name.startswith("0")} if home.is_dir() else {}
+
+
+def config_fingerprint(config_file: Path | None) -> str:
+    """The config file's content, hashed: a changed config loads every version again."""
+    if config_file is None:
+        return "-"
+    try:
+        return hashlib.sha256(config_file.read_bytes()).hexdigest()[:16]
+    except OSError:
+        return "?"
+
+
+def files_fingerprint(directory: Path) -> str:
+    """Each file under ``directory``: its path, size and modification time, hashed (no file is read: a
+    poll looks at every model's often)."""
+    digest = hashlib.sha256()
+    for path in sorted(directory.rglob("*")):
+        if "__pycache__" in path.parts:
+            continue
+        try:
+            info = path.stat()
+        except OSError:  # removed while listed
+            continue
+        digest.update(f"{path.relative_to(directory)}:{info.st_size}:{info.st_mtime_ns};".encode())
+    return digest.hexdigest()[:16]
+
+
+def fingerprint(directory: Path) -> str:
+    """A model directory's state, as a poll compares it: its config and every version's files."""
+    name = directory.name
+    present = [directory / f for f in CONFIG_FILES if (directory / f).is_file()]
+    parts = [config_fingerprint(present[0]) if present else "-"]
+    home = version_home(name, directory)
+    parts += [f"{n}={files_fingerprint(d)}" for n, d in version_directories(home).items()]
+    return ",".join(parts)
+
+
+def warmup_requests(entry: Entry, version: Version) -> list[tuple[str, dict[str, np.ndarray]]]:
+    """The arrays of each warm-up request of ``version`` (its config's ``warmup``), checked against its
+    inputs; ``RepositoryError`` naming the sample and what is wrong."""
+    found = []
+    where = entry.config_file or entry.directory
+    rng = np.random.default_rng(0)
+    for i, sample in enumerate(entry.config.warmup):
+        def refuse(problem: str) -> RepositoryError:
+            return RepositoryError(entry.name, where, f"warmup[{i}]: {problem}")
+
+        specs = {spec.name: spec for spec in version.inputs}
+        for kind, named in (("dims", sample.dims), ("files", sample.files)):
+            unknown = [n for n in named if n not in specs]
+            if unknown:
+                raise refuse(f"{kind} names input {unknown[0]!r}; the inputs are {', '.join(specs)}")
+        batched = entry.max_batch_size > 0
+        if not batched and sample.batch_sizes != [1]:
+            raise refuse(f"batch_sizes {sample.batch_sizes}: the model does not batch (max_batch_size 0); use [1]")
+        if batched and max(sample.batch_sizes) > entry.max_batch_size:
+            raise refuse(f"batch size {max(sample.batch_sizes)} is over the model's max_batch_size "
+                         f"{entry.max_batch_size}")
+        examples: dict[str, np.ndarray] = {}  # each input's one example (its batch dimension left out)
+        for spec in version.inputs:
+            shape = list(spec.shape[1:] if batched else spec.shape)
+            if spec.name in sample.dims:
+                given = sample.dims[spec.name]
+                if len(given) != len(shape) or any(g < 1 or s not in (-1, g) for g, s in zip(given, shape)):
+                    raise refuse(f"dims {given} for input {spec.name!r} do not fit its shape "
+                                 f"{list(spec.shape)} (without the batch dimension: {shape})")
+                shape = given
+            if sample.data == "file":
+                examples[spec.name] = _sample_file(refuse, entry.directory, spec, sample.files.get(spec.name),
+                                                   shape)
+                continue
+            if -1 in shape:
+                raise refuse(f"input {spec.name!r} has a dynamic dimension ({list(spec.shape)}): give its "
+                             f"size in dims")
+            if spec.datatype == "BYTES":
+                raise refuse(f"input {spec.name!r} is BYTES: warm it up with data: file and a sample in files")
+            dtype = DATATYPES[spec.datatype]
+            if sample.data == "zero":
+                examples[spec.name] = np.zeros(shape, dtype)
+            elif dtype == np.bool_:
+                examples[spec.name] = rng.integers(0, 2, shape).astype(dtype)
+            elif np.issubdtype(dtype, np.integer):
+                examples[spec.name] = rng.integers(0, 10, shape).astype(dtype)
+            else:
+                examples[spec.name] = rng.random(shape).astype(dtype)
+        for size in sample.batch_sizes:
+            arrays = {name: np.stack([one] * size) if batched else one for name, one in examples.items()}
+            found += [(f"warmup[{i}] batch {size}", arrays)] * sample.count
+    return found
+
+
+def _sample_file(refuse, directory: Path, spec: TensorSpec, relative: str | None, shape: list[int]) -> np.ndarray:
+    """One example of input ``spec`` from its sample file, inside the model's ``directory``."""
+    if relative is None:
+        raise refuse(f"data: file, but files names no sample for input {spec.name!r}")
+    path = (directory / relative).resolve()
+    if not path.is_relative_to(directory.resolve()) or not path.is_file():
+        raise refuse(f"files: {relative!r} for input {spec.name!r} is not a file inside {directory}")
+    if spec.datatype == "BYTES":
+        if shape != [1] and shape != []:
+            raise refuse(f"input {spec.name!r}: a sample file is one element; its shape is {shape}")
+        one = np.empty(len(shape) * (1,), dtype=object)
+        one[...] = path.read_bytes()
+        return one
+    try:
+        array = np.load(path, allow_pickle=False)
+    except Exception as exc:  # noqa: BLE001 - any failure to read is the file's
+        raise refuse(f"files: {relative!r} is not a .npy array: {type(exc).__name__}: {exc}") from None
+    if array.dtype != DATATYPES[spec.datatype] or len(array.shape) != len(shape) or any(
+            s not in (-1, a) for a, s in zip(array.shape, shape)):
+        raise refuse(f"files: {relative!r} holds {array.dtype} {list(array.shape)}; input {spec.name!r} takes "
+                     f"{spec.datatype} {shape} (one example, without the batch dimension)")
+    return array
 
 
 # -- pipelines -----------------------------------------------------------------------------------

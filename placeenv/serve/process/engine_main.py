@@ -81,6 +81,7 @@ async def serve(engine, flags: runtime.ReadyFlags, beats: runtime.Heartbeats, ru
     beating = asyncio.ensure_future(runtime.beating(beats, 0))
     flags.set(0, True)
     serving = asyncio.ensure_future(server.serve())
+    polling = asyncio.ensure_future(engine.control.poll()) if engine.settings.model_control_mode == "poll" else None
     told = asyncio.ensure_future(stop.wait())
     await asyncio.wait([serving, told], return_when=asyncio.FIRST_COMPLETED)
     flags.set(0, False)
@@ -89,6 +90,8 @@ async def serve(engine, flags: runtime.ReadyFlags, beats: runtime.Heartbeats, ru
         log.error("engine: serving the front ends failed: %r", serving.exception())
         code = 1
     log.info("engine: stopping; %d requests received, %d answered", engine.received, engine.answered)
+    if polling is not None:
+        polling.cancel()
     # Requests in flight finish and are answered; new ones get 503 Draining.
     await asyncio.to_thread(engine.stop)
     serving.cancel()

@@ -6,7 +6,14 @@ requests and results, one frame per array: its buffer as it lies in memory, neve
 pickled, received without a copy (``np.frombuffer`` over ZeroMQ's frame).
 
     front end -> engine   b"R" run (id, Work, tensors) + arrays | b"S" status | b"T" statistics | b"C" catalog
-    engine -> front end   b"r" result + arrays | b"e" error | b"s" / b"t" / b"c" the answers
+                          | b"L" load / b"D" unload a model | b"U" a new catalog received
+    engine -> front end   b"r" result + arrays | b"e" error | b"s" / b"t" / b"c" / b"l" the answers
+                          | b"u" a new catalog (a load or an unload), which the front end acknowledges
+
+A load or an unload is answered only once every front end has acknowledged the catalog it made:
+what a front end sent before its acknowledgement has reached the engine by then (one connection
+keeps its order), so no request checked against the old catalog arrives after the engine stops
+serving what it retired.
 
 Every request a front end sends is answered exactly once: by the engine, or, when
 the engine process goes away (ZeroMQ's monitor sees the ipc connection drop) or
@@ -74,6 +81,7 @@ class Query(msgspec.Struct, array_like=True):
     id: int
     model: str | None = None
     version: int | None = None
+    dependents: bool = False  # an unload's unload_dependents
 
 
 class Reply(msgspec.Struct, array_like=True):
@@ -89,6 +97,12 @@ _decode_result = msgspec.msgpack.Decoder(ResultHeader).decode
 _decode_error = msgspec.msgpack.Decoder(ErrorHeader).decode
 _decode_query = msgspec.msgpack.Decoder(Query).decode
 _decode_reply = msgspec.msgpack.Decoder(Reply).decode
+
+#: How long the engine waits for each front end to acknowledge a new catalog; a front end that does not
+#: is left out of later ones (a new one asks for the catalog when it connects).
+PUBLISH_S = 5.0
+#: How long a front end waits for a load or an unload (building every worker's replica, warm-up included).
+CONTROL_S = 600.0
 
 #: How often a front end looks for requests the engine left past their deadline (a backstop for an
 #: engine that cannot answer: it answers 504 itself at the deadline, ``GRACE_S`` before this).
@@ -274,15 +288,21 @@ class EngineClient:
     async def statistics(self, model: str | None = None, version: int | None = None) -> list[dict]:
         return _decode_reply(await self._ask(b"T", (model, version), timeout=5.0)).value
 
+    async def load(self, name: str) -> None:
+        await self._ask(b"L", (name, None), timeout=CONTROL_S)
+
+    async def unload(self, name: str, dependents: bool = False) -> None:
+        await self._ask(b"D", (name, None), timeout=CONTROL_S, dependents=dependents)
+
     async def _fetch_catalog(self, timeout: float) -> Catalog:
         return msgspec.convert(_decode_reply(await self._ask(b"C", None, timeout)).value, Catalog)
 
-    async def _ask(self, kind: bytes, query, timeout: float) -> bytes:
+    async def _ask(self, kind: bytes, query, timeout: float, dependents: bool = False) -> bytes:
         ident = next(self.ids)
         future = self.pending[ident] = asyncio.get_running_loop().create_future()
         model, version = query or (None, None)
         try:
-            self._send([kind, _encode(Query(ident, model, version))])
+            self._send([kind, _encode(Query(ident, model, version, dependents))])
             header, _ = await asyncio.wait_for(future, timeout)
             return header
         except asyncio.TimeoutError:
@@ -309,6 +329,11 @@ class EngineClient:
             error = _ERRORS.get(found.kind, ModelFailed)(found.message)
             error.device = found.device
             self._settle(found.id, "set_exception", error)
+        elif kind == b"u":  # the engine's catalog changed: from now on, requests are checked against this
+            found = _decode_reply(header.buffer)
+            self.catalog = msgspec.convert(found.value, Catalog)
+            send_now(self.socket, [b"U", _encode(Query(found.id))])
+            self.pump.sent()
         else:  # a reply to a query: its id first
             raw = header.bytes
             self._settle(msgspec.msgpack.decode(raw)[0], "set_result", (raw, None))
@@ -379,6 +404,43 @@ class EngineServer:
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 0)  # a front end gone: its answers are dropped
         self.catalog = msgspec.to_builtins(engine.catalog())
         self.pump: Pump | None = None
+        self.peers: set[bytes] = set()  # the front ends that asked for the catalog: each gets its changes
+        self.publishing: dict[int, tuple[asyncio.Future, set[bytes]]] = {}  # a change -> who has yet to ack
+        self.changes = itertools.count(1)
+        self.controls: set[asyncio.Task] = set()
+        engine.publishers.append(self.publish)
+
+    async def publish(self, catalog) -> None:
+        """Hand a new catalog to every front end, and wait until each has it (or ``PUBLISH_S`` passes)."""
+        self.catalog = msgspec.to_builtins(catalog)
+        if not self.peers:
+            return
+        change = next(self.changes)
+        future = asyncio.get_running_loop().create_future()
+        waiting = set(self.peers)
+        self.publishing[change] = (future, waiting)
+        header = _encode(Reply(change, self.catalog))
+        for peer in list(waiting):
+            if not self._send([peer, b"u", header]):
+                waiting.discard(peer)
+        try:
+            if waiting:
+                await asyncio.wait_for(future, PUBLISH_S)
+        except asyncio.TimeoutError:
+            log.error("engine: %d front end(s) did not acknowledge the new catalog within %g s; left out of "
+                      "later changes until they ask for the catalog again", len(waiting), PUBLISH_S)
+            self.peers -= waiting
+        finally:
+            del self.publishing[change]
+
+    def _acknowledged(self, peer: bytes, change: int) -> None:
+        found = self.publishing.get(change)
+        if found is None:
+            return
+        future, waiting = found
+        waiting.discard(peer)
+        if not waiting and not future.done():
+            future.set_result(None)
 
     def bind(self) -> None:
         self.socket.bind(self.endpoint)
@@ -401,6 +463,12 @@ class EngineServer:
             self._submit(peer, header, frames)
         elif kind in (b"S", b"T", b"C"):
             self._query(peer, kind, _decode_query(header.buffer))
+        elif kind == b"U":
+            self._acknowledged(peer.bytes, _decode_query(header.buffer).id)
+        elif kind in (b"L", b"D"):
+            task = asyncio.ensure_future(self._control(peer, kind, _decode_query(header.buffer)))
+            self.controls.add(task)
+            task.add_done_callback(self.controls.discard)
         else:
             log.error("engine: a message of unknown kind %r from a front end", kind[:8])
 
@@ -436,8 +504,25 @@ class EngineServer:
             self.pump.sent()
         return sent
 
+    async def _control(self, peer, kind: bytes, query: Query) -> None:
+        """A front end's load or unload: answered once done, every front end having the new catalog."""
+        try:
+            if kind == b"L":
+                await self.engine.load(query.model)
+            else:
+                await self.engine.unload(query.model, query.dependents)
+            reply = [b"l", _encode(Reply(query.id, None))]
+        except ServiceError as error:
+            reply = [b"e", _encode(ErrorHeader(query.id, type(error).__name__, str(error), "none"))]
+        except Exception as error:  # a bug of ours: still answered
+            log.exception("engine: a model control request failed")
+            reply = [b"e", _encode(ErrorHeader(query.id, "ModelFailed", f"internal error ({type(error).__name__}); "
+                                               "see the engine's log", "none"))]
+        self._send([peer, *reply])
+
     def _query(self, peer, kind: bytes, query: Query) -> None:
         if kind == b"C":
+            self.peers.add(peer.bytes)
             reply = [b"c", _encode(Reply(query.id, self.catalog))]
         elif kind == b"S":
             reply = [b"s", _encode(Reply(query.id, self.engine.status()))]

@@ -88,6 +88,11 @@ class Timeout(ServiceError):
     """No answer within the request timeout."""
 
 
+class LoadFailed(ServiceError):
+    """A model could not be loaded (model control): the message names the model, the file or worker,
+    and why; what served it before serves on."""
+
+
 class ModelFailed(ServiceError):
     """The model raised while serving the request, or its worker died."""
 
@@ -114,6 +119,8 @@ OUTCOMES: dict[type[ServiceError], Outcome] = {
     EngineUnavailable: Outcome(503, "engine_unavailable", True, "UNAVAILABLE"),
     Timeout: Outcome(504, "timeout", False, "DEADLINE_EXCEEDED"),
     ModelFailed: Outcome(500, "error", False, "INTERNAL"),
+    # As Triton answers a load that fails: the request named a model whose files do not load.
+    LoadFailed: Outcome(400, "load_failed", False, "INVALID_ARGUMENT"),
 }
 OK_LABEL = "ok"
 

@@ -22,8 +22,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from .. import metrics
-from .errors import OK_LABEL, OUTCOMES, ModelFailed, ServiceError, outcome
+from .errors import OK_LABEL, OUTCOMES, InvalidInput, ModelFailed, ServiceError, outcome
 from .request import Catalog, InferRequest, ModelInfo, Result, VersionInfo, Work
+from .wire import prefix
 
 VERSION = importlib.metadata.version("placeenv")
 
@@ -38,6 +39,10 @@ class EngineHandle(Protocol):
     async def status(self) -> dict[str, Any]: ...
 
     async def statistics(self, model: str | None = None, version: int | None = None) -> list[dict]: ...
+
+    async def load(self, name: str) -> None: ...
+
+    async def unload(self, name: str, dependents: bool = False) -> None: ...
 
 
 #: An adapter's reading of a request: ``identify()`` gives the (model, version) the client named;
@@ -124,14 +129,57 @@ class Gateway:
                 "input": [s.describe() for s in chosen.inputs], "output": [s.describe() for s in chosen.outputs]}
 
     async def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
-        """Every served version, and every model that could not be loaded."""
+        """Every served version, every model that could not be loaded (or whose last load failed, beside
+        the versions it serves), and with model control every other model of the repositories."""
         catalog, ready = self.catalog, await self.ready()
         rows = [{"name": m.name, "version": str(v), "state": "READY" if ready else "UNAVAILABLE"}
                 for m in catalog.models.values() for v in sorted(m.versions)]
         rows += [{"name": name, "state": "UNAVAILABLE", "reason": why[:300]} for name, why in catalog.skipped.items()]
+        rows += [{"name": name, "state": "UNAVAILABLE", "reason": f"the last load failed: {why}"[:300]}
+                 for name, why in catalog.load_errors.items()]
+        if catalog.control != "none":
+            listed = {r["name"] for r in rows}
+            rows += [{"name": name, "state": "UNAVAILABLE", "reason": "unloaded"}
+                     for name in self._repository_models() if name not in listed]
         if ready_only:
             rows = [r for r in rows if r["state"] == "READY"]
         return sorted(rows, key=lambda r: r["name"])
+
+    def _repository_models(self) -> list[str]:
+        """The model directories of the configured repositories, as a load would find them."""
+        found = []
+        for repository in self.settings.repository_list():
+            if repository.is_dir():
+                found += [c.name for c in repository.iterdir() if c.is_dir() and not c.name.startswith((".", "_"))]
+        return found
+
+    #: What a load request's parameters may hold: nothing that carries a config or a file (Triton's
+    #: "config" and "file:<path>"): a load reads only the configured repositories.
+    async def load_model(self, name: Any, parameters: dict[str, Any] | None = None) -> None:
+        """Load ``name`` from the repositories (model control explicit); answered once it serves."""
+        if not isinstance(name, str) or not name:
+            raise InvalidInput(f"model name {prefix(name)} is not a name; send the name of a model directory "
+                               "of the repository")
+        given = [k for k in (parameters or {})]
+        if given:
+            raise InvalidInput(f"load parameter {prefix(given[0])} is not taken: this service loads only from "
+                               "its configured repositories (PLACEENV_MODEL_REPOSITORY), never a config or file "
+                               "sent with the request; put the files there and send the load without parameters")
+        await self.engine.load(name)
+
+    async def unload_model(self, name: Any, parameters: dict[str, Any] | None = None) -> None:
+        """Stop serving ``name`` (model control explicit): answered once its requests drained."""
+        parameters = parameters or {}
+        unknown = [k for k in parameters if k != "unload_dependents"]
+        if unknown:
+            raise InvalidInput(f"unload parameter {prefix(unknown[0])} is not taken; the one parameter is "
+                               "unload_dependents (true or false)")
+        dependents = parameters.get("unload_dependents", False)
+        if not isinstance(dependents, bool):
+            raise InvalidInput(f"unload_dependents is {prefix(dependents)}; send true or false")
+        if not isinstance(name, str) or not name:
+            raise InvalidInput(f"model name {prefix(name)} is not a name")
+        await self.engine.unload(name, dependents)
 
     async def statistics(self, model: Any = None, version: Any = None) -> list[dict]:
         """Triton's statistics, kept by the engine: every version's, ``model``'s (its every version when

@@ -146,6 +146,8 @@ class Catalog(msgspec.Struct):
     devices: list[str]
     max_examples: int  # examples in one request (--max-examples-per-request)
     capacity: int | None = None  # requests the engine holds at most (queued, on its workers' batches); None: no bound
+    load_errors: dict[str, str] = {}  # a model's last load that failed, while what served it serves on
+    control: str = "none"  # the model control mode: none, explicit, poll
 
     def model(self, name: Any) -> ModelInfo:
         """The model named ``name``; ``UnknownModel`` or ``NotReady`` naming what exists."""

@@ -122,6 +122,7 @@ def repository(tmp_path_factory) -> Path:
     for version, seed in ((1, 11), (2, 22)):  # two versions, different weights; the highest is the default
         paddle.seed(seed)
         jit_save(Fresh(), root / "fresh" / str(version) / "model", fresh_specs)
+    (root / "fresh" / "config.yaml").write_text("version_policy: {all: {}}\n")  # both served (Triton's default: the latest)
     paddle.seed(33)
     # The PaddleX / PaddleOCR layout: inference.json + inference.pdiparams, with inference.yml beside.
     jit_save(Exported(), root / "exported" / "1" / "inference",
@@ -134,7 +135,8 @@ def repository(tmp_path_factory) -> Path:
              [paddle.static.InputSpec([None, 3], paddle_dtype, name=f"x_{name.lower()}")
               for name, paddle_dtype in DTYPES.items()])
     written = {p.name for p in root.rglob("*") if p.is_file()}
-    assert written == {"model.json", "model.pdiparams", "inference.json", "inference.pdiparams", "inference.yml"}
+    assert written == {"model.json", "model.pdiparams", "inference.json", "inference.pdiparams", "inference.yml",
+                       "config.yaml"}
     return root
 
 

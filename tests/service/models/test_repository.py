@@ -263,6 +263,7 @@ def test_a_fixed_first_dimension_does_not_batch(programs, tmp_path):
 def test_the_highest_version_is_the_default_and_other_directories_are_not_versions(programs, tmp_path):
     for version in ("1", "2", "10"):
         add(tmp_path, "m", programs["linear"] if version != "10" else programs["two"], version=version)
+    (tmp_path / "m" / "config.yaml").write_text("version_policy: {all: {}}\n")
     for ignored in ("0", "abc", "01", ".hidden"):
         (tmp_path / "m" / ignored).mkdir()
     (tmp_path / "m" / "README.md").write_text("notes beside the versions\n")
@@ -276,6 +277,32 @@ def test_the_highest_version_is_the_default_and_other_directories_are_not_versio
     x = np.ones((1, 4), np.float32)
     out, _ = run(replica(entry, "sim:3", version=1), {"x": x})
     np.testing.assert_allclose(out["output_0"], run_locally(programs["linear"], x)[0], rtol=1e-6)
+
+
+@pytest.mark.parametrize("policy, served", [
+    (None, [10]),  # Triton's default: the latest one
+    ("{latest: {num_versions: 2}}", [2, 10]),
+    ("{all: {}}", [1, 2, 10]),
+    ("{specific: {versions: [2, 1]}}", [1, 2]),
+])
+def test_the_version_policy_chooses_the_versions_served(programs, tmp_path, policy, served):
+    for version in ("1", "2", "10"):
+        add(tmp_path, "m", programs["linear"], version=version,
+            config=None if policy is None else f"version_policy: {policy}\n")
+    entries, errors = read(tmp_path)
+    assert errors == [] and sorted(entries["m"].versions) == served
+
+
+@pytest.mark.parametrize("policy, problem", [
+    ("{specific: {versions: [3]}}", "version_policy specific names versions [3], which the repository does not have"),
+    ("{latest: {num_versions: 1}, all: {}}", "give exactly one of latest"),
+    ("{latest: {num_versions: 0}}", "greater than or equal to 1"),
+    ("{all: {x: 1}}", "all takes no settings"),
+])
+def test_a_version_policy_that_cannot_be_met_is_refused_naming_why(programs, tmp_path, policy, problem):
+    add(tmp_path, "m", programs["linear"], config=f"version_policy: {policy}\n")
+    entries, errors = read(tmp_path)
+    assert "m" not in entries and len(errors) == 1 and problem in str(errors[0]), errors
 
 
 def test_a_paddlex_export_with_the_inference_prefix_is_a_version_as_it_is(programs, tmp_path):
