@@ -231,7 +231,8 @@ class Engine:
         failures = {}
         for worker in self.pool.workers:
             for model, why in worker.failed.items():
-                failures.setdefault(model, f"model {model!r} did not load on {worker.device}: {why}")
+                failures.setdefault(model, f"model {model!r} did not load on {worker.device} (worker {worker.name}): "
+                                           f"{why}")
         unserved = [name for name in self.entries if not any(
             (name, n) in w.held for w in self.pool.workers for n in self.entries[name].versions)]
         for name in unserved:

@@ -294,17 +294,22 @@ def test_a_warm_up_that_fails_is_the_loads_error_naming_the_model_and_worker(cli
 
 
 def test_readiness_waits_for_warm_up(tmp_path):
-    """A warm-up that waits (for a file the test makes): while it does, /readyz does not say ready (the
-    service does not answer yet: it listens once its models are loaded); once it ran, ready."""
+    """A warm-up that waits (for a file the test makes): while it does, the service is not ready (it
+    listens once its models are loaded and warm); once it ran, ready."""
     hold = tmp_path / "go"
     warm_model(tmp_path, "held", tmp_path / "held.log", "[{batch_sizes: [1]}]", hold=str(hold))
-    with ServiceProcess(MODEL_REPOSITORY=str(tmp_path), MODELS="held", DEVICES="sim:0", WORKERS_PER_DEVICE=1,
-                        FRONTENDS=1) as s:
-        wait_until(Path(f"{hold}.waiting").exists, 120, s.output)  # the worker is in its warm-up
-        assert not s.ready() and not (tmp_path / "held.log").exists()
+    # Not ``with``: entering waits until ready.
+    service = ServiceProcess(MODEL_REPOSITORY=str(tmp_path), MODELS="held", DEVICES="sim:0", WORKERS_PER_DEVICE=1)
+    try:
+        wait_until(Path(f"{hold}.waiting").exists, 120, service.output)  # the worker is in its warm-up
+        assert not service.ready() and not (tmp_path / "held.log").exists()
         hold.touch()
-        s.wait_ready()
+        service.wait_ready()
         assert (tmp_path / "held.log").read_text().split()[1] == "1"
+    finally:
+        hold.touch()
+        service.stop()
+        service.kill()
 
 
 # -- policies and the control's mode ------------------------------------------------------------------------

@@ -656,7 +656,7 @@ def test_by_default_a_broken_repository_stops_the_service_naming_each_model_and_
 def test_by_default_a_model_that_fails_on_a_device_or_fits_none_stops_the_service(services):
     code, output = exited(services["fail_load"])
     assert code != 0, output[-3000:]
-    assert ("model 'sim1fail' did not load on sim:1: RuntimeError: no kernels for this model on sim:1"
+    assert ("model 'sim1fail' did not load on sim:1 (worker sim:1/0): RuntimeError: no kernels for this model on sim:1"
             in output), output[-3000:]
     assert "model 'nowhere': no worker loads it (instance_group kinds ['gpu'], devices sim:0, sim:1" in output
     assert "Uvicorn running" not in output
@@ -675,7 +675,7 @@ def test_skip_serves_the_good_models_and_reports_the_others_not_ready(skipping, 
     not_ready = listed["not_ready"]
     assert sorted(not_ready) == ["broken", "nowhere", "sim1fail"]
     assert re.search(r"/broken/config\.yaml: invalid config: max_batch_size", not_ready["broken"])
-    assert "did not load on sim:1: RuntimeError: no kernels for this model on sim:1" in not_ready["sim1fail"]
+    assert "did not load on sim:1 (worker sim:1/0): RuntimeError: no kernels for this model on sim:1" in not_ready["sim1fail"]
     assert "no worker loads it (instance_group kinds ['gpu']" in not_ready["nowhere"]
 
     for name in ("linear", "grouped"):
