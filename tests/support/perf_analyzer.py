@@ -11,10 +11,12 @@ what to install, never a silent skip; only a machine that is not x86_64 has no s
 
 from __future__ import annotations
 
+import csv
 import ctypes.util
 import importlib.util
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -89,3 +91,34 @@ def run(args: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
     """perf_analyzer with ``args``; its output (stdout and stderr together) in ``.stdout``."""
     return subprocess.run([str(binary()), *args], env=environment(), stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, timeout=timeout)
+
+
+#: What perf_analyzer prints of the server for each concurrency, read from the server's statistics
+#: over the measurement windows: counts, and the average request's microseconds.
+SERVER = re.compile(
+    r"Server:\s+Inference count: (?P<inference_count>\d+)\s+Execution count: (?P<execution_count>\d+)\s+"
+    r"Successful request count: (?P<success_count>\d+)\s+Avg request latency: (?P<latency_us>\d+) usec "
+    r"\(overhead (?P<overhead_us>\d+) usec \+ queue (?P<queue_us>\d+) usec \+ compute input (?P<compute_input_us>\d+) "
+    r"usec \+ compute infer (?P<compute_infer_us>\d+) usec \+ compute output (?P<compute_output_us>\d+) usec\)")
+CLIENT = re.compile(r"Client:\s+Request count: (?P<request_count>\d+)\s+Throughput: (?P<throughput>[\d.]+) infer/sec")
+
+
+def report(output: str) -> dict[int, dict[str, float]]:
+    """Per concurrency, the client's request count and throughput and the server's figures, from
+    perf_analyzer's printed report (the server's are absent when it could not read statistics)."""
+    found = {}
+    for block in re.split(r"^Request concurrency: ", output, flags=re.M)[1:]:
+        concurrency = int(block.split(None, 1)[0])
+        figures = {}
+        for pattern in (CLIENT, SERVER):
+            match = pattern.search(block)
+            if match:
+                figures.update({k: float(v) if "." in v else int(v) for k, v in match.groupdict().items()})
+        found[concurrency] = figures
+    return found
+
+
+def rows(csv_file: Path) -> dict[int, dict[str, float]]:
+    """Per concurrency, the CSV ``-f`` writes (throughput, latency percentiles and the server's stages, in µs)."""
+    with open(csv_file, newline="") as f:
+        return {int(row["Concurrency"]): {k: float(v) for k, v in row.items()} for row in csv.DictReader(f)}
