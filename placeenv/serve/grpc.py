@@ -6,7 +6,8 @@ event loop that serves HTTP, over the same ``Gateway``: one engine, one set of q
 batching across both protocols, the same metrics and errors (``errors.OUTCOMES`` maps
 each to a gRPC status code).
 
-Served: ServerLive, ServerReady, ServerMetadata, ModelReady, ModelMetadata, ModelInfer
+Served: ServerLive, ServerReady, ServerMetadata, ModelReady, ModelMetadata, ModelConfig
+(Triton's ``ModelConfig``, protocol/triton.py), ModelStatistics, ModelInfer
 (``raw_input_contents`` or typed ``contents``; outputs in ``raw_output_contents``),
 RepositoryIndex, RepositoryModelLoad and RepositoryModelUnload (model control). The rest
 (streaming, shared memory, traces) answer UNIMPLEMENTED. The message classes and the servicer base are tritonclient's generated
@@ -23,7 +24,7 @@ from types import MappingProxyType
 import grpc
 import numpy as np
 from google.protobuf import json_format
-from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import model_config_pb2, service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as rpc
 
 from .protocol import wire
@@ -99,6 +100,20 @@ class InferenceServicer(rpc.GRPCInferenceServiceServicer):
         except ServiceError as exc:
             await self._fail(context, exc)
         return json_format.ParseDict(found, pb.ModelMetadataResponse())
+
+    async def ModelConfig(self, request, context):
+        try:
+            found = self.gateway.model_config(request.name, request.version or None)
+        except ServiceError as exc:
+            await self._fail(context, exc)
+        return pb.ModelConfigResponse(config=json_format.ParseDict(found, model_config_pb2.ModelConfig()))
+
+    async def ModelStatistics(self, request, context):
+        try:  # no name: every model's, as Triton answers
+            found = await self.gateway.statistics(request.name or None, request.version or None)
+        except ServiceError as exc:
+            await self._fail(context, exc)
+        return json_format.ParseDict({"model_stats": found}, pb.ModelStatisticsResponse())
 
     async def RepositoryIndex(self, request, context):
         rows = await self.gateway.repository_index(ready_only=request.ready)

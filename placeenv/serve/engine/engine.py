@@ -44,28 +44,58 @@ from .workers import Answer, PlaceChecker, WorkerPool
 log = logging.getLogger(__name__)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class Stats:
-    """Per model version, Triton's statistics shape: counts, and cumulative nanoseconds per stage."""
+    """Per model version, Triton's statistics (``ModelStatistics``): requests answered and failed, the
+    examples they held, the batches that ran, and cumulative nanoseconds per stage. Each request counts
+    its batch's stages, as Triton's do; the batch itself is counted once, by its size."""
 
     success: int = 0
     success_ns: int = 0
     fail: int = 0
     fail_ns: int = 0
     queue_ns: int = 0
-    compute_ns: int = 0
-    preprocess_ns: int = 0
+    input_ns: int = 0
+    infer_ns: int = 0
+    output_ns: int = 0
+    inferences: int = 0  # examples answered
+    executions: int = 0  # forward passes (a pipeline's: its requests answered)
     last_inference_ms: int = 0
+    batches: dict[int, list[int]] = dataclasses.field(default_factory=dict)  # size -> [count, ns of each stage]
 
-    def succeeded(self, taken: float, measured: dict | None, job: Job | None = None,
-                  answer: Answer | None = None) -> None:
-        """One success, taken at ``taken``: its timings ``measured``, or those of ``job``'s ``answer``."""
-        measured = measured or timings(taken, job, answer)
+    def succeeded(self, taken: float, job: Job, answer: Answer) -> None:
+        """A job taken at ``taken`` (its request's arrival, or its step's), answered by a worker."""
         self.success += 1
-        self.success_ns += int(measured["total_ms"] * 1e6)
-        self.queue_ns += int(measured["queue_ms"] * 1e6)
-        self.compute_ns += int(measured["compute_ms"] * 1e6)
-        self.preprocess_ns += int(measured["preprocess_ms"] * 1e6)
+        self.success_ns += int((time.perf_counter() - taken) * 1e9)
+        self.queue_ns += int((answer.compute_started - job.enqueued) * 1e9)
+        self.inferences += job.examples
+        self.last_inference_ms = int(time.time() * 1000)
+        batch = answer.batch
+        self.input_ns += batch.input_ns
+        self.infer_ns += batch.infer_ns
+        self.output_ns += batch.output_ns
+        if not batch.counted:  # its first job answered here: the other jobs of the batch share it
+            batch.counted = True
+            self.executions += 1
+            row = self.batches.get(batch.size)
+            if row is None:
+                row = self.batches[batch.size] = [0, 0, 0, 0]
+            row[0] += 1
+            row[1] += batch.input_ns
+            row[2] += batch.infer_ns
+            row[3] += batch.output_ns
+
+    def pipeline_succeeded(self, taken: float, examples: int, queue_ms: float, stages: list[int]) -> None:
+        """A pipeline's request taken at ``taken``: its steps' time in their queues and the stages of
+        their batches (``stages``: ns of input, infer, output), summed, as Triton's ensembles report."""
+        self.success += 1
+        self.success_ns += int((time.perf_counter() - taken) * 1e9)
+        self.queue_ns += int(queue_ms * 1e6)
+        self.input_ns += stages[0]
+        self.infer_ns += stages[1]
+        self.output_ns += stages[2]
+        self.inferences += examples
+        self.executions += 1
         self.last_inference_ms = int(time.time() * 1000)
 
     def failed(self, taken: float) -> None:
@@ -73,15 +103,22 @@ class Stats:
         self.fail_ns += int((time.perf_counter() - taken) * 1e9)
 
     def describe(self, name: str, version: int) -> dict:
+        """Triton's ``ModelStatistics`` of this version, as its HTTP endpoint writes it (numbers, not strings)."""
         pair = lambda count, ns: {"count": count, "ns": ns}
+        done = self.success
         return {
             "name": name, "version": str(version), "last_inference": self.last_inference_ms,
-            "inference_count": self.success, "execution_count": self.success,
+            "inference_count": self.inferences, "execution_count": self.executions,
             "inference_stats": {
-                "success": pair(self.success, self.success_ns), "fail": pair(self.fail, self.fail_ns),
-                "queue": pair(self.success, self.queue_ns), "compute_input": pair(self.success, self.preprocess_ns),
-                "compute_infer": pair(self.success, self.compute_ns), "compute_output": pair(self.success, 0),
+                "success": pair(done, self.success_ns), "fail": pair(self.fail, self.fail_ns),
+                "queue": pair(done, self.queue_ns), "compute_input": pair(done, self.input_ns),
+                "compute_infer": pair(done, self.infer_ns), "compute_output": pair(done, self.output_ns),
+                "cache_hit": pair(0, 0), "cache_miss": pair(0, 0),  # no response cache
             },
+            "batch_stats": [
+                {"batch_size": size, "compute_input": pair(count, input_ns), "compute_infer": pair(count, infer_ns),
+                 "compute_output": pair(count, output_ns)}
+                for size, (count, input_ns, infer_ns, output_ns) in sorted(self.batches.items())],
         }
 
 
@@ -404,7 +441,7 @@ class Engine:
                 self.pipelines_running -= 1
                 self.runs_live.discard(number)
                 if error is None:
-                    stats.succeeded(work.arrived, result.timings)
+                    stats.pipeline_succeeded(work.arrived, work.examples, result.timings["queue_ms"], run.stages)
                 else:
                     stats.failed(work.arrived)
                 done(result, error)
@@ -428,7 +465,7 @@ class Engine:
                 except Exception as exc:  # a bug of ours: still answered
                     error = exc
                 else:
-                    stats.succeeded(work.arrived, result.timings)
+                    stats.succeeded(work.arrived, job, found)
                     done(result, None)
                     return
             if stats is not None:
@@ -460,7 +497,7 @@ class Engine:
 
             def counted(job: Job | None, found: Answer | None, error: BaseException | None) -> None:
                 if stats is not None and error is None:
-                    stats.succeeded(taken, None, job, found)
+                    stats.succeeded(taken, job, found)
                 elif stats is not None:
                     stats.failed(taken)
                 settled(job, found, error)

@@ -149,6 +149,7 @@ class PipelineRun:
         self.done = False  # no more steps start: the run has ended (answered, or answering)
         self.answered = False
         self.times = {"preprocess_ms": 0.0, "queue_ms": 0.0, "compute_ms": 0.0}
+        self.stages = [0, 0, 0]  # its steps' batches' ns of input, infer and output (Triton's statistics)
         self.shown: Answer | None = None  # the answer the result reports: the last on an accelerator
 
     def start(self) -> None:
@@ -221,6 +222,10 @@ class PipelineRun:
         self.times["preprocess_ms"] += (job.enqueued - self.started[step.index]) * 1000
         self.times["queue_ms"] += (answer.compute_started - job.enqueued) * 1000
         self.times["compute_ms"] += (now - answer.compute_started) * 1000
+        batch, stages = answer.batch, self.stages
+        stages[0] += batch.input_ns
+        stages[1] += batch.infer_ns
+        stages[2] += batch.output_ns
         if self.shown is None or answer.device != "cpu":
             self.shown = answer
         for output, tensor in step.outputs.items():

@@ -35,6 +35,20 @@ from ..models.repository import Entry
 log = logging.getLogger(__name__)
 
 
+@dataclasses.dataclass(slots=True)
+class Batch:
+    """One forward pass, as Triton's statistics count it: its examples and the nanoseconds of its stages
+    (joining the inputs and moving them to the device, ``execute``, postprocess and host arrays). Its
+    jobs' answers share it; the engine counts it once (``counted``), on the event loop thread, after
+    the worker has let go of it."""
+
+    size: int
+    input_ns: int = 0
+    infer_ns: int = 0
+    output_ns: int = 0
+    counted: bool = False
+
+
 @dataclasses.dataclass(frozen=True)
 class Answer:
     """What a worker returns for one job: the job's slice of the batch's outputs, as host arrays."""
@@ -44,6 +58,7 @@ class Answer:
     worker: str
     batch_size: int  # examples in the forward pass this job shared
     compute_started: float
+    batch: Batch | None = None  # the forward pass this job shared, for the statistics
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -366,16 +381,19 @@ class Worker:
             calls.deadline = min(job.deadline for job in jobs)
             calls.chain = (*dict.fromkeys(m for job in jobs for m in job.chain), context.name)
         self.stack.append(jobs[0].model)
+        stamps: list[float] = []
         try:
-            results = forward(replica, [job.inputs for job in jobs], jobs[0].batched, examples, check, keep)
+            results = forward(replica, [job.inputs for job in jobs], jobs[0].batched, examples, check, keep, stamps)
         finally:
             self.stack.pop()
             calls.call, calls.loop, calls.deadline, calls.chain, calls.worker = outer
         metrics.child(metrics.COMPUTE_DURATION, context.name, self.device).observe(time.perf_counter() - started)
-        return results, examples
+        joined, executed, answered = stamps[1] - stamps[0], stamps[2] - stamps[1], stamps[3] - stamps[2]
+        return results, Batch(examples, int(joined * 1e9), int(executed * 1e9), int(answered * 1e9))
 
     def _answer(self, jobs: list[Job], outputs) -> None:
-        results, examples = outputs
+        results, batch = outputs
+        examples = batch.size
         # Outputs kept as tensors (forward's ``keep``): a step that hands them on gets them as Handed, a
         # job that wants arrays (a request) as arrays, made once a batch. One on the host goes as an
         # array to all: a job's rows of it cost no Paddle call, and the next step joins arrays as it
@@ -392,7 +410,7 @@ class Worker:
             job = jobs[0]
             part = results if not kept else {
                 **results, **{name: Handed(tensors[name], kept[name]) for name in job.keep & kept.keys()}}
-            job.resolve(Answer(part, self.device, self.name, examples, job.started))
+            job.resolve(Answer(part, self.device, self.name, examples, job.started, batch))
             return
         answers, offset = [], 0
         for job in jobs:
@@ -400,7 +418,7 @@ class Worker:
             handed = job.keep & kept.keys()
             part = {name: value[offset:rows[1]] for name, value in results.items() if name not in handed}
             part.update((name, Handed(tensors[name], kept[name], rows)) for name in handed)
-            answers.append((job, Answer(part, self.device, self.name, examples, job.started)))
+            answers.append((job, Answer(part, self.device, self.name, examples, job.started, batch)))
             offset += job.examples
         resolve_all(answers)
 
@@ -417,7 +435,7 @@ def _unchecked(stage: str, actual: str, expected: str | None = None) -> bool:
 
 
 def forward(replica: Model, inputs: list[dict], batched: bool, examples: int, check=_unchecked,
-            keep: frozenset[str] = frozenset()) -> dict:
+            keep: frozenset[str] = frozenset(), stamps: list[float] | None = None) -> dict:
     """One forward pass of ``replica`` over some requests' preprocessed inputs, as every worker runs it:
     one host tensor per input for them all, moved to the replica's place, ``execute``, ``postprocess``;
     the declared outputs as host arrays, of ``examples`` rows each when ``batched``. ``check`` is the
@@ -425,7 +443,13 @@ def forward(replica: Model, inputs: list[dict], batched: bool, examples: int, ch
 
     A pipeline's steps: an input may be a step's ``Handed`` tensor, joined where it is and moved only
     when it is elsewhere; the outputs in ``keep`` (the model's postprocess is the default, ``numpy()``)
-    stay the tensors ``execute`` made, for the next step."""
+    stay the tensors ``execute`` made, for the next step.
+
+    ``stamps``, when given, gets ``time.perf_counter()`` at the start, once the inputs are on the device,
+    once ``execute`` has returned and once the outputs are host arrays: Triton's compute_input,
+    compute_infer and compute_output of the batch."""
+    if stamps is not None:
+        stamps.append(time.perf_counter())
     context = replica.context
     on_host = placeenv.device_name(replica.place) == "cpu"  # a CPU worker: its host tensors are in place
     moved = {}
@@ -439,6 +463,8 @@ def forward(replica: Model, inputs: list[dict], batched: bool, examples: int, ch
             tensor = host if on_host else move_to(host, replica.place)
         moved[spec.name] = tensor
         check("batch", placeenv.device_name(tensor.place))
+    if stamps is not None:
+        stamps.append(time.perf_counter())
     out = replica.execute(moved)
     # The thread's device after the forward: the one check that sees a leak for a saved program
     # on sim, whose outputs are CPU tensors whatever device it ran on (docs/service.md).
@@ -447,6 +473,8 @@ def forward(replica: Model, inputs: list[dict], batched: bool, examples: int, ch
     for tensor in out.values():
         if not isinstance(tensor, np.ndarray):  # (an execute that works on the host may give arrays)
             check("output", placeenv.device_name(tensor.place), expected)
+    if stamps is not None:
+        stamps.append(time.perf_counter())
     results = replica.postprocess({n: t for n, t in out.items() if n not in keep} if keep else out)
     # A Predictor's outputs are its output variables, which its next run writes over: a kept one is copied.
     results.update((name, out[name] if replica.predictor is None else out[name].clone()) for name in keep)
@@ -457,8 +485,11 @@ def forward(replica: Model, inputs: list[dict], batched: bool, examples: int, ch
         short = [n for n, a in results.items() if rows_of(a) != examples]
         if short:
             raise RuntimeError(f"outputs {short} do not have the batch's {examples} rows")
-    return {spec.name: results[spec.name] if spec.name in keep else np.asarray(results[spec.name])
-            for spec in context.outputs}
+    found = {spec.name: results[spec.name] if spec.name in keep else np.asarray(results[spec.name])
+             for spec in context.outputs}
+    if stamps is not None:
+        stamps.append(time.perf_counter())
+    return found
 
 
 def rows_of(value) -> int | None:

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from .. import metrics
+from . import triton
 from .errors import OK_LABEL, OUTCOMES, InvalidInput, ModelFailed, ServiceError, outcome
 from .request import Catalog, InferRequest, ModelInfo, Result, VersionInfo, Work
 from .wire import prefix
@@ -111,7 +112,7 @@ class Gateway:
     @staticmethod
     def server_metadata() -> dict[str, Any]:
         return {"name": "placeenv", "version": VERSION,
-                "extensions": ["binary_tensor_data", "model_repository", "statistics"]}
+                "extensions": ["binary_tensor_data", "model_configuration", "model_repository", "statistics"]}
 
     def model_metadata(self, name: Any, version: Any = None) -> dict[str, Any]:
         """A model version's metadata; ``UnknownModel`` or ``NotReady`` naming what exists."""
@@ -122,11 +123,9 @@ class Gateway:
         }
 
     def model_config(self, name: Any, version: Any = None) -> dict[str, Any]:
-        """The config file's fields first: the effective values after them replace its unset (None) ones."""
+        """Triton's ``ModelConfig`` of a model version (protocol/triton.py); ``UnknownModel`` or ``NotReady``."""
         model, chosen = self.catalog.resolve(name, version)
-        return {**model.config, "name": model.name, "max_batch_size": model.max_batch_size,
-                "max_batch_delay_ms": model.max_batch_delay_ms,
-                "input": [s.describe() for s in chosen.inputs], "output": [s.describe() for s in chosen.outputs]}
+        return triton.model_config(model, chosen, self.catalog.devices, self.settings.workers_per_device)
 
     async def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
         """Every served version, every model that could not be loaded (or whose last load failed, beside

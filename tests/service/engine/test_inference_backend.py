@@ -7,6 +7,7 @@ Over HTTP: one service whose repository holds a model of each backend, under con
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import textwrap
@@ -202,7 +203,9 @@ def test_a_service_serves_every_backend_under_concurrent_load_and_says_which(rep
                 np.testing.assert_allclose(outputs[key], value, rtol=1e-5, atol=1e-5, err_msg=f"{name} {key}")
         backends = {name: httpx.get(f"{proc.url}/v2/models/{name}/config", timeout=10).json()
                     for name in ("two-auto", "two-jit", "two-inference")}
-    assert {n: (c["backend"], c["backends"]) for n, c in backends.items()} == {
+    # Triton's ModelConfig has no field for them: they are in its parameters, as JSON (protocol/triton.py).
+    assert {n: (c["parameters"]["backend"]["string_value"], json.loads(c["parameters"]["backends"]["string_value"]))
+            for n, c in backends.items()} == {
         "two-auto": ("auto", {"cpu": "inference"}), "two-jit": ("jit", {"cpu": "jit"}),
         "two-inference": ("inference", {"cpu": "inference"})}
 
@@ -216,7 +219,7 @@ def test_a_predictor_workers_place_checks_catch_a_leak_only_without_isolation(re
     with ServiceProcess(DEVICES="cpu,sim:0", WORKERS_PER_DEVICE=2, MODEL_REPOSITORY=str(repository),
                         MODELS="two-auto", ISOLATION=isolation) as proc:
         config = httpx.get(f"{proc.url}/v2/models/two-auto/config", timeout=10).json()
-        assert config["backends"] == {"cpu": "inference", "sim:0": "jit"}
+        assert json.loads(config["parameters"]["backends"]["string_value"]) == {"cpu": "inference", "sim:0": "jit"}
 
         def one(i: int) -> int:
             body = v2_body(two_inputs(1 + i % 4, 1 + i % 7))

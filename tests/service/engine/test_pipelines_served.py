@@ -129,7 +129,8 @@ def test_a_pipeline_answers_what_its_steps_compute_over_tritonclients_http_and_g
     assert metadata["platform"] == "ensemble" and metadata["versions"] == ["1"]
     assert [o["name"] for o in metadata["outputs"]] == ["sum"]
     config = http.get_model_config("chain")
-    assert [s["model"] for s in config["pipeline"]] == ["affine", "affine", "rowsum"]
+    assert config["platform"] == "ensemble"
+    assert [s["model_name"] for s in config["ensemble_scheduling"]["step"]] == ["affine", "affine", "rowsum"]
     assert grpc.is_model_ready("chain")
     # /predict too: its answer's timings are the steps' (each a sum over them) and the whole request's.
     answer = httpx.post(f"{service.url}/predict", json={"model": "chain", "inputs": X.tolist()}, timeout=30)

@@ -104,7 +104,8 @@ def test_the_workers_of_a_device_hold_one_copy_of_the_weights(repository, model)
     assert one_worker >= COPY  # the weights are on the device, counted
     with serve(repository, model, 4) as proc:
         config = httpx.get(f"{proc.url}/v2/models/{model}/config", timeout=10).json()
-        assert config["share_weights"] is None  # the default: shared, as the defaults load it
+        # The default (shared, as the defaults load it) is unset: not among Triton's parameters.
+        assert "share_weights" not in config["parameters"] and "backend" in config["parameters"]
         four_workers = device_memory(proc)
         hammer(proc, repository, model)
         after_load = device_memory(proc)

@@ -9,6 +9,7 @@ result; SIGTERM turns readiness off while calls are still served, then closes th
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import socket
 
@@ -21,6 +22,8 @@ import tritonclient.grpc.aio as tga
 import tritonclient.http as th
 from support import wait_until
 from support.servers import ServiceProcess, free_port
+from google.protobuf import json_format
+from tritonclient.grpc import model_config_pb2
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as rpc
 from tritonclient.utils import InferenceServerException
@@ -125,6 +128,9 @@ def test_fp16_without_raw_contents_is_told_to_send_raw_input_contents():
     (lambda c: c.infer("digits", [pixels(DIGITS)], model_version="9"), "NOT_FOUND", "version"),
     (lambda c: c.infer("digits", [pixels(DIGITS[:, :63].copy())]), "INVALID_ARGUMENT", "expected"),
     (lambda c: c.get_model_metadata("no-such-model"), "NOT_FOUND", "no-such-model"),
+    (lambda c: c.get_model_config("no-such-model"), "NOT_FOUND", "available: digits, mobilenet"),
+    (lambda c: c.get_model_config("digits", "9"), "NOT_FOUND", "version"),
+    (lambda c: c.get_inference_statistics("no-such-model"), "NOT_FOUND", "available: digits, mobilenet"),
     (lambda c: c.infer("digits", [tg.InferInput("p" * 5000, [1, 64], "FP32").set_data_from_numpy(
         np.ones((1, 64), np.float32))]), "INVALID_ARGUMENT", "..."),
 ])
@@ -134,6 +140,63 @@ def test_errors_carry_the_outcomes_status_codes(served, call, code, words):
         call(tg.InferenceServerClient(target))
     assert caught.value.status() == f"StatusCode.{code}"
     assert words in caught.value.message() and len(caught.value.message()) < 400  # a prefix of the input at most
+
+
+def test_model_config_is_https_as_tritons_message(served):
+    """ModelConfig answers the message HTTP's /config parses into: the same config, both protocols."""
+    proc, target = served
+    client = tg.InferenceServerClient(target)
+    for model in ("digits", "mobilenet"):
+        http = httpx.get(f"{proc.url}/v2/models/{model}/config").json()
+        expected = json_format.ParseDict(http, model_config_pb2.ModelConfig())
+        assert client.get_model_config(model).config == expected, model
+        assert client.get_model_config(model, "1").config == expected, model
+    config = client.get_model_config("digits", as_json=True)["config"]
+    assert config["name"] == "digits" and config["platform"] == "paddle_python"
+    assert config["input"] == [{"name": "pixels", "data_type": "TYPE_FP32", "dims": ["64"]}]  # (int64: a string)
+    # Two sim devices, one worker each: KIND_MODEL (Triton has no kind for them), a worker per device.
+    assert config["instance_group"] == [{"kind": "KIND_MODEL", "count": 1}]
+    assert json.loads(config["parameters"]["parameters"]["string_value"]) == {"pixel_max": 16}
+
+
+def statistics(client, model: str) -> dict:
+    """Triton's statistics of ``model``'s one version over gRPC, its int64 figures as numbers."""
+    (found,) = client.get_inference_statistics(model, as_json=True)["model_stats"]
+
+    def numbers(value):
+        if isinstance(value, dict):
+            return {k: v if k in ("name", "version") else numbers(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [numbers(v) for v in value]
+        return int(value)
+
+    return numbers(found)
+
+
+def test_statistics_count_what_ran_and_agree_with_http(served):
+    """Known requests over gRPC: each runs alone (one at a time), so 3 requests of 3 examples are 3
+    batches of 3; every stage has time. HTTP's statistics are the same figures."""
+    proc, target = served
+    client = tg.InferenceServerClient(target)
+    before = statistics(client, "digits")
+    for _ in range(3):
+        client.infer("digits", [pixels(DIGITS)])
+    after = statistics(client, "digits")
+    assert after["name"] == "digits" and after["version"] == "1"
+    assert after["inference_count"] - before.get("inference_count", 0) == 9
+    assert after["execution_count"] - before.get("execution_count", 0) == 3
+    stats, old = after["inference_stats"], before.get("inference_stats", {})
+    for stage in ("success", "queue", "compute_input", "compute_infer", "compute_output"):
+        count = stats[stage]["count"] - old.get(stage, {}).get("count", 0)
+        ns = stats[stage]["ns"] - old.get(stage, {}).get("ns", 0)
+        assert count == 3 and ns > 0, (stage, count, ns)
+    assert "fail" not in stats or stats["fail"] == old.get("fail")  # protobuf leaves out a zero message
+    threes = {row["batch_size"]: row for row in after["batch_stats"]}[3]
+    was = {row["batch_size"]: row for row in before.get("batch_stats", [])}.get(3, {})
+    assert threes["compute_infer"]["count"] - was.get("compute_infer", {}).get("count", 0) == 3
+    # The same figures as HTTP's (no request in between), read as Triton's message.
+    (http,) = th.InferenceServerClient(proc.url.removeprefix("http://")).get_inference_statistics("digits")["model_stats"]
+    assert json_format.ParseDict(http, pb.ModelStatistics()) == client.get_inference_statistics("digits").model_stats[0]
 
 
 def test_concurrent_calls_each_get_their_own_answer(served):

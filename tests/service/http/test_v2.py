@@ -29,9 +29,11 @@ import numpy as np
 import paddle
 import pytest
 import tritonclient.http as triton
+from google.protobuf import json_format
 from support import wait_until
 from support.models import digits_locally, run_locally
 from support.servers import REPOSITORIES, ServiceProcess, workers_held
+from tritonclient.grpc import model_config_pb2
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from placeenv import PlaceEnv
@@ -257,9 +259,58 @@ def test_model_ready_config_and_repository_index(client):
         [(m, "1", "READY") for m in MODELS] + [("fresh", "2", "READY")])
 
 
+def test_model_config_is_tritons_model_config(service, client):
+    """Triton's tools read /config as Triton's ModelConfig: protobuf's strict parser (no unknown field)
+    takes every model's, and its fields say what the service does."""
+    for model in MODELS:
+        json_format.ParseDict(client.get_model_config(model), model_config_pb2.ModelConfig())
+    fresh = client.get_model_config("fresh")
+    assert fresh["platform"] == "paddle_jit" and fresh["max_batch_size"] == 8
+    # Triton's dims leave out the batch dimension of a model that batches.
+    assert fresh["input"] == [{"name": "features", "data_type": "TYPE_FP32", "dims": [4]},
+                              {"name": "token", "data_type": "TYPE_INT64", "dims": [1]}]
+    assert fresh["dynamic_batching"] == {"max_queue_delay_microseconds": 2000}  # the default 2 ms
+    assert fresh["instance_group"] == [{"kind": "KIND_MODEL", "count": 1}]  # sim devices: no Triton kind
+    assert fresh["version_policy"] == {"specific": {"versions": [1, 2]}}  # both versions served
+    assert json.loads(fresh["parameters"]["max_batch_delay_ms"]["string_value"]) == 2
+    assert client.get_model_config("fresh", "1")["version_policy"] == fresh["version_policy"]
+    # A model that does not batch: whole shapes, no dynamic batching; its config file's fields as parameters.
+    gate = client.get_model_config("gate")
+    assert gate["max_batch_size"] == 0 and "dynamic_batching" not in gate
+    assert gate["input"] == [{"name": "port", "data_type": "TYPE_FP32", "dims": [-1, 1]}]
+    assert gate["parameters"]["description"]["string_value"].startswith("For tests: holds its worker")
+    assert gate["version_policy"] == {"latest": {"num_versions": 1}}
+    # Negative control: the parser refuses a field Triton's ModelConfig does not have (the old top-level
+    # "backends"), so the strict parse above is a real check.
+    with pytest.raises(json_format.ParseError, match="backends"):
+        json_format.ParseDict({**fresh, "backends": {"sim:0": "jit"}}, model_config_pb2.ModelConfig())
+
+
+def statistics_of(client, model: str, version: str = "") -> dict:
+    (found,) = client.get_inference_statistics(model, version)["model_stats"]
+    return found
+
+
+def grown(after: dict, before: dict) -> dict:
+    """The counts and nanoseconds of ``after`` less ``before`` (Triton's statistics of one version):
+    {"inference_count": n, "execution_count": n, "success": (count, ns), ..., "batch": {size: {stage: (count, ns)}}}."""
+    stages = ("compute_input", "compute_infer", "compute_output")
+    found = {key: after[key] - before[key] for key in ("inference_count", "execution_count")}
+    for key, pair in after["inference_stats"].items():
+        old = before["inference_stats"][key]
+        found[key] = (pair["count"] - old["count"], pair["ns"] - old["ns"])
+    sizes = {row["batch_size"]: row for row in before["batch_stats"]}
+    zero = {stage: {"count": 0, "ns": 0} for stage in stages}
+    found["batch"] = {row["batch_size"]: {stage: (row[stage]["count"] - sizes.get(row["batch_size"], zero)[stage]["count"],
+                                                  row[stage]["ns"] - sizes.get(row["batch_size"], zero)[stage]["ns"])
+                                          for stage in stages} for row in after["batch_stats"]}
+    found["batch"] = {size: rows for size, rows in found["batch"].items() if rows["compute_infer"][0]}
+    return found
+
+
 def test_statistics_count_inferences(client):
     def counts():
-        (stats,) = client.get_inference_statistics("exported")["model_stats"]
+        stats = statistics_of(client, "exported")
         assert stats["name"] == "exported" and stats["version"] == "1"
         return stats["inference_count"], stats["inference_stats"]["success"]["count"]
 
@@ -273,6 +324,58 @@ def test_statistics_count_inferences(client):
     assert one["version"] == "1"
     every = client.get_inference_statistics()["model_stats"]  # no model named: all of them (GET /v2/models/stats)
     assert sorted((s["name"], s["version"]) for s in every) == sorted([(m, "1") for m in MODELS] + [("fresh", "2")])
+
+
+def test_statistics_count_requests_examples_and_each_batch_once(service, client):
+    """Triton's statistics after known requests: requests (success), examples (inference_count),
+    forward passes (execution_count) and batch_stats by the size that ran; every stage's time > 0.
+    Sequential requests run alone, a batch of their examples each; 32 requests queued behind held
+    workers (``gate``) run as 4 batches of 8, one a device, whatever the machine's speed."""
+    before = statistics_of(client, "exported")
+    started = time.time()
+    for i in range(3):  # 2 examples each
+        client.infer("exported", [tensor("x", np.full((2, 1, 6, 6), i, np.float32), binary=True)])
+    alone = grown(statistics_of(client, "exported"), before)
+    assert (alone["success"][0], alone["inference_count"], alone["execution_count"]) == (3, 6, 3)
+    assert alone["fail"] == (0, 0)
+    assert set(alone["batch"]) == {2} and alone["batch"][2]["compute_infer"][0] == 3
+    for stage in ("queue", "compute_input", "compute_infer", "compute_output"):
+        count, ns = alone[stage]
+        assert count == 3 and ns > 0, (stage, alone[stage])
+    # A request's stages are parts of its time in the service.
+    assert sum(alone[stage][1] for stage in ("queue", "compute_input", "compute_infer", "compute_output")) \
+        <= alone["success"][1]
+    assert statistics_of(client, "exported")["last_inference"] >= int(started * 1000)
+
+    before = statistics_of(client, "exported")
+    url = service.url.removeprefix("http://")
+    with triton.InferenceServerClient(url, concurrency=32) as many, workers_held(service.url, len(SIM)):
+        sent = [many.async_infer("exported", [tensor("x", np.full((1, 1, 6, 6), i, np.float32), True)])
+                for i in range(32)]
+        wait_until(lambda: service.total("inference_queue_depth") == 32, 60,
+                   lambda: f"not all 32 queued: {service.total('inference_queue_depth')}")
+    for answer in sent:
+        answer.get_result(timeout=60)
+    batched = grown(statistics_of(client, "exported"), before)
+    assert (batched["success"][0], batched["inference_count"], batched["execution_count"]) == (32, 32, 4)
+    assert set(batched["batch"]) == {8}
+    assert {stage: count for stage, (count, _) in batched["batch"][8].items()} == dict.fromkeys(
+        ("compute_input", "compute_infer", "compute_output"), 4)
+    # Each request counts its batch's time, as Triton's do: 8 times each batch's.
+    for stage in ("compute_input", "compute_infer", "compute_output"):
+        assert batched[stage] == (32, 8 * batched["batch"][8][stage][1]), stage
+
+
+def test_statistics_count_a_failure_and_nothing_else(client):
+    """Negative control: a request the model refuses (digits' own preprocess: a pixel out of range)
+    moves ``fail`` alone; a request refused by the checks before the engine (a wrong shape) moves nothing."""
+    before = statistics_of(client, "digits")
+    refused(lambda: client.infer("digits", [tensor("pixels", np.full((1, 64), 99, np.float32), True)]))
+    refused(lambda: client.infer("digits", [tensor("pixels", np.zeros((1, 63), np.float32), True)]))
+    found = grown(statistics_of(client, "digits"), before)
+    assert found["fail"][0] == 1 and found["fail"][1] > 0
+    assert found["success"] == found["queue"] == found["compute_infer"] == (0, 0)
+    assert (found["inference_count"], found["execution_count"], found["batch"]) == (0, 0, {})
 
 
 # -- inference: correctness on every device ----------------------------------------------------------------
