@@ -64,6 +64,14 @@ def inputs_of(request: pb.ModelInferRequest,
     return arrays
 
 
+def parameter(parameters, key: str):
+    """The value of a request's parameter (whichever of its typed fields is set), or None."""
+    if key not in parameters:
+        return None
+    found = parameters[key]
+    return getattr(found, found.WhichOneof("parameter_choice") or "int64_param")
+
+
 class InferenceServicer(rpc.GRPCInferenceServiceServicer):
     def __init__(self, gateway: Gateway, settings) -> None:
         self.gateway, self.settings = gateway, settings
@@ -101,12 +109,18 @@ class InferenceServicer(rpc.GRPCInferenceServiceServicer):
     async def ModelInfer(self, request, context):
         arrived = time.perf_counter()
         name, version = request.model_name, request.model_version or None
+        remaining = context.time_remaining()  # the call's deadline (tritonclient's client_timeout), or None
 
         def read(model, chosen) -> InferRequest:
             arrays = inputs_of(request, {s.name: s.datatype for s in chosen.inputs})
             # The message's size, typed contents included: what preprocessing inline or on a thread weighs.
-            return InferRequest(name, version, arrays, [o.name for o in request.outputs] or None, arrived,
-                                request.ByteSize())
+            found = InferRequest(name, version, arrays, [o.name for o in request.outputs] or None, arrived,
+                                 request.ByteSize())
+            if remaining is not None:
+                found.expires = arrived + remaining
+            if request.parameters:
+                found.timeout, found.priority = (parameter(request.parameters, key) for key in ("timeout", "priority"))
+            return found
 
         try:
             result = await self.gateway.infer(lambda: (name, version), read, name)

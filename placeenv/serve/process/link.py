@@ -5,10 +5,12 @@ Each front end holds one DEALER socket (``EngineClient``); the engine one ROUTER
 requests and results, one frame per array: its buffer as it lies in memory, never
 pickled, received without a copy (``np.frombuffer`` over ZeroMQ's frame).
 
-    front end -> engine   b"R" run (id, Work, tensors) + arrays | b"S" status | b"T" statistics | b"C" catalog
+    front end -> engine   b"R" run (id, Work, tensors) + arrays | b"X" cancel (id) | b"S" status |
+                          b"T" statistics | b"C" catalog
     engine -> front end   b"r" result + arrays | b"e" error | b"s" / b"t" / b"c" the answers
 
-Every request a front end sends is answered exactly once: by the engine, or, when
+Every request a front end sends is answered exactly once: by the engine (a request whose
+client left is cancelled, ``b"X"``: the engine withdraws its job and sends nothing back), or, when
 the engine process goes away (ZeroMQ's monitor sees the ipc connection drop) or
 stays silent past the request's deadline, by the front end itself.
 
@@ -33,7 +35,7 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from ..protocol import errors, wire
-from ..protocol.errors import EngineUnavailable, ModelFailed, Overloaded, ServiceError, Timeout
+from ..protocol.errors import Cancelled, EngineUnavailable, ModelFailed, Overloaded, ServiceError, Timeout
 from ..protocol.request import Catalog, Result, Work
 
 log = logging.getLogger(__name__)
@@ -258,6 +260,10 @@ class EngineClient:
         try:
             self._send([b"R", _encode(RunHeader(ident, work, tensors)), *buffers])
             header, frames = await future
+        except asyncio.CancelledError:  # the client left: the engine withdraws its job
+            send_now(self.socket, [b"X", _encode(Query(ident))])
+            self.pump.sent()
+            raise
         finally:
             del self.pending[ident], self.deadlines[ident]
         return Result(header.model, header.version, arrays_in(header.tensors, frames), header.datatypes,
@@ -379,6 +385,8 @@ class EngineServer:
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 0)  # a front end gone: its answers are dropped
         self.catalog = msgspec.to_builtins(engine.catalog())
         self.pump: Pump | None = None
+        # Each request not yet answered, by (front end, its id): its handle, for a cancel (b"X").
+        self.handles: dict[tuple[bytes, int], Any] = {}
 
     def bind(self) -> None:
         self.socket.bind(self.endpoint)
@@ -399,6 +407,10 @@ class EngineServer:
         kind = kind.bytes
         if kind == b"R":
             self._submit(peer, header, frames)
+        elif kind == b"X":
+            handle = self.handles.get((peer.bytes, _decode_query(header.buffer).id))
+            if handle is not None:  # (None: answered already, or answered as it was submitted)
+                handle.cancel()
         elif kind in (b"S", b"T", b"C"):
             self._query(peer, kind, _decode_query(header.buffer))
         else:
@@ -406,12 +418,19 @@ class EngineServer:
 
     def _submit(self, peer, header, frames) -> None:
         request = _decode_run(header.buffer)
+        key, handles = (peer.bytes, request.id), self.handles
+        handles[key] = None  # (the engine may answer it before submit returns: then it is gone)
         # A callback, not a task per request: the engine calls it once, with the result or the error.
-        self.engine.submit(request.work, arrays_in(request.tensors, frames),
-                           lambda result, error: self._reply(peer, request.id, result, error))
+        handle = self.engine.submit(request.work, arrays_in(request.tensors, frames),
+                                    lambda result, error: self._reply(peer, key, result, error))
+        if key in handles:
+            handles[key] = handle
 
-    def _reply(self, peer, ident: int, result, error) -> None:
-        reply = None
+    def _reply(self, peer, key: tuple[bytes, int], result, error) -> None:
+        self.handles.pop(key, None)
+        if type(error) is Cancelled:  # its front end cancelled it, and answered its client's leaving
+            return
+        ident, reply = key[1], None
         if error is None:
             try:
                 tensors, buffers = arrays_out(result.outputs)
