@@ -128,12 +128,16 @@ class Ticket:
 
     def attach(self, job: Job) -> bool:
         """Its job, once made; False when the request was cancelled meanwhile (not to be queued)."""
+        if self.cancelled:
+            return False
         self.job = job
-        return not self.cancelled
+        return True
 
     def cancel(self) -> bool:
         if self.job is not None:
             return self.job.cancel()
+        if self.cancelled:
+            return False
         self.cancelled = True
         return True
 

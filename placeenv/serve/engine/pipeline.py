@@ -159,8 +159,10 @@ class PipelineRun:
 
     def attach(self, job: Job) -> bool:
         """A step's job, once made; False once the run has ended (the step is not queued)."""
+        if self.done:
+            return False
         self.jobs.append(job)
-        return not self.done
+        return True
 
     def cancel(self) -> bool:
         """The client left: no more steps start, those queued are withdrawn (``Job.cancel``), and the
@@ -169,7 +171,7 @@ class PipelineRun:
             return False
         if self.work.deadline <= time.perf_counter():
             error: ServiceError = Timeout(f"pipeline {self.plan.pipeline.name!r}: no answer within "
-                                          f"{self.work.deadline - self.work.arrived:g} s")
+                                          f"{self.work.deadline - self.work.arrived:.3g} s")
         else:
             error = Cancelled("the client cancelled the request")
             error.stage = "running" if self.ran() else "queued"

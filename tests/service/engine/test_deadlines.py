@@ -33,7 +33,7 @@ WAIT_S = 60
 
 @pytest.fixture(scope="module", params=[0, 1], ids=["one-process", "1-frontend"])
 def service_settings(request):
-    return {"MODELS": "digits,gate", "DEVICES": "sim:0", "WORKERS_PER_DEVICE": 1, "GRPC_PORT": free_port(),
+    return {"MODELS": "digits,gate,gate_chain", "DEVICES": "sim:0", "WORKERS_PER_DEVICE": 1, "GRPC_PORT": free_port(),
             "FRONTENDS": request.param}
 
 
@@ -262,6 +262,38 @@ def test_requests_whose_clients_leave_are_never_run_and_counted(served, gate):
     for which in ("H", "B"):
         assert "CANCELLED" in str(callbacks[which].result(WAIT_S)), which
     counted(proc, "inference_requests_total", answered, 3, status="cancelled", **labels)
+
+
+@pytest.mark.parametrize("leaves", [True, False], ids=["client-leaves", "control"])
+def test_a_pipeline_whose_client_leaves_takes_no_further_step(served, gate, leaves):
+    # gate_chain: gate, then gate again on the same port. Its client cancels while the first step runs;
+    # once the worker has ended that step, a control request queued behind runs, and the pipeline's
+    # second step never does (it would have been queued as the first step's answer came, ahead of
+    # the control). The control of the test: a client that stays gets its second step, then its answer.
+    proc, host, target = served
+    port, control = gate.port(), gate.port()
+    finished: Future = Future()
+    call = tg.InferenceServerClient(target).async_infer(
+        "gate_chain", [port_input(tg, port)], callback=lambda result, error: finished.set_result((result, error)))
+    reached = gate.reached(WAIT_S)
+    assert reached is not None and reached[0] == port, "the first step did not begin"
+    computed = proc.total("inference_compute_duration_seconds_count", model="gate")
+    cancelled = proc.total("inference_cancelled_requests_total", model="gate_chain", stage="running")
+    if leaves:
+        call.cancel()
+        counted(proc, "inference_cancelled_requests_total", cancelled, 1, model="gate_chain", stage="running")
+    reached[1].close()  # the first step ends
+    if not leaves:
+        assert gate.ran() == port  # the second step
+        result, error = finished.result(WAIT_S)
+        assert error is None and result.as_numpy("again").tolist() == [[port]]
+        return
+    counted(proc, "inference_compute_duration_seconds_count", computed, 1, model="gate")
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(http_infer, host, control)
+        assert gate.ran() == control  # not the pipeline's second step
+        assert answer.result(WAIT_S).as_numpy("port").tolist() == [[control]]
+    assert "CANCELLED" in str(finished.result(WAIT_S)[1])
 
 
 # -- priority ----------------------------------------------------------------------------------------
