@@ -64,6 +64,13 @@ def inputs_of(request: pb.ModelInferRequest,
     return arrays
 
 
+#: A call's gRPC deadline is the request's, a little early (a share of what is left, at most a bound):
+#: gRPC's own timer cancels the call a little either side of the time ``time_remaining()`` gives, and the
+#: service answers at the request's deadline before it, so a call that its deadline ends is always
+#: answered and counted as that deadline's, never as a client that left.
+EARLY, EARLY_MAX_S = 0.05, 0.01
+
+
 def parameter(parameters, key: str):
     """The value of a request's parameter (whichever of its typed fields is set), or None."""
     if key not in parameters:
@@ -117,7 +124,7 @@ class InferenceServicer(rpc.GRPCInferenceServiceServicer):
             found = InferRequest(name, version, arrays, [o.name for o in request.outputs] or None, arrived,
                                  request.ByteSize())
             if remaining is not None:
-                found.expires = arrived + remaining
+                found.expires = arrived + remaining - min(remaining * EARLY, EARLY_MAX_S)
             if request.parameters:
                 found.timeout, found.priority = (parameter(request.parameters, key) for key in ("timeout", "priority"))
             return found

@@ -7,8 +7,9 @@ to those paths, ahead of FastAPI: six middleware layers, routing through every r
 time on the event loop (the profile in docs/benchmarks.md). ``document`` adds the same table to
 the FastAPI app for its OpenAPI documentation only: those endpoints are never reached.
 
-The router owns what every route shares: the arrival time, the body limit, the method, the
-answer to a ``ServiceError`` (``errors.OUTCOMES``) and to a bug of ours. What it refuses before
+The router owns what every route shares: the arrival time, the body limit, the method, a client
+that leaves while its request waits (``Departures``), the answer to a ``ServiceError``
+(``errors.OUTCOMES``) and to a bug of ours. What it refuses before
 an adapter runs (413, 405) it counts through the gateway; the gateway counts the rest. Before
 the gateway exists (the models still loading) it answers 503, which nothing counts yet.
 """
