@@ -71,6 +71,21 @@ def _parameters(parameters) -> dict:
             for key, value in parameters.items()}
 
 
+#: A call's gRPC deadline is the request's, a little early (a share of what is left, at most a bound):
+#: gRPC's own timer cancels the call a little either side of the time ``time_remaining()`` gives, and the
+#: service answers at the request's deadline before it, so a call that its deadline ends is always
+#: answered and counted as that deadline's, never as a client that left.
+EARLY, EARLY_MAX_S = 0.05, 0.01
+
+
+def parameter(parameters, key: str):
+    """The value of a request's parameter (whichever of its typed fields is set), or None."""
+    if key not in parameters:
+        return None
+    found = parameters[key]
+    return getattr(found, found.WhichOneof("parameter_choice") or "int64_param")
+
+
 class InferenceServicer(rpc.GRPCInferenceServiceServicer):
     def __init__(self, gateway: Gateway, settings) -> None:
         self.gateway, self.settings = gateway, settings
@@ -138,12 +153,18 @@ class InferenceServicer(rpc.GRPCInferenceServiceServicer):
     async def ModelInfer(self, request, context):
         arrived = time.perf_counter()
         name, version = request.model_name, request.model_version or None
+        remaining = context.time_remaining()  # the call's deadline (tritonclient's client_timeout), or None
 
         def read(model, chosen) -> InferRequest:
             arrays = inputs_of(request, {s.name: s.datatype for s in chosen.inputs})
             # The message's size, typed contents included: what preprocessing inline or on a thread weighs.
-            return InferRequest(name, version, arrays, [o.name for o in request.outputs] or None, arrived,
-                                request.ByteSize())
+            found = InferRequest(name, version, arrays, [o.name for o in request.outputs] or None, arrived,
+                                 request.ByteSize())
+            if remaining is not None:
+                found.expires = arrived + remaining - min(remaining * EARLY, EARLY_MAX_S)
+            if request.parameters:
+                found.timeout, found.priority = (parameter(request.parameters, key) for key in ("timeout", "priority"))
+            return found
 
         try:
             result = await self.gateway.infer(lambda: (name, version), read, name)

@@ -282,6 +282,19 @@ BATCH_SIZE = Histogram(
 WORKER_UP = Gauge("worker_up", "1 while a worker thread is alive and has its models loaded.",
                   ["worker", "device"], multiprocess_mode="livemax")
 WORKER_RESTARTS = Counter("worker_restarts", "Workers replaced after their thread died.", ["device"])
+# Counted by the engine, which knows where a withdrawn request was; inference_requests_total counts
+# their answers (status timeout, cancelled) with every other.
+CANCELLED = Counter(
+    "inference_cancelled_requests", "Requests the engine withdrew because their client left (an HTTP "
+    "disconnect, a cancelled gRPC call), by where they were: 'queued' (never run) or 'running' (a worker "
+    "had begun; its answer is dropped).", ["model", "stage"],
+)
+EXPIRED = Counter(
+    "inference_expired_requests", "Requests the engine answered 504 at their deadline, by whose deadline it "
+    "was ('client': the request's timeout parameter or its gRPC deadline, when shorter than the service's; "
+    "'service': the service's request timeout) and where they were ('queued': never run; 'running').",
+    ["model", "deadline", "stage"],
+)
 PLACE_CHECKS = Counter(
     "placeenv_place_checks", "Place checks made, by stage (load, preprocess, worker, batch, execute, "
     "output) and the device of the worker (or 'cpu' for the preprocessing threads) that made them.",

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import metrics
-from ..protocol.errors import Draining, Overloaded, Timeout
+from ..protocol.errors import Cancelled, Draining, Overloaded, Timeout
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,9 @@ class Job:
     prefer: str = ""
     step: tuple[str, str] | None = None
     chain: tuple[str, ...] = ()  # the models this request is inside of, outermost first (calls: no cycle)
+    priority: int = 0  # 1: ahead of every normal job in its queue
     device: str = ""
+    queue: DeviceQueue | None = None  # where it was queued (a cancelled job leaves it)
     enqueued: float = 0.0
     started: float = 0.0
     _answered: bool = False
@@ -92,11 +94,52 @@ class Job:
 
     def expire(self) -> bool:
         """Answer ``Timeout`` (the request's deadline passed)."""
-        return self.fail(Timeout(f"no answer within {self.deadline - self.arrived:g} s"))
+        return self.fail(Timeout(f"no answer within {self.deadline - self.arrived:.3g} s"))
+
+    def cancel(self) -> bool:
+        """The client left: answer ``Cancelled`` and leave the queue, so no worker runs it (one that took
+        it into a batch drops it: it is answered); a worker running it has its answer dropped. Past the
+        deadline it is the deadline's answer instead, whoever saw it first. On the loop thread."""
+        if self.deadline <= time.perf_counter():
+            return self.expire()
+        error = Cancelled("the client cancelled the request")
+        if self.started:
+            error.stage = "running"
+        if not self.fail(error):
+            return False
+        if self.queue is not None:
+            self.queue.discard(self)
+        return True
 
     @property
     def answered(self) -> bool:
         return self._answered
+
+
+class Ticket:
+    """A request's handle while its job is not made yet (preprocessing on the pool's threads): what
+    ``Engine.submit`` gives back to cancel it. A request preprocessed at once is handed its ``Job``."""
+
+    __slots__ = ("job", "cancelled")
+
+    def __init__(self) -> None:
+        self.job: Job | None = None
+        self.cancelled = False
+
+    def attach(self, job: Job) -> bool:
+        """Its job, once made; False when the request was cancelled meanwhile (not to be queued)."""
+        if self.cancelled:
+            return False
+        self.job = job
+        return True
+
+    def cancel(self) -> bool:
+        if self.job is not None:
+            return self.job.cancel()
+        if self.cancelled:
+            return False
+        self.cancelled = True
+        return True
 
 
 def _settle(future: asyncio.Future, setter: str, value) -> None:
@@ -150,7 +193,11 @@ REAL_CLOCK = Clock()
 
 
 class DeviceQueue:
-    """Bounded FIFO of jobs for one device, shared by that device's workers."""
+    """Bounded FIFO of jobs for one device, shared by that device's workers; high-priority jobs first.
+
+    The high-priority jobs are the first ``_high`` of the queue, in their arrival order: a job of
+    priority 1 goes in after them, ahead of every normal job (two levels, as Triton's). A batch is
+    still one model's jobs, taken in queue order."""
 
     def __init__(self, device: str, capacity: int, workers: int, clock: Clock = REAL_CLOCK) -> None:
         self.device, self.capacity, self.workers = device, capacity, workers
@@ -158,6 +205,7 @@ class DeviceQueue:
         self.models: set[tuple[str, int]] = set()  # what some worker of this device holds
         self.uniform = True  # every worker holds every model: one wake-up per job is enough
         self._jobs: collections.deque[Job] = collections.deque()
+        self._high = 0  # the high-priority jobs, at the head of _jobs
         # One lock, two kinds of waiter: workers with nothing to do (woken by each job) and workers
         # holding a part-full batch for its delay (woken only once enough is queued to fill it): waking
         # it for every job costs the event loop a wake-up per request (docs/benchmarks.md, Front-end ceiling).
@@ -184,8 +232,12 @@ class DeviceQueue:
         with self._cond:
             if self.closed or len(self._jobs) >= self.capacity:
                 return False
-            job.device, job.enqueued = self.device, time.perf_counter()
-            self._jobs.append(job)
+            job.device, job.queue, job.enqueued = self.device, self, time.perf_counter()
+            if job.priority:
+                self._jobs.insert(self._high, job)
+                self._high += 1
+            else:
+                self._jobs.append(job)
             self.offered[job.model] += 1
             fill_at = [n for model, n in self._gathering if model == job.model]
             if fill_at:
@@ -260,7 +312,11 @@ class DeviceQueue:
         if self.uniform:
             # A worker's ``held`` may be older than the queue's models for a moment (a load swaps both,
             # while the worker waits here with the dict it read before): it takes nothing it cannot run.
-            return self._jobs.popleft() if self._jobs and self._jobs[0].model in held else None
+            if not self._jobs or self._jobs[0].model not in held:
+                return None
+            if self._high:
+                self._high -= 1
+            return self._jobs.popleft()
         return self._take(lambda job: job.model in held)
 
     def _next_of(self, model: tuple[str, int], room: int) -> Job | None:
@@ -274,8 +330,20 @@ class DeviceQueue:
                 break
             if wanted(job):
                 del self._jobs[i]
+                if i < self._high:
+                    self._high -= 1
                 return job
         return None
+
+    def discard(self, job: Job) -> None:
+        """Take ``job`` out of the queue, if it is still there (a cancelled job)."""
+        with self._cond:
+            for i, queued in enumerate(self._jobs):
+                if queued is job:
+                    del self._jobs[i]
+                    if i < self._high:
+                        self._high -= 1
+                    return
 
     def done(self, count: int) -> None:
         with self._cond:
@@ -294,7 +362,7 @@ class DeviceQueue:
 
     def take_unstarted(self) -> list[Job]:
         with self._cond:
-            jobs, self._jobs = list(self._jobs), collections.deque()
+            jobs, self._jobs, self._high = list(self._jobs), collections.deque(), 0
             return jobs
 
 

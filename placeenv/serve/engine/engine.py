@@ -31,8 +31,9 @@ from placeenv import PlaceEnv
 
 from .. import metrics
 from ..config import Settings
-from .dispatch import DeviceQueue, Dispatcher, Job, Settled
-from ..protocol.errors import InvalidInput, ModelFailed, ServiceError, StartupError, UnknownModel
+from .dispatch import DeviceQueue, Dispatcher, Job, Settled, Ticket
+from ..protocol.errors import (Cancelled, InvalidInput, ModelFailed, ServiceError, StartupError, Timeout,
+                               UnknownModel)
 from ..models import examples
 from ..models.base import InputError, Model, ModelError, host_inputs
 from ..models.repository import BUNDLED, Entry, Pipeline, Repository, RepositoryError, Version, read
@@ -189,6 +190,19 @@ def read_repository(settings: Settings) -> tuple[Repository, dict[str, str]]:
 
 #: How the engine answers a request: ``done(result, None)`` or ``done(None, error)``, once, on the loop thread.
 Done = Callable[["Result | None", "BaseException | None"], None]
+#: What ``Engine.submit`` gives back to cancel a request: its job, a ticket for the job to come, or its
+#: pipeline's run; each has ``cancel()``.
+Handle = "Job | Ticket | pipeline.PipelineRun"
+
+
+def withdrawn(work: Work, error: ServiceError, ran: bool) -> None:
+    """Count a request answered ``Timeout`` (whose deadline it was, and whether a worker had begun on it:
+    ``ran``) or ``Cancelled`` (where its cancel found it)."""
+    if isinstance(error, Cancelled):
+        metrics.child(metrics.CANCELLED, work.model, error.stage).inc()
+    else:
+        metrics.child(metrics.EXPIRED, work.model, "client" if work.own_deadline else "service",
+                      "running" if ran else "queued").inc()
 
 
 class Engine:
@@ -424,9 +438,12 @@ class Engine:
 
     # -- the request path --------------------------------------------------------------------
 
-    def submit(self, work: Work, arrays: Mapping[str, np.ndarray], done: Done) -> None:
+    def submit(self, work: Work, arrays: Mapping[str, np.ndarray], done: Done) -> Handle | None:
         """The one way in: run a checked request (``Catalog.check``), answered by ``done`` once on the
-        loop thread. No task per request: a request preprocessed on the pool's threads takes one."""
+        loop thread. No task per request: a request preprocessed on the pool's threads takes one.
+
+        Returns its handle: ``cancel()`` (on the loop thread) when its client leaves withdraws it, answered
+        ``Cancelled``; None when it is answered already."""
         self.received += 1  # event-loop thread only
         planned = self.plans.get(work.model)
         if planned is not None:
@@ -444,6 +461,8 @@ class Engine:
                     stats.pipeline_succeeded(work.arrived, work.examples, result.timings["queue_ms"], run.stages)
                 else:
                     stats.failed(work.arrived)
+                    if isinstance(error, (Timeout, Cancelled)):
+                        withdrawn(work, error, run.ran())
                 done(result, error)
 
             self.pipelines_running += 1
@@ -453,7 +472,7 @@ class Engine:
                 run.start()
             except Exception as exc:  # Draining, or a bug of ours: answered, once
                 run.fail(exc)
-            return
+            return run
 
         stats = self.stats.get((work.model, work.version))
 
@@ -470,17 +489,21 @@ class Engine:
                     return
             if stats is not None:
                 stats.failed(work.arrived)
-            if isinstance(error, ServiceError) and job is not None:
-                error.device = job.device or "none"
+            if isinstance(error, ServiceError):
+                if job is not None:
+                    error.device = job.device or "none"
+                if isinstance(error, (Timeout, Cancelled)):
+                    withdrawn(work, error, job is not None and bool(job.started))
             done(None, error)
 
-        self._run(work, arrays, settled)
+        return self._run(work, arrays, settled)
 
-    def _run(self, work: Work, arrays: Mapping, settled: pipeline.Settled, **step) -> None:
+    def _run(self, work: Work, arrays: Mapping, settled: pipeline.Settled, ticket=None, **step) -> Handle | None:
         """Admit, preprocess and queue one model's work: a request's, a pipeline's step or a model's call
         (``step``: the job's ``keep``, ``prefer``, ``step`` and ``chain``, which its model's statistics
         count here). ``settled(job, answer, error)`` once, on the loop thread; ``job`` is None when it
-        was refused before it had one."""
+        was refused before it had one. Returns its handle (``submit``); ``ticket``: the one it attaches
+        its job to (a pipeline's run, for its steps)."""
         key = (work.model, work.version)
         counted = settled
         if self.counting:  # a version retired by a load or unload drains these
@@ -506,12 +529,15 @@ class Engine:
             entry, version, template = self._served(work)
             self.dispatcher.admit(key, bool(step))  # before spending CPU on preprocessing
             if self._preprocess_inline(key, work):
-                self._enqueue(entry, version, work, self._prepare(key, entry, template, arrays), counted, step)
-            else:
-                asyncio.ensure_future(self._preprocess_then_enqueue(entry, version, template, work, arrays, counted,
-                                                                    step))
+                return self._enqueue(entry, version, work, self._prepare(key, entry, template, arrays), counted,
+                                     step, ticket)
+            ticket = ticket or Ticket()
+            asyncio.ensure_future(self._preprocess_then_enqueue(entry, version, template, work, arrays, counted,
+                                                                step, ticket))
+            return ticket
         except Exception as exc:  # a ServiceError, or a bug of ours: answered either way
             counted(None, None, exc)
+        return None
 
     def _served(self, work: Work) -> tuple[Entry, Version, Model]:
         """What serves ``work``; ``UnknownModel`` when nothing does (a front end's catalog may be older)."""
@@ -533,14 +559,14 @@ class Engine:
         return work.inline or not self.own_preprocess[key]
 
     async def _preprocess_then_enqueue(self, entry: Entry, version: Version, template: Model, work: Work,
-                                       arrays, settled: pipeline.Settled, step: dict) -> None:
+                                       arrays, settled: pipeline.Settled, step: dict, ticket) -> None:
         try:
             loop = asyncio.get_running_loop()
             try:
                 tensors = await loop.run_in_executor(self.preprocess_pool, self._preprocess, template, arrays)
             except Exception as exc:
                 raise self._preprocess_error(entry, exc) from None
-            self._enqueue(entry, version, work, tensors, settled, step)
+            self._enqueue(entry, version, work, tensors, settled, step, ticket)
         except Exception as exc:  # a ServiceError (Draining meanwhile, Overloaded), or a bug of ours
             settled(None, None, exc)
 
@@ -565,9 +591,10 @@ class Engine:
         return ModelFailed(f"model {entry.name!r}: preprocess failed: {type(exc).__name__}: {str(exc)[:300]}")
 
     def _enqueue(self, entry: Entry, version: Version, work: Work, tensors, settled: pipeline.Settled,
-                 step: dict) -> None:
+                 step: dict, ticket=None) -> Job:
         """Queue a preprocessed request on a device, with a timer at its deadline; ``settled`` gets the
-        job's answer, from a worker or the timer."""
+        job's answer, from a worker or the timer. ``ticket``: told of the job, unless it was cancelled
+        meanwhile (``Cancelled``, never queued)."""
         loop = asyncio.get_running_loop()
         if not step:  # a request's (a step's arrival is its pipeline's)
             metrics.ON_LOOP.observe(metrics.ON_LOOP.preprocess, (entry.name,), time.perf_counter() - work.arrived)
@@ -579,11 +606,14 @@ class Engine:
         job = Job(
             model=(entry.name, version.number), inputs=tensors, examples=work.examples,
             batched=entry.max_batch_size > 0, loop=loop, future=Settled(answered), arrived=work.arrived,
-            deadline=work.deadline, **step,
+            deadline=work.deadline, priority=work.priority, **step,
         )
+        if ticket is not None and not ticket.attach(job):
+            raise Cancelled("the client cancelled the request")
         self.dispatcher.submit(job)  # Overloaded or Draining
         # A timer, not asyncio.wait(timeout=): one handle instead of a waiter future and callbacks.
         timer = loop.call_later(max(0.0, job.deadline - time.perf_counter()), job.expire)
+        return job
 
     def _result(self, job: Job, answer: Answer, work: Work) -> Result:
         datatypes = self.datatypes[work.model, work.version]

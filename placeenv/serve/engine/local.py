@@ -36,8 +36,13 @@ class LocalEngine:
             else:
                 future.set_exception(error)
 
-        self.engine.submit(work, arrays, done)
-        return await future
+        handle = self.engine.submit(work, arrays, done)
+        try:
+            return await future
+        except asyncio.CancelledError:  # the client left: the engine withdraws its job
+            if handle is not None:
+                handle.cancel()
+            raise
 
     async def status(self) -> dict[str, Any]:
         return self.engine.status()

@@ -32,7 +32,7 @@ import placeenv
 from .. import metrics
 from ..models.base import Calls, Model
 from ..models.repository import Entry, Pipeline, PipelineStep
-from ..protocol.errors import InvalidInput, ModelFailed, ServiceError, Timeout, UnknownModel
+from ..protocol.errors import Cancelled, InvalidInput, ModelFailed, ServiceError, Timeout, UnknownModel
 from ..protocol.request import InputError, Result, TensorSpec, Work
 from ..protocol.wire import datatype_of
 from .dispatch import Job
@@ -151,9 +151,40 @@ class PipelineRun:
         self.times = {"preprocess_ms": 0.0, "queue_ms": 0.0, "compute_ms": 0.0}
         self.stages = [0, 0, 0]  # its steps' batches' ns of input, infer and output (Triton's statistics)
         self.shown: Answer | None = None  # the answer the result reports: the last on an accelerator
+        self.jobs: list[Job] = []  # its steps' jobs, as they are made (cancel withdraws those unanswered)
 
     def start(self) -> None:
         self._advance()
+
+    # -- as its request's handle (Engine.submit), and its steps' ticket (Engine._run) ----------------
+
+    def attach(self, job: Job) -> bool:
+        """A step's job, once made; False once the run has ended (the step is not queued)."""
+        if self.done:
+            return False
+        self.jobs.append(job)
+        return True
+
+    def cancel(self) -> bool:
+        """The client left: no more steps start, those queued are withdrawn (``Job.cancel``), and the
+        request is answered ``Cancelled`` (or ``Timeout`` past its deadline)."""
+        if self.done:
+            return False
+        if self.work.deadline <= time.perf_counter():
+            error: ServiceError = Timeout(f"pipeline {self.plan.pipeline.name!r}: no answer within "
+                                          f"{self.work.deadline - self.work.arrived:.3g} s")
+        else:
+            error = Cancelled("the client cancelled the request")
+            error.stage = "running" if self.ran() else "queued"
+        self.done = True
+        for job in self.jobs:
+            job.cancel()
+        self._reply(None, error)
+        return True
+
+    def ran(self) -> bool:
+        """Whether a worker has begun on any of its steps."""
+        return bool(self.finished) or any(job.started for job in self.jobs)
 
     def _advance(self) -> None:
         while not self.done:
@@ -181,9 +212,10 @@ class PipelineRun:
             self._settled(planned, None, None, ModelFailed(str(exc)))
             return
         work = Work(step.model, step.version, examples, list(step.outputs), self.work.arrived, self.work.deadline,
-                    sum(_size(v) for v in arrays.values()) <= self.inline_bytes)
+                    sum(_size(v) for v in arrays.values()) <= self.inline_bytes, self.work.priority,
+                    self.work.own_deadline)
         self.started[step.index] = time.perf_counter()
-        self.run(work, arrays, functools.partial(self._settled, planned), keep=planned.keep, prefer=prefer,
+        self.run(work, arrays, functools.partial(self._settled, planned), self, keep=planned.keep, prefer=prefer,
                  step=(self.plan.pipeline.name, step.label), chain=(self.plan.pipeline.name,))
 
     def _settled(self, planned: StepPlan, job: Job | None, answer: Answer | None,

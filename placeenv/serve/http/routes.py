@@ -7,14 +7,16 @@ to those paths, ahead of FastAPI: six middleware layers, routing through every r
 time on the event loop (the profile in docs/benchmarks.md). ``document`` adds the same table to
 the FastAPI app for its OpenAPI documentation only: those endpoints are never reached.
 
-The router owns what every route shares: the arrival time, the body limit, the method, the
-answer to a ``ServiceError`` (``errors.OUTCOMES``) and to a bug of ours. What it refuses before
+The router owns what every route shares: the arrival time, the body limit, the method, a client
+that leaves while its request waits (``Departures``), the answer to a ``ServiceError``
+(``errors.OUTCOMES``) and to a bug of ours. What it refuses before
 an adapter runs (413, 405) it counts through the gateway; the gateway counts the rest. Before
 the gateway exists (the models still loading) it answers 503, which nothing counts yet.
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -101,12 +103,79 @@ def document(app: FastAPI, routes: Sequence[InferRoute]) -> None:
                           responses=route.responses, openapi_extra=route.openapi_extra, tags=route.tags)
 
 
+#: How often the router looks for requests that have waited long enough to watch for their client
+#: leaving: a request waiting across two looks gets a watcher.
+WATCH_S = 0.1
+
+
+class Departures:
+    """Requests waiting for their answers whose clients may leave: an HTTP client that disconnects has
+    its request's task cancelled, which withdraws its job from the engine (the gateway counts it).
+
+    ASGI says a client left only to a ``receive()`` awaited after the body, which takes a task; most
+    requests are answered before it would matter. So a request is only noted as waiting (a dict's
+    entry, its own task's), and one sweep a ``WATCH_S``, run while requests wait, starts a watcher
+    for each that waited across two of them. A client that leaves sooner is seen when its answer
+    cannot be sent, as before."""
+
+    def __init__(self) -> None:
+        self.waiting: dict[asyncio.Task, Any] = {}  # a request's task -> its receive
+        self.watchers: dict[asyncio.Task, asyncio.Task] = {}
+        self.left: set[asyncio.Task] = set()  # requests cancelled because their client left
+        self.sweeper: asyncio.Task | None = None
+
+    def enter(self, task: asyncio.Task, receive) -> None:
+        self.waiting[task] = receive
+        if self.sweeper is None:
+            self.sweeper = asyncio.get_running_loop().create_task(self._sweep())
+
+    def leave(self, task: asyncio.Task) -> None:
+        """The request has its answer (or is gone): stop watching it, before its answer is sent."""
+        del self.waiting[task]
+        if self.watchers:
+            watcher = self.watchers.pop(task, None)
+            if watcher is not None:
+                watcher.cancel()
+
+    def gone(self, task: asyncio.Task) -> bool:
+        """Whether ``task`` was cancelled because its client left (once)."""
+        if task in self.left:
+            self.left.discard(task)
+            return True
+        return False
+
+    async def _sweep(self) -> None:
+        seen: set[asyncio.Task] = set()
+        try:
+            while True:  # until a look finds nothing waiting: at most one sweeper started a WATCH_S
+                await asyncio.sleep(WATCH_S)
+                if not self.waiting:
+                    return
+                now = set(self.waiting)
+                for task in now & seen:
+                    if task not in self.watchers:
+                        self.watchers[task] = asyncio.ensure_future(self._watch(task, self.waiting[task]))
+                seen = now
+        finally:
+            self.sweeper = None
+
+    async def _watch(self, task: asyncio.Task, receive) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass  # (nothing more comes after a whole body: only the disconnect)
+        # Before its answer is sent (``leave``), a disconnect is the client's: the answer has nowhere to go.
+        self.watchers.pop(task, None)
+        if task in self.waiting:
+            self.left.add(task)
+            task.cancel()
+
+
 class InferRouter:
     """ASGI: every request to a path of ``routes``, with the body limit and the error answers."""
 
     def __init__(self, routes: Sequence[InferRoute], limit: int, retry_after_s: int) -> None:
         self.routes, self.retry_after_s = tuple(routes), retry_after_s
         self.limit = BodyLimit(None, limit)
+        self.departures = Departures()
 
     def find(self, path: str) -> tuple[InferRoute, dict[str, str]] | None:
         """The route of ``path`` (as Starlette's router sees it: without the app's ``root_path``)."""
@@ -127,7 +196,17 @@ class InferRouter:
                 return None
             if gateway is None:
                 raise NotReady("the service is starting: its models are loading; retry later")
-            response = await route.handle(gateway, Call(params, body, scope))
+            task, departures = asyncio.current_task(), self.departures
+            departures.enter(task, receive)
+            try:
+                response = await route.handle(gateway, Call(params, body, scope))
+            except asyncio.CancelledError:
+                if not departures.gone(task):
+                    raise
+                task.uncancel()
+                return None  # the client left: nothing to answer (the gateway counted it)
+            finally:
+                departures.leave(task)
         except ServiceError as exc:
             if gateway is not None and not exc.counted:
                 gateway.refuse(exc)

@@ -189,7 +189,10 @@ async def infer(gateway: Gateway, call: Call) -> Response:
         body = decompressed(call.body, encoding, gateway.settings.max_body_bytes)
         parsed, arrays = parse(body, length, {s.name: s.datatype for s in chosen.inputs})
         outputs = [o.name for o in parsed.outputs] if parsed.outputs else None
-        return InferRequest(name, version, arrays, outputs, call.arrived, len(body))
+        found = InferRequest(name, version, arrays, outputs, call.arrived, len(body))
+        if parsed.parameters:  # Triton's "timeout" (microseconds) and "priority", which the gateway checks
+            found.timeout, found.priority = parsed.parameters.get("timeout"), parsed.parameters.get("priority")
+        return found
 
     result = await gateway.infer(identify, read, name)
     return render(result, parsed)

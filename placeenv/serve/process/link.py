@@ -5,8 +5,8 @@ Each front end holds one DEALER socket (``EngineClient``); the engine one ROUTER
 requests and results, one frame per array: its buffer as it lies in memory, never
 pickled, received without a copy (``np.frombuffer`` over ZeroMQ's frame).
 
-    front end -> engine   b"R" run (id, Work, tensors) + arrays | b"S" status | b"T" statistics | b"C" catalog
-                          | b"L" load / b"D" unload a model | b"U" a new catalog received
+    front end -> engine   b"R" run (id, Work, tensors) + arrays | b"X" cancel (id) | b"S" status |
+                          b"T" statistics | b"C" catalog | b"L" load / b"D" unload a model | b"U" a new catalog received
     engine -> front end   b"r" result + arrays | b"e" error | b"s" / b"t" / b"c" / b"l" the answers
                           | b"u" a new catalog (a load or an unload), which the front end acknowledges
 
@@ -15,7 +15,8 @@ what a front end sent before its acknowledgement has reached the engine by then 
 keeps its order), so no request checked against the old catalog arrives after the engine stops
 serving what it retired.
 
-Every request a front end sends is answered exactly once: by the engine, or, when
+Every request a front end sends is answered exactly once: by the engine (a request whose
+client left is cancelled, ``b"X"``: the engine withdraws its job and sends nothing back), or, when
 the engine process goes away (ZeroMQ's monitor sees the ipc connection drop) or
 stays silent past the request's deadline, by the front end itself.
 
@@ -40,7 +41,7 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from ..protocol import errors, wire
-from ..protocol.errors import EngineUnavailable, ModelFailed, Overloaded, ServiceError, Timeout
+from ..protocol.errors import Cancelled, EngineUnavailable, ModelFailed, Overloaded, ServiceError, Timeout
 from ..protocol.request import Catalog, Result, Work
 
 log = logging.getLogger(__name__)
@@ -272,6 +273,10 @@ class EngineClient:
         try:
             self._send([b"R", _encode(RunHeader(ident, work, tensors)), *buffers])
             header, frames = await future
+        except asyncio.CancelledError:  # the client left: the engine withdraws its job
+            send_now(self.socket, [b"X", _encode(Query(ident))])
+            self.pump.sent()
+            raise
         finally:
             del self.pending[ident], self.deadlines[ident]
         return Result(header.model, header.version, arrays_in(header.tensors, frames), header.datatypes,
@@ -404,6 +409,8 @@ class EngineServer:
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 0)  # a front end gone: its answers are dropped
         self.catalog = msgspec.to_builtins(engine.catalog())
         self.pump: Pump | None = None
+        # Each request not yet answered, by (front end, its id): its handle, for a cancel (b"X").
+        self.handles: dict[tuple[bytes, int], Any] = {}
         self.peers: set[bytes] = set()  # the front ends that asked for the catalog: each gets its changes
         self.publishing: dict[int, tuple[asyncio.Future, set[bytes]]] = {}  # a change -> who has yet to ack
         self.changes = itertools.count(1)
@@ -461,6 +468,10 @@ class EngineServer:
         kind = kind.bytes
         if kind == b"R":
             self._submit(peer, header, frames)
+        elif kind == b"X":
+            handle = self.handles.get((peer.bytes, _decode_query(header.buffer).id))
+            if handle is not None:  # (None: answered already, or answered as it was submitted)
+                handle.cancel()
         elif kind in (b"S", b"T", b"C"):
             self._query(peer, kind, _decode_query(header.buffer))
         elif kind == b"U":
@@ -474,12 +485,19 @@ class EngineServer:
 
     def _submit(self, peer, header, frames) -> None:
         request = _decode_run(header.buffer)
+        key, handles = (peer.bytes, request.id), self.handles
+        handles[key] = None  # (the engine may answer it before submit returns: then it is gone)
         # A callback, not a task per request: the engine calls it once, with the result or the error.
-        self.engine.submit(request.work, arrays_in(request.tensors, frames),
-                           lambda result, error: self._reply(peer, request.id, result, error))
+        handle = self.engine.submit(request.work, arrays_in(request.tensors, frames),
+                                    lambda result, error: self._reply(peer, key, result, error))
+        if key in handles:
+            handles[key] = handle
 
-    def _reply(self, peer, ident: int, result, error) -> None:
-        reply = None
+    def _reply(self, peer, key: tuple[bytes, int], result, error) -> None:
+        self.handles.pop(key, None)
+        if type(error) is Cancelled:  # its front end cancelled it, and answered its client's leaving
+            return
+        ident, reply = key[1], None
         if error is None:
             try:
                 tensors, buffers = arrays_out(result.outputs)

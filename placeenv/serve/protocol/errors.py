@@ -93,6 +93,13 @@ class LoadFailed(ServiceError):
     and why; what served it before serves on."""
 
 
+class Cancelled(ServiceError):
+    """The client left before its answer (an HTTP disconnect, a cancelled gRPC call): the engine withdraws
+    the request, and the answer goes nowhere. ``stage``: where the engine held it, for the metrics."""
+
+    stage = "queued"  # or "running": a worker had begun its forward pass
+
+
 class ModelFailed(ServiceError):
     """The model raised while serving the request, or its worker died."""
 
@@ -118,6 +125,8 @@ OUTCOMES: dict[type[ServiceError], Outcome] = {
     NotReady: Outcome(503, "not_ready", True, "UNAVAILABLE"),
     EngineUnavailable: Outcome(503, "engine_unavailable", True, "UNAVAILABLE"),
     Timeout: Outcome(504, "timeout", False, "DEADLINE_EXCEEDED"),
+    # nginx's status for a client that closed its connection: logged and counted, never received.
+    Cancelled: Outcome(499, "cancelled", False, "CANCELLED"),
     ModelFailed: Outcome(500, "error", False, "INTERNAL"),
     # As Triton answers a load that fails: the request named a model whose files do not load.
     LoadFailed: Outcome(400, "load_failed", False, "INVALID_ARGUMENT"),

@@ -5,7 +5,8 @@ A ``Gateway`` lives in each process that serves a protocol: the single process
 request: the protocol's adapter names the model and reads its tensors, and the
 gateway resolves the model, checks the request against the engine's ``Catalog``
 (every 400 and 404 is decided in this process, before anything crosses to the
-engine), stamps its deadline, counts its answer once in ``inference_requests_total``
+engine), stamps its deadline (the shorter of the client's and the service's) and its priority,
+counts its answer once in ``inference_requests_total``
 by outcome (``errors.OUTCOMES``), and runs it on its ``engine``: ``LocalEngine``
 (engine/local.py, the engine in this process) or ``link.EngineClient`` (the engine
 process). The metadata both protocols answer (server, model, config, repository
@@ -14,6 +15,7 @@ index, readiness, statistics) is read here too. No Paddle is imported here.
 
 from __future__ import annotations
 
+import asyncio
 import importlib.metadata
 import time
 from collections.abc import Callable
@@ -23,8 +25,8 @@ import numpy as np
 
 from .. import metrics
 from . import triton
-from .errors import OK_LABEL, OUTCOMES, InvalidInput, ModelFailed, ServiceError, outcome
-from .request import Catalog, InferRequest, ModelInfo, Result, VersionInfo, Work
+from .errors import OK_LABEL, OUTCOMES, Cancelled, InvalidInput, ModelFailed, ServiceError, Timeout, outcome
+from .request import Catalog, InferRequest, ModelInfo, Result, VersionInfo, Work, terms
 from .wire import prefix
 
 VERSION = importlib.metadata.version("placeenv")
@@ -35,7 +37,8 @@ class EngineHandle(Protocol):
 
     catalog: Catalog
 
-    async def run(self, work: Work, arrays: dict[str, np.ndarray]) -> Result: ...
+    async def run(self, work: Work, arrays: dict[str, np.ndarray]) -> Result:
+        """The request's result; cancelled (its caller's task), it withdraws the request from the engine."""
 
     async def status(self) -> dict[str, Any]: ...
 
@@ -77,13 +80,25 @@ class Gateway:
             name, version = identify()
             model, chosen = self.catalog.resolve(name, version)
             request = read(model, chosen)
-            work, arrays = self.catalog.check(request, model, chosen, self.inline_bytes,
-                                              request.arrived + self.timeout_s)
+            deadline = request.arrived + self.timeout_s
+            if request.timeout is None and request.priority is None and request.expires is None:
+                work, arrays = self.catalog.check(request, model, chosen, self.inline_bytes, deadline)
+            else:  # the client's own terms: a deadline, a priority
+                deadline, own, priority = terms(request, deadline)
+                work, arrays = self.catalog.check(request, model, chosen, self.inline_bytes, deadline, priority,
+                                                  own)
             metrics.ON_LOOP.in_flight += 1
             try:
                 result = await self.engine.run(work, arrays)
             finally:
                 metrics.ON_LOOP.in_flight -= 1
+        except asyncio.CancelledError:
+            # The client left (an HTTP disconnect, a cancelled gRPC call; the engine handle withdrew the
+            # job): counted once, as every answer is, and the cancellation goes on up. A gRPC call
+            # cancelled by its own deadline is that deadline's 504.
+            late = time.perf_counter() >= work.deadline
+            self.refuse(Timeout("the request's deadline passed") if late else Cancelled("the client left"), name)
+            raise
         except ServiceError as exc:
             self.refuse(exc, name)
             raise

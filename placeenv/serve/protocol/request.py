@@ -20,7 +20,8 @@ import numpy as np
 from .errors import InvalidInput, NotReady, UnknownModel
 from .wire import DATATYPES, datatype_of, prefix
 
-__all__ = ["Catalog", "InferRequest", "ModelInfo", "Result", "TensorSpec", "VersionInfo", "Work"]
+__all__ = ["PRIORITIES", "Catalog", "InferRequest", "ModelInfo", "Result", "TensorSpec", "VersionInfo", "Work",
+           "terms"]
 
 
 class InputError(ValueError):
@@ -78,6 +79,10 @@ class InferRequest:
     outputs: list[str] | None = None  # None: every output, in the model's order
     arrived: float = 0.0  # time.perf_counter() when the adapter received it (a system-wide clock)
     size: int = 0  # bytes of the request body: a small one is preprocessed without a thread hand-off
+    # The request's own terms, as the client sent them (the gateway checks them; None: not sent):
+    timeout: Any = None  # its parameters' "timeout": microseconds, Triton's; 0: the service's limit alone
+    priority: Any = None  # its parameters' "priority": 1 high, 0 the default
+    expires: float | None = None  # the transport's own deadline (gRPC's), as time.perf_counter() reads it
 
 
 class Work(msgspec.Struct, array_like=True):
@@ -90,6 +95,37 @@ class Work(msgspec.Struct, array_like=True):
     arrived: float
     deadline: float  # time.perf_counter() past which it is answered 504 (the gateway's one deadline)
     inline: bool  # small enough to preprocess on the engine's event loop thread
+    # Last, with defaults: a Work from an older peer of the link still reads.
+    priority: int = 0  # 1: taken before every normal job queued on its device (PRIORITIES)
+    own_deadline: bool = False  # the deadline is the client's (its timeout or gRPC deadline), not the service's
+
+
+#: The priority levels a request may ask for, as Triton's two: 0 (or none) the default, 1 high.
+PRIORITIES = (0, 1)
+
+
+def terms(request: InferRequest, limit: float) -> tuple[float, bool, int]:
+    """A request's deadline, whether it is the client's, and its priority level: the shorter of its own
+    deadline (its ``timeout``, its transport's) and ``limit`` (the service's); ``InvalidInput`` naming
+    a parameter that is not what the protocol takes, and what to send."""
+    deadline, own = limit, False
+    timeout = request.timeout
+    if timeout is not None:
+        if type(timeout) is not int or timeout < 0:  # (bool is an int subclass: not a count)
+            raise InvalidInput(f"parameter timeout {prefix(timeout)} is not a number of microseconds; send a "
+                               "whole number >= 0 (0: the service's limit alone)")
+        # Compared as microseconds: an int past a float's range (JSON has no bound) is simply longer.
+        if timeout and timeout < (deadline - request.arrived) * 1e6:
+            deadline, own = request.arrived + timeout / 1e6, True
+    if request.expires is not None and request.expires < deadline:
+        deadline, own = request.expires, True
+    priority = request.priority
+    if priority is None:
+        return deadline, own, 0
+    if type(priority) is not int or priority not in PRIORITIES:
+        raise InvalidInput(f"parameter priority {prefix(priority)} is not a level; send 1 (high) or 0 "
+                           "(the default), or leave it out")
+    return deadline, own, priority
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -178,12 +214,12 @@ class Catalog(msgspec.Struct):
         return model, self.version(model, version)
 
     def check(self, request: InferRequest, model: ModelInfo, version: VersionInfo, inline_bytes: int,
-              deadline: float) -> tuple[Work, dict[str, np.ndarray]]:
+              deadline: float, priority: int = 0, own_deadline: bool = False) -> tuple[Work, dict[str, np.ndarray]]:
         """The request to ``version`` of ``model`` (``resolve``) as the engine takes it, and its arrays in
         the model's input order; ``InvalidInput`` naming what is wrong and what to send."""
         arrays, examples = self._inputs(model, version, request.inputs)
         return Work(model.name, version.number, examples, self._outputs(version, request.outputs),
-                    request.arrived, deadline, request.size <= inline_bytes), arrays
+                    request.arrived, deadline, request.size <= inline_bytes, priority, own_deadline), arrays
 
     @staticmethod
     def check_names(model: ModelInfo, version: VersionInfo, names) -> None:

@@ -14,7 +14,7 @@ import time
 import pytest
 from support import ManualClock, wait_until
 
-from placeenv.serve.engine.dispatch import DeviceQueue, Job
+from placeenv.serve.engine.dispatch import DeviceQueue, Job, Settled
 
 
 def _job(loop, model: tuple[str, int] = ("m", 1)) -> Job:
@@ -107,5 +107,99 @@ def test_another_models_arrivals_do_not_keep_a_batch_waiting():
         assert clock.log == [("timed out", 0.2, pytest.approx(0.2))], clock.log
         assert all(job.model == ("m", 1) for job in found)
         assert len(queue) == 30  # the other model's jobs, untouched
+    finally:
+        loop.close()
+
+
+def _queue(loop, jobs: list[tuple[str, int]], uniform: bool = True) -> tuple[DeviceQueue, dict[str, Job]]:
+    """A queue holding a job for each (name, priority) of ``jobs``, offered in that order; the jobs by name."""
+    queue = DeviceQueue("cpu", 64, 1, clock=ManualClock())
+    queue.models, queue.uniform = {("m", 1), ("other", 1)}, uniform
+    made = {}
+    for name, priority in jobs:
+        made[name] = _job(loop, ("other", 1) if name.startswith("o") else ("m", 1))
+        made[name].priority = priority
+        assert queue.offer(made[name])
+    return queue, made
+
+
+def _taken(queue: DeviceQueue, limits) -> list[list[Job]]:
+    """Every batch a worker takes from ``queue`` until it is empty (none waits: the delay is 0)."""
+    batches = []
+    while len(queue):
+        batches.append(queue.take_batch(limits, wait=0))
+    return batches
+
+
+@pytest.mark.parametrize("uniform", [True, False], ids=["uniform", "some-models"])
+def test_a_high_priority_job_is_taken_before_every_normal_job_already_queued(uniform):
+    # Normal jobs n1..n3, then h1 and h2 of priority 1: one at a time, the highs come first, in their
+    # own arrival order, then the normal ones in theirs. The control: the same jobs at priority 0 keep
+    # their arrival order. (Both the uniform queue's fast path and the look through held models.)
+    loop = asyncio.new_event_loop()
+    try:
+        one = {("m", 1): (1, 0.0)}
+        for high, expected in ((1, ["h1", "h2", "n1", "n2", "n3"]), (0, ["n1", "n2", "n3", "h1", "h2"])):
+            queue, made = _queue(loop, [("n1", 0), ("n2", 0), ("n3", 0), ("h1", high), ("h2", high)], uniform)
+            names = {id(job): name for name, job in made.items()}
+            assert [names[id(b[0])] for b in _taken(queue, one)] == expected, high
+    finally:
+        loop.close()
+
+
+def test_a_batch_begun_by_a_high_priority_job_is_still_of_one_model():
+    # o1 (another model) and n1 queued, then h1 of "m" at priority 1: the first batch is h1 and n1 (its
+    # model's, in queue order), o1 waits for its own; a high job of the other model, offered after,
+    # is still taken before it.
+    loop = asyncio.new_event_loop()
+    try:
+        queue, made = _queue(loop, [("o1", 0), ("n1", 0), ("h1", 1)])
+        limits = {("m", 1): (8, 0.0), ("other", 1): (8, 0.0)}
+        first = queue.take_batch(limits, wait=0)
+        assert first == [made["h1"], made["n1"]]
+        high_other = _job(loop, ("other", 1))
+        high_other.priority = 1
+        queue.offer(high_other)
+        assert queue.take_batch(limits, wait=0) == [high_other, made["o1"]]
+        assert len(queue) == 0
+    finally:
+        loop.close()
+
+
+def test_a_cancelled_job_leaves_its_queue_and_is_answered_once():
+    # h1 (high) and n1 are cancelled while queued: each is answered Cancelled ("queued"), once, and leaves
+    # the queue, which keeps its order for the rest (h2 still ahead of the normal jobs). The control, n2,
+    # is not cancelled and is taken.
+    loop = asyncio.new_event_loop()
+    try:
+        queue, made = _queue(loop, [("n1", 0), ("n2", 0), ("h1", 1)])
+        answers = []
+        for job in made.values():
+            job.future = Settled(lambda value, error, answers=answers: answers.append(error))
+        assert made["h1"].cancel() and made["n1"].cancel()
+        assert not made["h1"].cancel()  # answered already: a second cancel does nothing
+        h2 = _job(loop)
+        h2.priority = 1
+        queue.offer(h2)
+        assert [b[0] for b in _taken(queue, {("m", 1): (1, 0.0)})] == [h2, made["n2"]]
+        loop.run_until_complete(asyncio.sleep(0))  # the answers are set on the loop, as a worker's are
+        assert [type(e).__name__ for e in answers] == ["Cancelled", "Cancelled"]
+        assert {e.stage for e in answers} == {"queued"}
+        assert not made["n2"].answered and made["n1"].answered and made["h1"].answered
+    finally:
+        loop.close()
+
+
+def test_a_cancel_past_the_deadline_is_the_deadlines_answer():
+    loop = asyncio.new_event_loop()
+    try:
+        queue, made = _queue(loop, [("n1", 0), ("n2", 0)])
+        answers = []
+        for job in made.values():
+            job.future = Settled(lambda value, error, answers=answers: answers.append(error))
+        made["n1"].deadline = time.perf_counter() - 1  # its deadline passed while it waited
+        assert made["n1"].cancel() and made["n2"].cancel()
+        loop.run_until_complete(asyncio.sleep(0))
+        assert [type(e).__name__ for e in answers] == ["Timeout", "Cancelled"]
     finally:
         loop.close()

@@ -5,7 +5,7 @@ before a version serves; memory handed back on unload; a load that fails leaves 
 from __future__ import annotations
 
 import shutil
-import textwrap
+import socket
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -24,10 +24,10 @@ from placeenv.testing import free_port
 PIXELS = np.zeros((1, 64), np.float32)
 
 #: A model whose every run appends a line (its worker, its rows) to the file its parameters name, so a
-#: test sees what warm-up ran; a zero input (the warm-up's) waits for the file ``hold`` to exist, if
-#: it names one, so a test sees the service not ready while a warm-up runs.
+#: test sees what warm-up ran; a zero input (the warm-up's) first connects to the test's port ``hold``,
+#: if it names one, and waits there until the test lets it go: a test sees the service while a warm-up runs.
 WARM = '''
-import pathlib, threading, time
+import socket, threading
 
 import paddle
 from placeenv.serve.models import Model as Base, TensorSpec
@@ -44,10 +44,8 @@ class Model(Base):
         x = inputs["x"]
         hold = self.context.parameters.get("hold")
         if hold and float(x.abs().sum()) == 0.0:
-            pathlib.Path(hold + ".waiting").touch()
-            deadline = time.monotonic() + 120
-            while not pathlib.Path(hold).exists() and time.monotonic() < deadline:
-                time.sleep(0.01)  # (inside the served model: the test releases it by making the file)
+            with socket.create_connection(("127.0.0.1", int(hold)), timeout=120) as held:
+                held.recv(1)  # the test's release: its end of the connection closing
         if self.context.parameters.get("fail"):
             raise RuntimeError("this program builds but cannot run")
         with open(self.context.parameters["log"], "a") as log:
@@ -55,11 +53,10 @@ class Model(Base):
         return {"y": x * 2}
 '''
 
-
-#: A model whose preprocess, for an input starting with 1, says so (the file ``entered`` beside its
-#: ``hold``) and waits for the file ``hold``: a request a test holds on its way to a worker.
+#: A model whose preprocess, for an input starting with 1, connects to the test's port ``hold`` and waits
+#: there until the test lets it go: a request a test holds on its way to a worker.
 SLOW = '''
-import pathlib, time
+import socket
 
 import paddle
 from placeenv.serve.models import Model as Base, TensorSpec
@@ -73,12 +70,9 @@ class Model(Base):
         return paddle.nn.Identity()
 
     def preprocess(self, inputs):
-        hold = pathlib.Path(self.context.parameters["hold"])
         if inputs["x"][0, 0] == 1:
-            (hold.parent / "entered").touch()
-            deadline = time.monotonic() + 120
-            while not hold.exists() and time.monotonic() < deadline:
-                time.sleep(0.01)  # (inside the served model: the test releases it by making the file)
+            with socket.create_connection(("127.0.0.1", int(self.context.parameters["hold"])), timeout=120) as held:
+                held.recv(1)  # the test's release: its end of the connection closing
         return inputs
 '''
 
@@ -93,13 +87,21 @@ def warm_model(repository: Path, name: str, log: Path, warmup: str, **parameters
 
 
 @pytest.fixture(scope="module")
-def repository(tmp_path_factory) -> Path:
+def gate():
+    """Where ``slow``'s held requests connect: each connection accepted is a request held."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        server.settimeout(60)
+        yield server
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory, gate) -> Path:
     root = tmp_path_factory.mktemp("control")
     for name in ("digits", "spare"):
         shutil.copytree(BUNDLED / "digits", root / name, ignore=shutil.ignore_patterns("__pycache__"))
     (root / "slow" / "1").mkdir(parents=True)
     (root / "slow" / "1" / "model.py").write_text(SLOW)
-    (root / "slow" / "config.yaml").write_text(f"parameters:\n  hold: {root / 'go'}\n")
+    (root / "slow" / "config.yaml").write_text(f"parameters:\n  hold: {gate.getsockname()[1]}\n")
     broken = root / "broken" / "1"
     broken.mkdir(parents=True)
     (broken / "model.json").write_text("{ not a program")
@@ -207,31 +209,27 @@ def test_a_new_version_replaces_the_old_under_the_default_policy(client, reposit
     assert client.get_model_metadata("digits")["versions"] == ["1"] and infer(client)["model_version"] == "1"
 
 
-def test_requests_in_flight_finish_on_the_version_they_started_on(client, service, repository):
+def test_requests_in_flight_finish_on_the_version_they_started_on(client, service, repository, gate):
     """A request to ``slow`` version 1, held in its preprocess, while a load retires version 1: the
     catalog changes at once, the request still runs on version 1, and the load answers after it."""
     new_version(repository, "slow", 2)
-    entered, go = repository / "entered", repository / "go"
     # Over the inline size: preprocessed on a thread, which it holds (not the event loop).
     body = {"inputs": [{"name": "x", "shape": [1, 2048], "datatype": "FP32", "data": [1.0] * 2048}]}
     pool = ThreadPoolExecutor(2)  # (a tritonclient HTTP client is one connection: one thread's)
     try:
         held = pool.submit(httpx.post, f"{service.url}/v2/models/slow/infer", json=body, timeout=60)
-        wait_until(entered.exists, 60, "the request did not reach slow's preprocess")
-        load = pool.submit(httpx.post, f"{service.url}/v2/repository/models/slow/load", timeout=60)
-        wait_until(lambda: client.get_model_metadata("slow")["versions"] == ["2"], 60,
-                   "the catalog did not change to slow version 2")
-        assert not load.done()  # draining version 1's request
-        go.touch()
+        connection, _ = gate.accept()  # the request is in slow's preprocess
+        with connection:
+            load = pool.submit(httpx.post, f"{service.url}/v2/repository/models/slow/load", timeout=60)
+            wait_until(lambda: client.get_model_metadata("slow")["versions"] == ["2"], 60,
+                       "the catalog did not change to slow version 2")
+            assert not load.done()  # draining version 1's request
         answer = held.result(timeout=60)
         assert answer.status_code == 200 and answer.json()["model_version"] == "1"
         assert load.result(timeout=60).status_code == 200
     finally:
-        go.touch()
         pool.shutdown()
         shutil.rmtree(repository / "slow" / "2")
-        entered.unlink(missing_ok=True)
-        go.unlink(missing_ok=True)
     client.load_model("slow")
     assert client.get_model_metadata("slow")["versions"] == ["1"]
 
@@ -294,22 +292,23 @@ def test_a_warm_up_that_fails_is_the_loads_error_naming_the_model_and_worker(cli
 
 
 def test_readiness_waits_for_warm_up(tmp_path):
-    """A warm-up that waits (for a file the test makes): while it does, the service is not ready (it
-    listens once its models are loaded and warm); once it ran, ready."""
-    hold = tmp_path / "go"
-    warm_model(tmp_path, "held", tmp_path / "held.log", "[{batch_sizes: [1]}]", hold=str(hold))
-    # Not ``with``: entering waits until ready.
-    service = ServiceProcess(MODEL_REPOSITORY=str(tmp_path), MODELS="held", DEVICES="sim:0", WORKERS_PER_DEVICE=1)
-    try:
-        wait_until(Path(f"{hold}.waiting").exists, 120, service.output)  # the worker is in its warm-up
-        assert not service.ready() and not (tmp_path / "held.log").exists()
-        hold.touch()
-        service.wait_ready()
-        assert (tmp_path / "held.log").read_text().split()[1] == "1"
-    finally:
-        hold.touch()
-        service.stop()
-        service.kill()
+    """A warm-up that waits for the test: while it does, the service is not ready (it listens once its
+    models are loaded and warm); once it ran, ready."""
+    with socket.create_server(("127.0.0.1", 0)) as gate:
+        gate.settimeout(120)
+        warm_model(tmp_path, "held", tmp_path / "held.log", "[{batch_sizes: [1]}]", hold=gate.getsockname()[1])
+        # Not ``with``: entering waits until ready.
+        service = ServiceProcess(MODEL_REPOSITORY=str(tmp_path), MODELS="held", DEVICES="sim:0",
+                                 WORKERS_PER_DEVICE=1)
+        try:
+            connection, _ = gate.accept()  # the worker is in its warm-up
+            with connection:
+                assert not service.ready() and not (tmp_path / "held.log").exists()
+            service.wait_ready()
+            assert (tmp_path / "held.log").read_text().split()[1] == "1"
+        finally:
+            service.stop()
+            service.kill()
 
 
 # -- policies and the control's mode ------------------------------------------------------------------------
