@@ -150,7 +150,8 @@ def test_one_route_table_is_the_router_the_documentation_and_the_index(app):
     from placeenv.serve.http.app import ENDPOINTS, INFER_ROUTES
 
     posts = {path for path, operations in app.openapi()["paths"].items() if "post" in operations}
-    assert posts - {"/v2/repository/index"} == {route.path for route in INFER_ROUTES}
+    control = {"/v2/repository/index", "/v2/repository/models/{name}/load", "/v2/repository/models/{name}/unload"}
+    assert posts - control == {route.path for route in INFER_ROUTES}
     assert [route.path for route in app.infer.routes] == [route.path for route in INFER_ROUTES]
     assert [e["path"] for e in ENDPOINTS if e["method"] == "POST"] == [route.path for route in INFER_ROUTES]
     assert app.infer.find("/v2/models/digits/versions/1/infer")[1] == {"name": "digits", "version": "1"}

@@ -271,7 +271,7 @@ def test_model_config_is_tritons_model_config(service, client):
                               {"name": "token", "data_type": "TYPE_INT64", "dims": [1]}]
     assert fresh["dynamic_batching"] == {"max_queue_delay_microseconds": 2000}  # the default 2 ms
     assert fresh["instance_group"] == [{"kind": "KIND_MODEL", "count": 1}]  # sim devices: no Triton kind
-    assert fresh["version_policy"] == {"specific": {"versions": [1, 2]}}  # both versions served
+    assert fresh["version_policy"] == {"all": {}}  # its config's: both versions served
     assert json.loads(fresh["parameters"]["max_batch_delay_ms"]["string_value"]) == 2
     assert client.get_model_config("fresh", "1")["version_policy"] == fresh["version_policy"]
     # A model that does not batch: whole shapes, no dynamic batching; its config file's fields as parameters.
