@@ -1,13 +1,15 @@
 """The first request after ready, with and without a ``warmup`` config, against the steady state:
 
-    python benchmarks/warmup.py [--rounds 5] [--device cpu] [--steady 60]
+    python benchmarks/warmup.py [--rounds 5] [--device cpu] [--steady 60] [--idle 0.5] [--after-idle 8]
 
 Each round starts the service twice, in turn: serving the bundled mobilenet as it is (``cold``), and
-the same version with ``warmup: [{batch_sizes: [1]}]`` (``warm``). Once /readyz says ready, it times
-one request, then ``--steady`` more (their median is the steady state), and stops. On ``cpu`` a
-Predictor serves the program (the backend ``auto`` chooses there): it builds and allocates at its
-first run, which a warm-up makes before ready. Prints, per way, the first request and the steady
-median over the rounds, median (min..max), and the per-round ratio of the first to the steady.
+the same version with ``warmup: [{batch_sizes: [1]}]`` (``warm``). Once /readyz says ready it waits
+``--idle`` seconds, times one request, then ``--steady`` more back to back, then ``--after-idle`` more
+each after ``--idle`` seconds of quiet (the steady state of a request that finds the service idle, as
+the first does), and stops. On ``cpu`` a Predictor serves the program (the backend ``auto`` chooses
+there): it builds and allocates at its first run, which a warm-up makes before ready. Prints, per
+way, each figure over the rounds, median (min..max), and the per-round ratios of the first request
+to the two steady states.
 """
 
 from __future__ import annotations
@@ -44,19 +46,29 @@ def repository(root: Path) -> Path:
     return root
 
 
-def once(repo: Path, model: str, device: str, steady: int) -> tuple[float, float]:
-    """A fresh service's first request (ms, from send to answer) and the median of the next ``steady``."""
+def once(repo: Path, model: str, device: str, steady: int, idle: float, after_idle: int) -> dict[str, float]:
+    """A fresh service's first request (ms, from send to answer), and the medians of ``steady`` back to back
+    and of ``after_idle`` each after ``idle`` s of quiet."""
     server = service([device], model, MODEL_REPOSITORY=str(repo))
     try:
         with httpx.Client(timeout=60) as client:
             url = f"{server.url}/v2/models/{model}/infer"
-            times = []
-            for _ in range(steady + 1):
+            client.get(f"{server.url}/v2/health/ready")  # the connection: the request's own time is timed
+
+            def timed() -> float:
                 started = time.perf_counter()
                 answer = client.post(url, json=BODY)
-                times.append((time.perf_counter() - started) * 1000)
                 assert answer.status_code == 200, answer.text
-        return times[0], statistics.median(times[1:])
+                return (time.perf_counter() - started) * 1000
+
+            time.sleep(idle)  # (the same quiet before the first request as before each after-idle one)
+            first = timed()
+            back_to_back = statistics.median(timed() for _ in range(steady))
+            quiet = []
+            for _ in range(after_idle):
+                time.sleep(idle)
+                quiet.append(timed())
+        return {"first": first, "steady": back_to_back, "after_idle": statistics.median(quiet)}
     finally:
         server.stop()
 
@@ -66,24 +78,29 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--steady", type=int, default=60)
+    parser.add_argument("--idle", type=float, default=0.5)
+    parser.add_argument("--after-idle", type=int, default=8)
     args = parser.parse_args()
-    found: dict[str, dict[str, list[float]]] = {w: {"first": [], "steady": [], "ratio": []} for w in ("cold", "warm")}
+    figures = ("first", "steady", "after_idle", "first / steady", "first / after_idle")
+    found: dict[str, dict[str, list[float]]] = {w: {f: [] for f in figures} for w in ("cold", "warm")}
     with tempfile.TemporaryDirectory() as tmp:
         repo = repository(Path(tmp))
         for round_ in range(args.rounds):
             ways = ("cold", "warm") if round_ % 2 == 0 else ("warm", "cold")  # interleaved, turns alternating
             for way in ways:
-                first, steady = once(repo, way, args.device, args.steady)
-                found[way]["first"].append(first)
-                found[way]["steady"].append(steady)
-                found[way]["ratio"].append(first / steady)
-                print(f"round {round_ + 1} {way}: first {first:.2f} ms, steady p50 {steady:.2f} ms", flush=True)
+                got = once(repo, way, args.device, args.steady, args.idle, args.after_idle)
+                got["first / steady"] = got["first"] / got["steady"]
+                got["first / after_idle"] = got["first"] / got["after_idle"]
+                for figure in figures:
+                    found[way][figure].append(got[figure])
+                print(f"round {round_ + 1} {way}: " + ", ".join(f"{k} {v:.2f}" for k, v in got.items()), flush=True)
     print(f"\n{time.strftime('%Y-%m-%d')}, {platform.machine()}, device {args.device}, {args.rounds} rounds, "
-          f"mobilenet, one request at a time\n")
-    print("| way | first request (ms) | steady p50 (ms) | first / steady |")
-    print("|---|---|---|---|")
-    for way, figures in found.items():
-        print(f"| {way} | {spread(figures['first'])} | {spread(figures['steady'])} | {spread(figures['ratio'])} |")
+          f"mobilenet, one request at a time, {args.idle:g} s quiet before the first and each after-idle one\n")
+    print("| way | first request (ms) | steady, back to back (ms) | steady, after quiet (ms) | first / back to back "
+          "| first / after quiet |")
+    print("|---|---|---|---|---|---|")
+    for way, got in found.items():
+        print(f"| {way} | " + " | ".join(spread(got[f]) for f in figures) + " |")
 
 
 if __name__ == "__main__":
