@@ -99,6 +99,8 @@ def test_new_versions_load_under_32_users_with_no_failure(tmp_path, frontends):
         assert run.returncode == 0 and "leak gate: PASS" in output, output[-3000:]
         assert requests > 1000 and failures == 0, output[-3000:]
         assert readiness.not_ready == [] and readiness.looks > 100, readiness.not_ready[:10]
+        print(f"two loads under 32 users: {requests} requests, {failures} failed, /readyz 200 at all "
+              f"{readiness.looks} looks")
         stats = httpx.get(f"{service.url}/v2/models/digits/stats").json()["model_stats"]
         assert [(s["version"], s["inference_stats"]["success"]["count"] > 0) for s in stats] == [("3", True)]
         assert total(scrape(service.url), "placeenv_device_leaks_total") == 0

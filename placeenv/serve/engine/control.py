@@ -121,7 +121,7 @@ class Control:
                 changed[model] = (entry, build, retire)
         after = {**served, **{model: entry for model, (entry, _, _) in changed.items()}}
         relinked = self._relinked(found.pipelines, set(changed), after)
-        workers = {model: self._workers(entry) for model, (entry, _, _) in changed.items()}
+        workers = {model: self._workers(entry, served.get(model)) for model, (entry, _, _) in changed.items()}
         staged: dict[str, list[dict]] = {}  # model -> each of its workers' built replicas
         for model, (entry, build, _) in changed.items():
             if not build:
@@ -184,8 +184,9 @@ class Control:
                 raise LoadFailed(f"pipeline {name!r} would not run on the loaded models: {exc}") from None
         return found
 
-    def _workers(self, entry: Entry) -> list:
-        """The workers that serve ``entry``, as its instance_group places it."""
+    def _workers(self, entry: Entry, old: Entry | None) -> list:
+        """The workers that serve ``entry``, as its instance_group places it: those that serve ``old``, when
+        it is served (a load does not move a model between workers)."""
         pool = self.engine.pool
         chosen = [w for w in pool.workers if int(w.name.rsplit("/", 1)[1]) < entry.instances(
             w.device, w.queue.workers, listed_only=w.device in pool.listed_only)]
@@ -193,6 +194,11 @@ class Control:
             kinds = [g.kind for g in entry.config.instance_group or []]
             raise LoadFailed(f"model {entry.name!r}: no worker serves it (instance_group kinds {kinds}, devices "
                              f"{', '.join(pool.queues)}; a CPU queue exists only when a model at start asked for one)")
+        holding = [w for w in pool.workers if old is not None and any(k[0] == old.name for k in w.held)]
+        if old is not None and holding != chosen:
+            raise LoadFailed(f"model {entry.name!r}: its instance_group now places it on other workers "
+                             f"({', '.join(w.name for w in chosen)}, not {', '.join(w.name for w in holding)}): "
+                             "unload it and load it, or restart the service")
         return chosen
 
     async def _discard(self, staged: dict, workers: dict) -> None:

@@ -167,10 +167,10 @@ class Gateway:
                 found += [c.name for c in repository.iterdir() if c.is_dir() and not c.name.startswith((".", "_"))]
         return found
 
-    #: What a load request's parameters may hold: nothing that carries a config or a file (Triton's
-    #: "config" and "file:<path>"): a load reads only the configured repositories.
     async def load_model(self, name: Any, parameters: dict[str, Any] | None = None) -> None:
-        """Load ``name`` from the repositories (model control explicit); answered once it serves."""
+        """Load ``name`` from the repositories (model control explicit); answered once it serves. No
+        parameter is taken: Triton's carry a config or files ("config", "file:<path>"), and a load here
+        reads only the configured repositories."""
         if not isinstance(name, str) or not name:
             raise InvalidInput(f"model name {prefix(name)} is not a name; send the name of a model directory "
                                "of the repository")
