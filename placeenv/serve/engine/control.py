@@ -89,8 +89,9 @@ class Control:
             for user in users:
                 self._drop_pipeline(user)
             old = engine.entries.pop(name)
-            engine.pool.entries.pop(name, None)
+            engine.pool.entries = {k: v for k, v in engine.pool.entries.items() if k != name}
             engine.load_errors.pop(name, None)
+            metrics.MODEL_LOAD_FAILED.labels(name).set(0)
             retired = {(name, n): (old, v) for n, v in old.versions.items()}
             engine.retiring.update(retired)
             await self._publish()
@@ -131,7 +132,7 @@ class Control:
             staged[model] = [{} if isinstance(r, BaseException) else r for r in results]
             failed = next((r for r in results if isinstance(r, BaseException)), None)
             if failed is not None:
-                await self._discard(staged, workers)
+                await self._discard(staged, workers, changed)
                 raise LoadFailed(f"model {model!r} did not load: {failed}")
         # The swap: one turn of the loop, so no request sees half of it.
         retired: dict[Key, tuple[Entry, object]] = {}
@@ -146,7 +147,8 @@ class Control:
                 if old is not None and n in old.versions:  # loaded again from changed files: its old weights go
                     engine.pool.shares.forget(model, n, old.versions[n].fingerprint)
             engine._adopt(entry)
-            engine.pool.entries[model] = entry
+            # A new dict: the pool's replacer thread reads it (a replacement worker loads what it holds).
+            engine.pool.entries = {**engine.pool.entries, model: entry}
         engine.retiring.update(retired)
         for planned in relinked:
             engine._adopt_pipeline(planned)
@@ -201,13 +203,18 @@ class Control:
                              "unload it and load it, or restart the service")
         return chosen
 
-    async def _discard(self, staged: dict, workers: dict) -> None:
-        """Finalize what a failed load built, on each replica's own worker."""
+    async def _discard(self, staged: dict, workers: dict, changed: dict) -> None:
+        """Finalize what a failed load built, on each replica's own worker, and let go of the weights its
+        workers shared (the new builds' own: their files' fingerprints are new)."""
         futures = []
         for model, built in staged.items():
+            entry, build, _ = changed[model]
             for w, replicas in zip(workers[model], built):
                 futures.append(w.do(functools.partial(w.drop, (), replicas)))
-        await asyncio.gather(*(asyncio.wrap_future(f) for f in futures), return_exceptions=True)
+            for n in build:
+                self.engine.pool.shares.forget(model, n, entry.versions[n].fingerprint)
+        await _settled(futures)
+        await asyncio.to_thread(_free_memory)
 
     # -- retiring --------------------------------------------------------------------------------
 
@@ -217,15 +224,27 @@ class Control:
         engine.pipelines.pop(name, None)
 
     async def _drain(self, keys: set[Key]) -> bool:
-        """Wait until no request taken before now is still running ``keys`` (nor a pipeline run started
-        before now); False when the wait ends at ``shutdown_grace_s``, what a stopping engine gives them
-        (each is answered by its deadline anyway: the engine's timer answers it then)."""
+        """Wait until no request taken before now is still running ``keys``: none in flight (``inflight``),
+        no pipeline run started before now, and every worker past a batch boundary since (a batch that
+        began before the swap may still call one of them: ``Model.infer``). False when the wait ends at
+        ``shutdown_grace_s``, what a stopping engine gives them (each is answered by its deadline anyway:
+        the engine's timer answers it then)."""
         engine = self.engine
         before = engine.runs_started
         deadline = time.monotonic() + engine.settings.shutdown_grace_s
+        crossed = False
         while time.monotonic() < deadline:
             if not any(engine.inflight[key] for key in keys) and all(run > before for run in engine.runs_live):
-                return True
+                if crossed:
+                    return True
+                # Each worker between two batches once: what was running at the swap has finished.
+                futures = [w.do(lambda: None) for w in engine.pool.workers]
+                try:
+                    await asyncio.wait_for(_settled(futures), max(0.0, deadline - time.monotonic()))
+                except asyncio.TimeoutError:
+                    break
+                crossed = True
+                continue
             await asyncio.sleep(0.01)
         log.error("unload: requests for %s still in flight after the shutdown grace; dropping them", sorted(keys))
         return False
@@ -237,11 +256,16 @@ class Control:
         if retired:
             await self._drain(set(retired))
         keys = set(retired)
+        for key in keys:  # served no more: a request that names it now is refused (404)
+            engine.retiring.pop(key, None)
+        engine._hold()
         futures = [w.do(functools.partial(w.drop, keys, replaced.get(w))) for w in engine.pool.workers
                    if keys & w.held.keys() or replaced.get(w)]
-        await asyncio.gather(*(asyncio.wrap_future(f) for f in futures), return_exceptions=True)
+        await _settled(futures)
+        for queue in engine.dispatcher.queues.values():  # left behind by a drain that stopped waiting
+            for job in queue.withdraw(keys):
+                job.fail(UnknownModel(f"model {job.model[0]!r} version {job.model[1]} was unloaded"))
         for key, (_, version) in retired.items():
-            engine.retiring.pop(key, None)
             engine.pool.shares.forget(*key, version.fingerprint)
             if key[0] not in engine.entries or key[1] not in engine.entries[key[0]].versions:
                 engine._forget(key)
@@ -257,25 +281,13 @@ class Control:
     def look(self) -> dict[str, str]:
         """Each model directory of the repositories (those PLACEENV_MODELS names, when it names some) and
         its fingerprint."""
-        settings = self.engine.settings
-        wanted = settings.model_list()
-        found = {}
-        for repository in settings.repository_list():
-            if not repository.is_dir():
-                continue
-            for child in sorted(repository.iterdir()):
-                if child.name.startswith((".", "_")) or not child.is_dir() or child.name in found:
-                    continue
-                if wanted is None or child.name in wanted:
-                    found[child.name] = fingerprint(child)
-        return found
+        return look(self.engine.settings)
 
     async def poll(self) -> None:
         """Until cancelled: every ``repository_poll_s``, load each model whose files changed (new ones
         too), unload each that left the repository. What fails to load is said, and tried again only
         once its files change again."""
         engine = self.engine
-        self.seen = await asyncio.to_thread(self.look)
         while True:
             await asyncio.sleep(engine.settings.repository_poll_s)
             try:
@@ -297,11 +309,38 @@ class Control:
                 log.error("poll: %r changed but does not load; what served it serves on: %s", name, exc)
         for name in [n for n in self.seen if n not in now]:
             del self.seen[name]
+            engine.load_errors.pop(name, None)
+            metrics.MODEL_LOAD_FAILED.labels(name).set(0)
             if name in engine.entries or name in engine.plans:
                 try:
                     await self.unload(name, dependents=True)
                 except (UnknownModel, InvalidInput) as exc:
                     log.error("poll: %r left the repository but cannot be unloaded: %s", name, exc)
+
+
+def look(settings) -> dict[str, str]:
+    """Each model directory of the repositories (those PLACEENV_MODELS names, when it names some) and its
+    fingerprint: what a poll compares, taken first before the engine reads the repository at start."""
+    wanted = settings.model_list()
+    found = {}
+    for repository in settings.repository_list():
+        if not repository.is_dir():
+            continue
+        for child in sorted(repository.iterdir()):
+            if child.name.startswith((".", "_")) or not child.is_dir() or child.name in found:
+                continue
+            if wanted is None or child.name in wanted:
+                found[child.name] = fingerprint(child)
+    return found
+
+
+async def _settled(futures) -> None:
+    """Wait for each of the workers' ``futures``; a failure is logged (what failed to finalize or to run is
+    the control's to say, not to raise past the swap)."""
+    results = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures), return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            log.error("model control: a worker's task failed: %r", result)
 
 
 def _free_memory() -> None:

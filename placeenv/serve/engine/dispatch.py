@@ -319,6 +319,17 @@ class DeviceQueue:
             return self._jobs.popleft()
         return self._take(lambda job: job.model in held)
 
+    def withdraw(self, models: set[tuple[str, int]]) -> list[Job]:
+        """Take every job of ``models`` out of the queue: versions no worker serves any more (an unload
+        that stopped waiting, a job answered at its deadline but still queued). Their owner answers them."""
+        with self._cond:
+            gone = [job for job in self._jobs if job.model in models]
+            if gone:
+                high = list(self._jobs)[:self._high]
+                self._jobs = collections.deque(job for job in self._jobs if job.model not in models)
+                self._high -= sum(1 for job in high if job.model in models)
+            return gone
+
     def _next_of(self, model: tuple[str, int], room: int) -> Job | None:
         # Same model only, in arrival order; other models keep their place in line.
         return self._take(lambda job: job.model == model and job.examples <= room, within=64)

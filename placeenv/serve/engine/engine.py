@@ -39,7 +39,7 @@ from ..models.base import InputError, Model, ModelError, host_inputs
 from ..models.repository import BUNDLED, Entry, Pipeline, Repository, RepositoryError, Version, read
 from ..protocol.request import Catalog, ModelInfo, Result, VersionInfo, Work
 from . import pipeline
-from .control import Control
+from . import control
 from .workers import Answer, PlaceChecker, WorkerPool
 
 log = logging.getLogger(__name__)
@@ -219,8 +219,11 @@ class Engine:
             placeenv.prepare_devices()
         else:
             placeenv.install()
+        # What a poll compares its first look with: the files as they were before they were read.
+        seen = control.look(settings) if settings.model_control_mode == "poll" else {}
         found, self.skipped = read_repository(settings)
-        # Changed in place only (a model's call reads the dict from a worker thread): by a load, on the loop.
+        # Changed in place by a load or an unload, on the loop: ``pipeline.call`` holds this dict and reads
+        # one entry from a worker thread (a single lookup, safe beside a change).
         self.entries, self.pipelines = found.entries, found.pipelines
         # CPU-side instances for preprocessing: they have a context, never a network.
         self.templates: dict[tuple[str, int], Model] = {}
@@ -257,7 +260,8 @@ class Engine:
         self.stopping = False  # not ready; requests are still served until the dispatcher closes
         # Model control (control.py): the versions out of the catalog that still serve the requests taken
         # before, those requests per version, and the pipeline runs in flight (by their start's number).
-        self.control = Control(self)
+        self.control = control.Control(self)
+        self.control.seen = seen
         self.retiring: dict[tuple[str, int], tuple[Entry, Version]] = {}
         self.counting = settings.model_control_mode != "none"  # inflight and runs_live are kept
         self.inflight: collections.Counter[tuple[str, int]] = collections.Counter()
@@ -347,7 +351,6 @@ class Engine:
         """A version no longer served, nor draining: its tables go."""
         for table in (self.templates, self.own_preprocess, self.datatypes, self.stats):
             table.pop(key, None)
-        self.inflight.pop(key, None)
 
     async def _publish(self) -> None:
         """Hand the catalog, as it is now, to everyone who answers from it; wait for those who say when

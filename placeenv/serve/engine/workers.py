@@ -12,7 +12,6 @@ import collections
 import concurrent.futures
 import dataclasses
 import functools
-import gc
 import logging
 import threading
 import time
@@ -28,7 +27,7 @@ from placeenv import PlaceEnv
 
 from .. import metrics
 from .dispatch import DeviceQueue, Job, resolve_all
-from ..protocol.errors import Draining, ModelFailed, Overloaded, ServiceError, StartupError, Timeout, UnknownModel
+from ..protocol.errors import Draining, ModelFailed, Overloaded, ServiceError, StartupError, Timeout
 from ..models.base import CALLS, JIT_LOAD_LOCK, DeviceShare, Model, batch_tensor, host_inputs, host_tensor, move_to
 from ..models.repository import Entry
 
@@ -131,6 +130,8 @@ class Worker:
         # What the engine's control asks of this thread between batches (engine/control.py): build a
         # version's replica, drop one. Each (function, future).
         self.tasks: collections.deque[tuple[Callable[[], Any], concurrent.futures.Future]] = collections.deque()
+        self._tasks_lock = threading.Lock()
+        self.closed = False  # the thread has ended: a task is refused (``do``)
         self._up = metrics.WORKER_UP.labels(name, device)
         self.thread = threading.Thread(target=self._run, name=f"worker-{name}", daemon=True)
 
@@ -147,7 +148,11 @@ class Worker:
         """Run ``task`` on this worker's thread, between two batches: a replica is built, used and
         finalized by the thread of its device (Paddle's per-thread place, and one user at a time)."""
         future: concurrent.futures.Future = concurrent.futures.Future()
-        self.tasks.append((task, future))
+        with self._tasks_lock:
+            if self.closed:  # its thread has ended: nobody would run it
+                future.set_exception(RuntimeError(f"worker {self.name} has stopped"))
+                return future
+            self.tasks.append((task, future))
         self.queue.wake()
         return future
 
@@ -179,12 +184,13 @@ class Worker:
         delay = entry.max_batch_delay_ms / 1000
         self.replicas = {**self.replicas, **built}
         self.held = {**self.held, **{key: (entry.max_batch_size, delay) for key in built}}
+        self.backends.update((key, replica.backend) for key, replica in built.items())
         return replaced
 
     def drop(self, keys, replaced: dict[tuple[str, int], Model] | None = None) -> None:
         """On this thread: stop serving ``keys`` and finalize their replicas (and ``replaced``, the ones a
-        new build took the place of), then hand the device's freed memory back (Paddle's allocator keeps
-        it cached otherwise)."""
+        new build took the place of, or a failed load built); the engine's control then collects them
+        and hands the device's memory back."""
         gone = [self.replicas[key] for key in keys if key in self.replicas] + list((replaced or {}).values())
         self.held = {key: held for key, held in self.held.items() if key not in keys}
         self.replicas = {key: replica for key, replica in self.replicas.items() if key not in keys}
@@ -192,10 +198,6 @@ class Worker:
             self.backends.pop(key, None)
         for replica in gone:
             _finalize(replica, self.name)
-        del gone
-        gc.collect()
-        if self.place is not None and placeenv.device_name(self.place) != "cpu":
-            paddle.device.empty_cache()
 
     def _run(self) -> None:
         try:
@@ -216,8 +218,10 @@ class Worker:
             for replica in self.replicas.values():
                 _finalize(replica, self.name)
             self._up.set(0)
-            while self.tasks:  # the control waits for each
-                self.tasks.popleft()[1].set_exception(RuntimeError(f"worker {self.name} stopped"))
+            with self._tasks_lock:  # the control waits for each task: none is left unanswered
+                self.closed = True
+                while self.tasks:
+                    self.tasks.popleft()[1].set_exception(RuntimeError(f"worker {self.name} stopped"))
             if self.current:  # every accepted request gets exactly one answer
                 for job in self.current:
                     job.fail(ModelFailed(f"the worker serving this request ({self.name}) died"))
@@ -252,7 +256,6 @@ class Worker:
         except Exception:
             _finalize(replica, self.name)
             raise
-        self.backends[version.context.name, version.number] = replica.backend
         return replica
 
     def _warm_up(self, replica: Model, entry: Entry, version) -> None:
@@ -281,15 +284,11 @@ class Worker:
                     return
                 continue
             self.current = batch
-            replica = self.replicas.get(batch[0].model)
-            if replica is None:  # dropped by an unload that stopped waiting for its requests (control.py)
-                for job in batch:
-                    job.fail(UnknownModel(f"model {job.model[0]!r} version {job.model[1]} was unloaded"))
-            else:
-                self._process(replica, batch)  # answers every job, or raises only if dying
+            # (``take_batch`` gives only jobs of ``held``, which ``install`` sets after ``replicas``.)
+            self._process(self.replicas[batch[0].model], batch)  # answers every job, or raises only if dying
             self.queue.done(len(batch))
             # Nothing of the batch stays referenced while the worker waits: an unloaded replica is freed.
-            self.current = batch = replica = []
+            self.current = batch = []
 
     def serve_until(self, answered, deadline: float) -> None:
         """While a model on this worker waits for a call (``answered``, a future): run jobs from this

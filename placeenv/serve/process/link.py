@@ -10,10 +10,10 @@ pickled, received without a copy (``np.frombuffer`` over ZeroMQ's frame).
     engine -> front end   b"r" result + arrays | b"e" error | b"s" / b"t" / b"c" / b"l" the answers
                           | b"u" a new catalog (a load or an unload), which the front end acknowledges
 
-A load or an unload is answered only once every front end has acknowledged the catalog it made:
-what a front end sent before its acknowledgement has reached the engine by then (one connection
-keeps its order), so no request checked against the old catalog arrives after the engine stops
-serving what it retired.
+A load or an unload is answered once every connected front end has acknowledged the catalog it
+made (or ``PUBLISH_S`` passed, said in the log): what a front end sent before its acknowledgement has
+reached the engine by then (one connection keeps its order), so no request checked against the old
+catalog arrives after the engine stops serving what it retired.
 
 Every request a front end sends is answered exactly once: by the engine (a request whose
 client left is cancelled, ``b"X"``: the engine withdraws its job and sends nothing back), or, when
@@ -99,8 +99,8 @@ _decode_error = msgspec.msgpack.Decoder(ErrorHeader).decode
 _decode_query = msgspec.msgpack.Decoder(Query).decode
 _decode_reply = msgspec.msgpack.Decoder(Reply).decode
 
-#: How long the engine waits for each front end to acknowledge a new catalog; a front end that does not
-#: is left out of later ones (a new one asks for the catalog when it connects).
+#: How long the engine waits for the front ends to acknowledge a new catalog (a front end that is gone
+#: is left out at once; a new one asks for the catalog when it connects).
 PUBLISH_S = 5.0
 #: How long a front end waits for a load or an unload (building every worker's replica, warm-up included).
 CONTROL_S = 600.0
@@ -427,16 +427,29 @@ class EngineServer:
         waiting = set(self.peers)
         self.publishing[change] = (future, waiting)
         header = _encode(Reply(change, self.catalog))
-        for peer in list(waiting):
-            if not self._send([peer, b"u", header]):
-                waiting.discard(peer)
+        # Mandatory for these sends only: a front end that is gone (restarted under a new identity) is
+        # told apart from one that is slow, and left out; answers to a gone front end are still dropped.
+        self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        try:
+            for peer in list(waiting):
+                try:
+                    sent = self._send([peer, b"u", header])
+                except zmq.ZMQError as exc:
+                    if exc.errno != zmq.EHOSTUNREACH:
+                        raise
+                    self.peers.discard(peer)
+                    sent = False
+                if not sent:
+                    waiting.discard(peer)
+        finally:
+            self.socket.setsockopt(zmq.ROUTER_MANDATORY, 0)
         try:
             if waiting:
                 await asyncio.wait_for(future, PUBLISH_S)
         except asyncio.TimeoutError:
-            log.error("engine: %d front end(s) did not acknowledge the new catalog within %g s; left out of "
-                      "later changes until they ask for the catalog again", len(waiting), PUBLISH_S)
-            self.peers -= waiting
+            # Still connected, so still sent every later change (each holds the whole catalog).
+            log.error("engine: %d front end(s) did not acknowledge the new catalog within %g s; answering "
+                      "without them", len(waiting), PUBLISH_S)
         finally:
             del self.publishing[change]
 

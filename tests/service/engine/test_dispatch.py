@@ -203,3 +203,23 @@ def test_a_cancel_past_the_deadline_is_the_deadlines_answer():
         assert [type(e).__name__ for e in answers] == ["Timeout", "Cancelled"]
     finally:
         loop.close()
+
+
+@pytest.mark.parametrize("uniform", [True, False], ids=["uniform", "mixed"])
+def test_an_unloaded_versions_jobs_leave_the_queue_and_the_rest_are_taken(uniform):
+    """A version dropped by every worker (an unload whose drain stopped waiting): its jobs block no one
+    once withdrawn. The control: before, a uniform queue's workers take nothing past its job at the head."""
+    loop = asyncio.new_event_loop()
+    try:
+        queue = DeviceQueue("cpu", 64, 1, clock=ManualClock())
+        queue.models, queue.uniform = {("m", 1)}, uniform
+        for model in (("gone", 1), ("m", 1), ("gone", 1), ("m", 1)):
+            assert queue.offer(_job(loop, model))
+        held = {("m", 1): (8, 0.0)}
+        if uniform:
+            assert queue.take_batch(held, wait=0) == []  # the head is a job no worker here runs
+        assert [job.model for job in queue.withdraw({("gone", 1)})] == [("gone", 1), ("gone", 1)]
+        taken = queue.take_batch(held, wait=0)
+        assert [job.model for job in taken] == [("m", 1), ("m", 1)] and len(queue) == 0
+    finally:
+        loop.close()
