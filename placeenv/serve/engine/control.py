@@ -33,7 +33,6 @@ import paddle
 from .. import metrics
 from ..models.repository import Entry, Pipeline, RepositoryError, fingerprint, link, read
 from ..protocol.errors import InvalidInput, LoadFailed, UnknownModel
-from . import pipeline
 
 if TYPE_CHECKING:
     from .engine import Engine
