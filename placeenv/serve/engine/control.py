@@ -129,10 +129,12 @@ class Control:
             futures = [w.do(functools.partial(w.stage, entry, build)) for w in workers[model]]
             results = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures), return_exceptions=True)
             staged[model] = [{} if isinstance(r, BaseException) else r for r in results]
-            failed = next((r for r in results if isinstance(r, BaseException)), None)
+            failed = next(((w, r) for w, r in zip(workers[model], results) if isinstance(r, BaseException)), None)
             if failed is not None:
                 await self._discard(staged, workers, changed)
-                raise LoadFailed(f"model {model!r} did not load: {failed}")
+                worker, exc = failed
+                raise LoadFailed(f"model {model!r} did not load on {worker.device} (worker {worker.name}): "
+                                 f"{type(exc).__name__}: {str(exc)[:500]}")
         # The swap: one turn of the loop, so no request sees half of it.
         retired: dict[Key, tuple[Entry, object]] = {}
         replaced: dict = {}

@@ -166,15 +166,15 @@ class Worker:
 
     def stage(self, entry: Entry, numbers: list[int]) -> dict[tuple[str, int], Model]:
         """Build and warm up replicas of ``entry``'s versions ``numbers`` on this thread, beside those it
-        serves (``install`` puts them in service); a failure finalizes what was built and names the worker."""
+        serves (``install`` puts them in service); on a failure, what was built is finalized."""
         built: dict[tuple[str, int], Model] = {}
         try:
             for number in numbers:
                 built[entry.name, number] = self._load(entry, entry.versions[number])
-        except Exception as exc:
+        except Exception:
             for replica in built.values():
                 _finalize(replica, self.name)
-            raise RuntimeError(f"worker {self.name}: {type(exc).__name__}: {str(exc)[:500]}") from None
+            raise
         return built
 
     def install(self, entry: Entry, built: dict[tuple[str, int], Model]) -> dict[tuple[str, int], Model]:
@@ -231,7 +231,7 @@ class Worker:
     def _load_entry(self, entry: Entry) -> None:
         """Load and serve every version of ``entry`` (at start), or say why not (``failed``)."""
         try:
-            loaded = {(entry.name, n): self._load(entry, version) for n, version in entry.versions.items()}
+            loaded = self.stage(entry, list(entry.versions))
         except Exception as exc:  # noqa: BLE001 - reported by the service, named
             self.failed[entry.name] = f"{type(exc).__name__}: {str(exc)[:500]}"
             log.error("worker %s: model %r did not load on %s: %s", self.name, entry.name, self.device,
