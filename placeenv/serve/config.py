@@ -162,6 +162,18 @@ class Settings(BaseSettings):
         paths = [Path(part.strip()) for part in self.model_repository.split(",") if part.strip()]
         return [p if p == BUNDLED else p.resolve() for p in paths] or [BUNDLED]
 
+    def model_directories(self) -> dict[str, Path]:
+        """Each model directory of the repositories, by name (the first where names repeat; a repository
+        that is not a directory has none): what a load, a poll and the repository index look at.
+        Reading the repository itself (models/repository.py) also reports what this passes over."""
+        found: dict[str, Path] = {}
+        for repository in self.repository_list():
+            if repository.is_dir():
+                for child in sorted(repository.iterdir()):
+                    if child.is_dir() and not child.name.startswith((".", "_")):
+                        found.setdefault(child.name, child)
+        return found
+
     def frontend_count(self) -> int:
         """Front-end processes to start; 'auto': none on a machine of 2 cores or fewer, where one process
         serves as much, else one per 2 cores beyond the engine's first two, at most 8."""

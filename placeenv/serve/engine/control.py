@@ -259,7 +259,7 @@ class Control:
         keys = set(retired)
         for key in keys:  # served no more: a request that names it now is refused (404)
             engine.retiring.pop(key, None)
-        engine._hold()
+        engine._hold()  # (the queues' models: without ``keys`` from here on)
         futures = [w.do(functools.partial(w.drop, keys, replaced.get(w))) for w in engine.pool.workers
                    if keys & w.held.keys() or replaced.get(w)]
         await _settled(futures)
@@ -268,9 +268,8 @@ class Control:
                 job.fail(UnknownModel(f"model {job.model[0]!r} version {job.model[1]} was unloaded"))
         for key, (_, version) in retired.items():
             engine.pool.shares.forget(*key, version.fingerprint)
-            if key[0] not in engine.entries or key[1] not in engine.entries[key[0]].versions:
+            if not engine._serves(key):
                 engine._forget(key)
-        engine._hold()
         if futures:
             await asyncio.to_thread(_free_memory)
 
@@ -278,11 +277,6 @@ class Control:
         await self.engine._publish()
 
     # -- the poll --------------------------------------------------------------------------------
-
-    def look(self) -> dict[str, str]:
-        """Each model directory of the repositories (those PLACEENV_MODELS names, when it names some) and
-        its fingerprint."""
-        return look(self.engine.settings)
 
     async def poll(self) -> None:
         """Until cancelled: every ``repository_poll_s``, load each model whose files changed (new ones
@@ -298,7 +292,7 @@ class Control:
 
     async def poll_once(self) -> None:
         engine = self.engine
-        now = await asyncio.to_thread(self.look)
+        now = await asyncio.to_thread(look, engine.settings)
         pipelines_first = sorted(now, key=lambda n: n not in engine.plans)
         for name in pipelines_first:
             if now[name] == self.seen.get(name):
@@ -323,16 +317,8 @@ def look(settings) -> dict[str, str]:
     """Each model directory of the repositories (those PLACEENV_MODELS names, when it names some) and its
     fingerprint: what a poll compares, taken first before the engine reads the repository at start."""
     wanted = settings.model_list()
-    found = {}
-    for repository in settings.repository_list():
-        if not repository.is_dir():
-            continue
-        for child in sorted(repository.iterdir()):
-            if child.name.startswith((".", "_")) or not child.is_dir() or child.name in found:
-                continue
-            if wanted is None or child.name in wanted:
-                found[child.name] = fingerprint(child)
-    return found
+    return {name: fingerprint(directory) for name, directory in settings.model_directories().items()
+            if wanted is None or name in wanted}
 
 
 async def _settled(futures) -> None:

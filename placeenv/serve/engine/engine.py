@@ -322,10 +322,15 @@ class Engine:
     def _hold(self) -> None:
         """Each queue's models, as its workers hold them (at start, and after each load or unload)."""
         for queue in self.dispatcher.queues.values():
-            held = [{k for k in w.held if k[0] in self.entries or k in self.retiring} for w in self.pool.workers
+            held = [{k for k in w.held if self._serves(k) or k in self.retiring} for w in self.pool.workers
                     if w.queue is queue]
             queue.models = set().union(*held)
             queue.uniform = all(h == held[0] for h in held)
+
+    def _serves(self, key: tuple[str, int]) -> bool:
+        """Whether ``key`` (model, version) is in the catalog's entries."""
+        entry = self.entries.get(key[0])
+        return entry is not None and key[1] in entry.versions
 
     def _adopt(self, entry: Entry) -> None:
         """Serve ``entry``'s versions (at start, or a load's swap): its preprocessing templates and tables."""

@@ -154,18 +154,10 @@ class Gateway:
         if catalog.control != "none":
             listed = {r["name"] for r in rows}
             rows += [{"name": name, "state": "UNAVAILABLE", "reason": "unloaded"}
-                     for name in self._repository_models() if name not in listed]
+                     for name in self.settings.model_directories() if name not in listed]
         if ready_only:
             rows = [r for r in rows if r["state"] == "READY"]
         return sorted(rows, key=lambda r: r["name"])
-
-    def _repository_models(self) -> list[str]:
-        """The model directories of the configured repositories, as a load would find them."""
-        found = []
-        for repository in self.settings.repository_list():
-            if repository.is_dir():
-                found += [c.name for c in repository.iterdir() if c.is_dir() and not c.name.startswith((".", "_"))]
-        return found
 
     async def load_model(self, name: Any, parameters: dict[str, Any] | None = None) -> None:
         """Load ``name`` from the repositories (model control explicit); answered once it serves. No
