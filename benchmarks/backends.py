@@ -75,7 +75,7 @@ def binary() -> tuple[bytes, dict[str, str]]:
     image = triton.InferInput("image", [1, 3, SIDE, SIDE], "FP32")
     image.set_data_from_numpy(np.full((1, 3, SIDE, SIDE), 0.25, np.float32), binary_data=True)
     data, header = triton.InferenceServerClient.generate_request_body(
-        [image], outputs=[triton.InferRequestedOutput("output_0", binary_data=True)])
+        [image], outputs=[triton.InferRequestedOutput("fetch_name_0", binary_data=True)])
     return data, {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(header)}
 
 

@@ -46,7 +46,7 @@ from placeenv.serve.models.examples import mobilenet_network
 
 class Model(Base):
     inputs = (TensorSpec("image", "FP32", (-1, 3, 32, 32)),)
-    outputs = (TensorSpec("output_0", "FP32", (-1, 10)),)
+    outputs = (TensorSpec("fetch_name_0", "FP32", (-1, 10)),)
 
     def load(self, context):
         return mobilenet_network()
@@ -60,7 +60,7 @@ def v2_body(binary: bool) -> tuple[bytes, dict[str, str]]:
 
     image = triton.InferInput("image", list(IMAGE.shape), "FP32")
     image.set_data_from_numpy(IMAGE, binary_data=binary)
-    output = triton.InferRequestedOutput("output_0", binary_data=binary)
+    output = triton.InferRequestedOutput("fetch_name_0", binary_data=binary)
     body, header = triton.InferenceServerClient.generate_request_body([image], outputs=[output])
     headers = {"Content-Type": "application/octet-stream" if binary else "application/json"}
     if header is not None:
@@ -129,7 +129,7 @@ def agree(url: str, models: list[str]) -> float:
     client = triton.InferenceServerClient(url.removeprefix("http://"))
     image = triton.InferInput("image", list(IMAGE.shape), "FP32")
     image.set_data_from_numpy(IMAGE, binary_data=True)
-    answers = [client.infer(m, [image]).as_numpy("output_0") for m in models]
+    answers = [client.infer(m, [image]).as_numpy("fetch_name_0") for m in models]
     return float(max(np.abs(a - answers[0]).max() for a in answers))
 
 

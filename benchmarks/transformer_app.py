@@ -46,7 +46,7 @@ async def infer(request: Request):
     image = triton.InferInput("image", list(pixels.shape), "FP32")
     image.set_data_from_numpy(pixels, binary_data=True)
     answer = await state["predictor"].infer(os.environ.get("MODEL", "mobilenet"), [image],
-                                            outputs=[triton.InferRequestedOutput("output_0", binary_data=True)])
-    labels, scores = top_labels(answer.as_numpy("output_0"), LABELS, 3)
+                                            outputs=[triton.InferRequestedOutput("fetch_name_0", binary_data=True)])
+    labels, scores = top_labels(answer.as_numpy("fetch_name_0"), LABELS, 3)
     return render(Result("classify", 1, {"labels": labels, "scores": scores}, {"labels": "BYTES", "scores": "FP32"},
                          "", "", len(pixels), True, {}), parsed)

@@ -57,7 +57,7 @@ def v2_request(images: list) -> tuple[bytes, dict]:
     image = triton.InferInput("image", list(array.shape), "FP32")
     image.set_data_from_numpy(array, binary_data=True)
     body, header = triton.InferenceServerClient.generate_request_body(
-        [image], outputs=[triton.InferRequestedOutput("output_0", binary_data=True)])
+        [image], outputs=[triton.InferRequestedOutput("fetch_name_0", binary_data=True)])
     return body, {"Inference-Header-Content-Length": str(header), "Content-Type": "application/octet-stream"}
 
 
@@ -195,7 +195,7 @@ class Client(FastHttpUser):
     def mobilenet_v2(self) -> None:
         body, headers, size = random.choice(V2_MOBILENET)
         self._v2("mobilenet", body, headers, f"v2 mobilenet x{size} (binary)",
-                 lambda result: result.as_numpy("output_0").shape == (size, 10) or "wrong output shape")
+                 lambda result: result.as_numpy("fetch_name_0").shape == (size, 10) or "wrong output shape")
 
     def _v2(self, model: str, body: bytes, headers: dict, name: str, check) -> None:
         """A v2 binary request, its answer decoded by tritonclient and given to ``check``, which returns

@@ -91,8 +91,13 @@ class Settings(BaseSettings):
         "start, or start without it and report it not ready",
     )
 
-    request_timeout_s: float = Field(10.0, gt=0, description="end-to-end limit per request (504 after)")
-    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="request body limit (413 above)")
+    request_timeout_s: float = Field(
+        60.0, gt=0, description="end-to-end limit per request (504 after); long enough for a real model on "
+        "the CPU (a text detector's page takes about a second there) with a few requests queued before it")
+    max_body_bytes: int = Field(
+        64 * 1024 * 1024, ge=1024, description="request body limit, HTTP and gRPC alike (413 / "
+        "RESOURCE_EXHAUSTED above); the default takes a 12-megapixel photo encoded (base64 in JSON too) and a "
+        "1x3x960x960 FP32 tensor")
     max_examples_per_request: int = Field(32, ge=1, description="examples in one request (400 above)")
     queue_capacity: int = Field(64, ge=1, description="requests waiting per device; when every device's "
                                 "queue is full, a request gets 503 with Retry-After")

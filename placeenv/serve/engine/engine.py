@@ -135,9 +135,16 @@ def timings(taken: float, job: Job, answer: Answer) -> dict[str, float]:
     }
 
 
-def platform(version: Version) -> str:
-    """The Open Inference Protocol's platform of a version: a model.py of its own, or a saved program."""
-    return "paddle_python" if version.model_class.__module__.startswith("placeenv_repository") else "paddle_jit"
+def platform(version: Version, backends: list[str]) -> str:
+    """The Open Inference Protocol's platform of a version: ``paddle_python`` for a model.py whose forward is
+    its own, else what runs its program on its workers (``backends``, each a ``Model.backend``):
+    ``paddle_inference`` (a Predictor), ``paddle_jit`` (``paddle.jit.load``), both joined by ``+`` where
+    its devices differ."""
+    if version.model_class.__module__.startswith("placeenv_repository") and (
+            version.program is None or version.model_class.execute is not Model.execute):
+        return "paddle_python"
+    found = sorted({"paddle_inference" if b.startswith("inference") else "paddle_jit" for b in backends})
+    return "+".join(found) or "paddle_jit"
 
 
 def resolve_devices(settings: Settings) -> list[str]:
@@ -399,8 +406,9 @@ class Engine:
                                                                         "ensemble")},
                                      found.max_batch_size, 0.0, found.config.description, config)
         for entry in self.entries.values():
-            versions = {n: VersionInfo(n, v.inputs, v.outputs, platform(v)) for n, v in entry.versions.items()
-                        if (entry.name, n) not in self.retiring}
+            versions = {n: VersionInfo(n, v.inputs, v.outputs, platform(v, [
+                w.backends[entry.name, n] for w in self.pool.workers if (entry.name, n) in w.backends]))
+                        for n, v in entry.versions.items() if (entry.name, n) not in self.retiring}
             # What runs the default version on each device: the backend auto chose, or why it fell back.
             key = (entry.name, entry.default.number)
             backends = {w.device: w.backends[key] for w in self.pool.workers if key in w.backends}

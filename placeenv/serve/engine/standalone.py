@@ -16,13 +16,16 @@ from placeenv import PlaceEnv
 from ..models.base import Model, host_inputs
 from ..models.repository import BUNDLED, Entry, scan
 from .workers import forward as worker_forward
+from .workers import warm_up
 
 
 def replica(entry: Entry, place, version: int | None = None) -> Model:
-    """One worker's replica of ``entry`` (its default version unless named) on ``place``."""
+    """One worker's replica of ``entry`` (its default version unless named) on ``place``, warmed up as a
+    worker warms it (a Predictor that cannot run its program rebuilt)."""
     chosen = entry.versions[version] if version is not None else entry.default
     model = chosen.model_class()
     model.initialize(place, chosen.context)
+    warm_up(model, entry, chosen)
     return model
 
 

@@ -89,6 +89,18 @@ def failure(model: str, exc: Exception) -> ServiceError:
     return ModelFailed(f"model {model!r} failed on this request: {type(exc).__name__}: {str(exc)[:500]}")
 
 
+#: Held around each replica's build and warm-up with isolation off (``Worker._load``).
+STOCK_BUILDS = threading.Lock()
+
+
+class WarmUpFailed(RuntimeError):
+    """A warm-up request failed: which (``label``), and the ``problem`` as the model raised it."""
+
+    def __init__(self, label: str, problem: str) -> None:
+        super().__init__(f"{label} failed: {problem}")
+        self.problem = problem
+
+
 class PlaceChecker:
     """Counts every place check; a mismatch is a leak, counted with its labels and logged."""
 
@@ -240,6 +252,14 @@ class Worker:
         self.install(entry, loaded)
 
     def _load(self, entry: Entry, version) -> Model:
+        if self.isolation:
+            return self._build(entry, version)
+        # Stock Paddle (isolation off) has one Tracer for all threads, which jit.load switches to static
+        # mode while it builds: another worker's warm-up forward then breaks the load. One at a time.
+        with STOCK_BUILDS:
+            return self._build(entry, version)
+
+    def _build(self, entry: Entry, version) -> Model:
         replica = version.model_class()
         # The replica decides whether it takes the share (its config's share_weights, its own code).
         share = (self.shares.get(self.device, entry.name, version.number, version.fingerprint)
@@ -252,25 +272,11 @@ class Worker:
             _finalize(replica, self.name)
             raise RuntimeError(f"weights not on {self.device} after initialize: {dict(list(stray.items())[:3])}")
         try:
-            self._warm_up(replica, entry, version)
+            warm_up(replica, entry, version, self.check)
         except Exception:
             _finalize(replica, self.name)
             raise
         return replica
-
-    def _warm_up(self, replica: Model, entry: Entry, version) -> None:
-        """Run the version's warm-up requests (its config's ``warmup``) through ``replica`` as a batch runs:
-        preprocess on the host, forward, postprocess. A Predictor builds and allocates at its first run:
-        this is that run, before the worker (or a load) says the version is ready."""
-        for label, arrays in version.warmup:
-            try:
-                with PlaceEnv("cpu"):
-                    prepared = host_inputs(replica.context, replica.preprocess(
-                        {name: array.copy() for name, array in arrays.items()}))
-                examples = rows_of(next(iter(arrays.values()))) if entry.max_batch_size > 0 else 1
-                forward(replica, [prepared], entry.max_batch_size > 0, examples, self.check)
-            except Exception as exc:
-                raise RuntimeError(f"{label} failed: {type(exc).__name__}: {str(exc)[:400]}") from None
 
     def _serve(self) -> None:
         while True:
@@ -420,6 +426,28 @@ class Worker:
             answers.append((job, Answer(part, self.device, self.name, examples, job.started, batch)))
             offset += job.examples
         resolve_all(answers)
+
+
+def warm_up(replica: Model, entry: Entry, version, check=None) -> None:
+    """Run the version's warm-up requests (its config's ``warmup``, or the default one) through ``replica``
+    as a batch runs: preprocess on the host, forward, postprocess. A Predictor builds and allocates at its
+    first run: this is that run, before the worker (or a load) says the version is ready. A Predictor that
+    built but fails it is rebuilt as it can be (``Model.rebuild``: oneDNN off, or jit) and warmed again."""
+    while True:
+        try:
+            for label, arrays in version.warmup:
+                try:
+                    with PlaceEnv("cpu"):
+                        prepared = host_inputs(replica.context, replica.preprocess(
+                            {name: array.copy() for name, array in arrays.items()}))
+                    examples = rows_of(next(iter(arrays.values()))) if entry.max_batch_size > 0 else 1
+                    forward(replica, [prepared], entry.max_batch_size > 0, examples, check or _unchecked)
+                except Exception as exc:
+                    raise WarmUpFailed(label, f"{type(exc).__name__}: {str(exc)[:400]}") from None
+            return
+        except WarmUpFailed as exc:
+            if not replica.rebuild(exc.problem):
+                raise
 
 
 def _finalize(replica: Model, worker: str) -> None:

@@ -77,6 +77,9 @@ class DeviceShare:
     network: paddle.nn.Layer | None = None
     predictor: Any = None
     run_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    #: What the Predictor was rebuilt as after its first one failed to run (``Model.rebuild``): the next
+    #: replica that finds its own failing takes this one.
+    rebuilt: str | None = None
 
 
 def adopt_weights(network: paddle.nn.Layer, source: paddle.nn.Layer) -> bool:
@@ -201,6 +204,38 @@ class Model:
                 sharing.network = self.network
         if self.network is not None:
             self.network.eval()
+
+    def rebuild(self, problem: str) -> bool:
+        """After this replica's Predictor built but failed to run (its warm-up): a Predictor without oneDNN
+        where oneDNN was on (Paddle 3.3's oneDNN executor cannot run some programs: PP-OCRv5's text
+        detector; PaddleX keeps a list of such models), else with backend ``auto`` ``paddle.jit.load``.
+        False where neither is left to try. ``backend`` says what runs it now, and why."""
+        context, share = self.context, self._predictor_share
+        if self.predictor is None:
+            return False
+        why = (problem.strip().splitlines() or [""])[0][:200]
+        if context.inference.onednn and device_name(self.place) == "cpu":
+            options = context.inference.model_copy(update={"onednn": False})
+            with JIT_LOAD_LOCK:
+                if share is not None and share.rebuilt is not None and share.predictor is not self.predictor:
+                    self.predictor = share.predictor  # another replica rebuilt the device's one already
+                else:
+                    self.predictor = inference.create(context.program, self.place, options)
+                    if share is not None:
+                        share.predictor, share.rebuilt = self.predictor, "onednn off"
+            self.context = dataclasses.replace(context, inference=options)
+            self.backend = f"inference (oneDNN off: with it the program failed to run: {why})"
+            _say_once(context, f"model {context.name!r} version {context.version}: {self.backend}")
+            return True
+        if context.backend != "auto" or type(self).load is not Model.load:
+            return False
+        self.predictor, self._predictor_share = None, None
+        with self._env:
+            self.network = self.load(context)
+        self.network.eval()
+        self.backend = f"jit (backend auto: Paddle Inference could not run the program: {why})"
+        _say_once(context, f"model {context.name!r} version {context.version}: {self.backend}")
+        return True
 
     def load(self, context: ModelContext) -> paddle.nn.Layer | None:
         """The network to run; by default the version's saved program."""

@@ -4,6 +4,8 @@
     <repository>/<model>/<version>/model.json + model.pdiparams   what paddle.jit.save(layer, ".../model") writes
                                   (or inference.json + inference.pdiparams, as PaddleX / PaddleOCR export)
     <repository>/<model>/<version>/model.py                       optional: a class Model (base.Model)
+    <repository>/<model>/inference.json + inference.pdiparams     a PaddleX export as it comes, with no
+                                                                  version directory: served as version 1
     <repository>/<pipeline>/config.yaml                           a config with ``pipeline:`` steps, each a
                                                                   model of the repository (Triton's ensemble)
 
@@ -20,6 +22,7 @@ import dataclasses
 import hashlib
 import importlib.util
 import inspect
+import json
 import re
 import sys
 from pathlib import Path
@@ -198,9 +201,11 @@ class ModelConfig(BaseModel):
         default_factory=lambda: VersionPolicy(latest=Latest()),
         description="which versions are served, as Triton's: latest: {num_versions: N} (default: the latest "
         "one), all: {}, or specific: {versions: [...]}")
-    warmup: list[WarmupSample] = Field(
-        default_factory=list, description="requests each worker runs through each version it loads before "
-        "it is ready; a failure is the model's load error")
+    warmup: list[WarmupSample] | None = Field(
+        None, description="requests each worker runs through each version it loads before it is ready; a "
+        "failure is the model's load error. Default: one request of zeros from the inputs' shapes (dynamic "
+        "dimensions from a PaddleX export's inference.yml, else 32) for a saved program the service runs; "
+        "[]: none")
 
 
 #: A model config's fields that a pipeline does not take: its steps' models have their own.
@@ -386,13 +391,12 @@ def read(repositories: list[Path], select: list[str] | None, *, max_batch_size: 
 def load_entry(name: str, directory: Path, config: ModelConfig, config_file: Path | None, max_batch_size: int,
                max_batch_delay_ms: float) -> Entry:
     home = version_home(name, directory)
-    present = version_directories(home)
+    present = served_directories(name, home)
     if not present and home != directory:
         raise RepositoryError(name, home, "not built: the service builds it at start, or run "
                               "python -m placeenv.serve.models.examples")
     if not present:
-        raise RepositoryError(name, directory, "no version directory: expected <model>/1/model.json "
-                              "(paddle.jit.save(layer, '<repository>/<model>/1/model', input_spec=[...]))")
+        raise RepositoryError(name, directory, no_layout(directory))
     try:
         chosen = config.version_policy.chosen(sorted(present))
     except ValueError as exc:
@@ -400,7 +404,7 @@ def load_entry(name: str, directory: Path, config: ModelConfig, config_file: Pat
     configured = config_fingerprint(config_file)
     versions = {}
     for number in chosen:
-        version = read_version(name, present[number], config)
+        version = read_version(name, present[number], config, number)
         version.fingerprint = configured + ":" + files_fingerprint(present[number])
         versions[number] = version
     entry = Entry(name, directory, config, config_file, versions)
@@ -425,6 +429,30 @@ def version_home(name: str, directory: Path) -> Path:
     if directory.parent == BUNDLED and name in examples.BUILT_AT_START:
         return examples.home(name)
     return directory
+
+
+def served_directories(name: str, home: Path) -> dict[int, Path]:
+    """Each version's directory: the numbered ones, or the model's own directory as version 1 when it
+    holds a saved program itself (a PaddleX export copied in as it comes)."""
+    numbered = version_directories(home)
+    if find_program(name, home) is None:
+        return numbered
+    if numbered:
+        raise RepositoryError(name, home, f"holds a saved program and version directories "
+                              f"({', '.join(map(str, numbered))}): keep one layout, <model>/<version>/inference.json "
+                              "or <model>/inference.json (served as version 1)")
+    return {1: home}
+
+
+def no_layout(directory: Path) -> str:
+    """What a model directory with neither layout is missing, pointing at a program a level too deep."""
+    deeper = sorted(p.parent.name for stem in PROGRAM_PREFIXES for p in directory.glob(f"*/{stem}.json"))
+    found = (f"; {directory.name}/{deeper[0]}/ holds one, but a version directory is named by a positive "
+             f"integer (1, 2, ...): rename it, or move its files up into {directory.name}/") if deeper else ""
+    return ("no saved program: expected PaddleX's export as it comes, <model>/inference.json + "
+            "inference.pdiparams (version 1), or version directories, <model>/1/inference.json + "
+            "inference.pdiparams (or model.json + model.pdiparams: paddle.jit.save(layer, "
+            f"'<repository>/<model>/1/model', input_spec=[...])){found}")
 
 
 def version_directories(home: Path) -> dict[int, Path]:
@@ -464,7 +492,11 @@ def fingerprint(directory: Path) -> str:
     present = [directory / f for f in CONFIG_FILES if (directory / f).is_file()]
     parts = [config_fingerprint(present[0]) if present else "-"]
     home = version_home(name, directory)
-    parts += [f"{n}={files_fingerprint(d)}" for n, d in version_directories(home).items()]
+    try:
+        served = served_directories(name, home)
+    except RepositoryError:  # both layouts: the load that follows says so
+        served = version_directories(home)
+    parts += [f"{n}={files_fingerprint(d)}" for n, d in served.items()]
     return ",".join(parts)
 
 
@@ -474,7 +506,11 @@ def warmup_requests(entry: Entry, version: Version) -> list[tuple[str, dict[str,
     found = []
     where = entry.config_file or entry.directory
     rng = np.random.default_rng(0)
-    for i, sample in enumerate(entry.config.warmup):
+    samples = entry.config.warmup
+    default = samples is None
+    if default:
+        samples = default_warmup(entry, version)
+    for i, sample in enumerate(samples):
         def refuse(problem: str) -> RepositoryError:
             return RepositoryError(entry.name, where, f"warmup[{i}]: {problem}")
 
@@ -518,8 +554,57 @@ def warmup_requests(entry: Entry, version: Version) -> list[tuple[str, dict[str,
                 examples[spec.name] = rng.random(shape).astype(dtype)
         for size in sample.batch_sizes:
             arrays = {name: np.stack([one] * size) if batched else one for name, one in examples.items()}
-            found += [(f"warmup[{i}] batch {size}", arrays)] * sample.count
+            label = (f"the default warm-up (zeros: {', '.join(f'{n} {list(a.shape)}' for n, a in arrays.items())}; "
+                     "the config's warmup sets others, warmup: [] none)" if default else f"warmup[{i}] batch {size}")
+            found += [(label, arrays)] * sample.count
     return found
+
+
+#: A dynamic dimension's size in the default warm-up where the model's files do not give one.
+DEFAULT_DIM = 32
+
+
+def default_warmup(entry: Entry, version: Version) -> list[WarmupSample]:
+    """One request of zeros through a version whose saved program a backend runs (a Predictor may build
+    and still fail at its first run: oneDNN on some programs), so that is found before ready. Dynamic
+    dimensions take the sizes a PaddleX export's inference.yml calls typical (its dynamic shapes' ``opt``),
+    else ``DEFAULT_DIM`` (1 for a first dimension the model does not batch on). None for a version whose
+    ``execute`` is its own code (it may call other models) or that takes BYTES (its samples are files)."""
+    if (version.program is None or version.model_class.execute is not Model.execute
+            or any(spec.datatype == "BYTES" for spec in version.inputs)):
+        return []
+    typical = typical_shapes(version.context.directory)
+    batched = entry.max_batch_size > 0
+    dims = {}
+    for spec in version.inputs:
+        shape = list(spec.shape[1:] if batched else spec.shape)
+        if -1 not in shape:
+            continue
+        known = typical.get(spec.name)
+        known = known[1:] if known is not None and batched else known
+        if known is not None and len(known) == len(shape) and all(s in (-1, k) for s, k in zip(shape, known)):
+            dims[spec.name] = known
+        else:
+            dims[spec.name] = [s if s != -1 else 1 if i == 0 and not batched else DEFAULT_DIM
+                               for i, s in enumerate(shape)]
+    return [WarmupSample(dims=dims)]
+
+
+def typical_shapes(directory: Path) -> dict[str, list[int]]:
+    """Each input's typical shape, batch dimension included, from a PaddleX export's inference.yml (the
+    ``opt`` of ``Hpi.backend_configs.paddle_infer.trt_dynamic_shapes``); none where it says nothing."""
+    path = directory / "inference.yml"
+    if not path.is_file():
+        return {}
+    try:
+        import yaml  # pyyaml, the service's
+
+        shapes = yaml.safe_load(path.read_text(encoding="utf-8"))["Hpi"]["backend_configs"]["paddle_infer"][
+            "trt_dynamic_shapes"]
+        return {name: [int(d) for d in ranges[1]] for name, ranges in shapes.items()
+                if all(int(d) > 0 for d in ranges[1])}
+    except Exception:  # noqa: BLE001 - not one of PaddleX's: the plain defaults
+        return {}
 
 
 def _sample_file(refuse, directory: Path, spec: TensorSpec, relative: str | None, shape: list[int]) -> np.ndarray:
@@ -723,15 +808,15 @@ def read_config(name: str, directory: Path) -> tuple[ModelConfig, Path | None]:
         raise RepositoryError(name, path, f"invalid config: {problems} (schema: docs/models.md)") from None
 
 
-def read_version(name: str, directory: Path, config: ModelConfig) -> Version:
+def read_version(name: str, directory: Path, config: ModelConfig, number: int) -> Version:
     program = find_program(name, directory)
     model_class = Model
     source = directory / "model.py"
     if source.is_file():
         model_class = import_model_class(name, source)
     elif program is None:
-        raise RepositoryError(name, directory, "no saved program: expected model.json + model.pdiparams "
-                              "(paddle.jit.save), inference.json + inference.pdiparams, or a model.py")
+        raise RepositoryError(name, directory, "no saved program: expected inference.json + inference.pdiparams "
+                              "(a PaddleX export), model.json + model.pdiparams (paddle.jit.save), or a model.py")
     if config.backend == "inference" and (program is None or model_class.load is not Model.load):
         raise RepositoryError(name, source if source.is_file() else directory,
                               "backend inference runs the version's saved program with a Predictor: it needs "
@@ -754,7 +839,7 @@ def read_version(name: str, directory: Path, config: ModelConfig) -> Version:
         # A worker joins each input into one host tensor: only a preprocess can turn bytes into numbers.
         raise RepositoryError(name, where, f"BYTES inputs {text} need a preprocess of the model's own (model.py) "
                                            "that turns them into numeric arrays")
-    return Version(model_class, ModelContext(name, int(directory.name), directory, program, inputs, outputs,
+    return Version(model_class, ModelContext(name, number, directory, program, inputs, outputs,
                                              config.parameters, config.backend, config.inference,
                                              share_weights=config.share_weights))
 
@@ -823,7 +908,35 @@ def program_specs(name: str, program: Path) -> tuple[tuple[TensorSpec, ...], tup
                 raise RepositoryError(name, program.with_suffix(".json"), f"{kind} {i}: {exc}") from None
             tensors.append(TensorSpec(spec.name or f"{kind}_{i}", datatype, tuple(int(d) for d in spec.shape)))
         result.append(tuple(tensors))
+    # paddle.jit.load calls the outputs output_N; the program's fetch ops name them (fetch_name_N), as a
+    # Predictor, PaddleX and Triton's Paddle backend do.
+    names = fetch_names(program.with_suffix(".json"))
+    if len(names) == len(result[1]):
+        result[1] = tuple(dataclasses.replace(spec, name=n) for spec, n in zip(result[1], names))
     return result[0], result[1]
+
+
+def fetch_names(program_json: Path) -> list[str]:
+    """The names of a PIR program's outputs, from its fetch ops (``name``, in ``col`` order); none where
+    the file holds none or is not such a program."""
+    try:
+        program = json.loads(program_json.read_bytes())
+    except (OSError, ValueError):
+        return []
+    found: dict[int, str] = {}
+    stack = [program]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, dict):
+            if node.get("#") == "1.fetch" and isinstance(node.get("A"), list):
+                attributes = {a.get("N"): (a.get("AT") or {}).get("D") for a in node["A"] if isinstance(a, dict)}
+                if isinstance(attributes.get("name"), str) and isinstance(attributes.get("col"), int):
+                    found[attributes["col"]] = attributes["name"]
+            else:
+                stack.extend(v for v in node.values() if isinstance(v, (dict, list)))
+    return [found[col] for col in sorted(found)] if sorted(found) == list(range(len(found))) else []
 
 
 def declared(name, source, specs, found, kind):

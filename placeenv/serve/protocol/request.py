@@ -147,7 +147,9 @@ class VersionInfo(msgspec.Struct, frozen=True):
     number: int
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
-    platform: str  # "paddle_jit", or "paddle_python" for a version with a model.py
+    # What runs it: "paddle_inference" (a Predictor), "paddle_jit", "paddle_python" (a model.py's own
+    # forward), "ensemble" (a pipeline).
+    platform: str
 
 
 class ModelInfo(msgspec.Struct, frozen=True):

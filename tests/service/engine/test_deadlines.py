@@ -178,7 +178,7 @@ def test_a_50ms_grpc_deadline_queued_behind_held_work_is_answered_in_time_and_ne
 
 
 def test_the_services_own_limit_applies_when_it_is_the_shorter(served):
-    # A timeout of an hour, or 0 (none of the client's own): the service's limit (10 s) stays the deadline,
+    # A timeout of an hour, or 0 (none of the client's own): the service's limit (60 s) stays the deadline,
     # and the request is answered (the control for the 400s below: these terms are valid).
     proc, host, target = served
     pixels = np.zeros((1, 64), np.float32)

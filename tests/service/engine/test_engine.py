@@ -210,7 +210,7 @@ def test_overload_gets_503_with_retry_after_and_every_request_one_answer():
     assert statuses.count(503) == 44 and statuses.count(200) == 4, statuses
     for status, body, headers in results:
         if status == 200:  # a plain jit.save model: its one unnamed output, 10 logits per image
-            assert [list(o) for o in body["outputs"]] == [["output_0"]] and len(body["outputs"][0]["output_0"]) == 10
+            assert [list(o) for o in body["outputs"]] == [["fetch_name_0"]] and len(body["outputs"][0]["fetch_name_0"]) == 10
         if status == 503:
             assert headers["retry-after"] == "1" and "queue serving this model is full" in body["detail"]
 

@@ -82,7 +82,7 @@ def test_each_backend_answers_as_jit_load_with_two_inputs_of_two_datatypes(repos
         inputs = two_inputs(rows, length)
         want, _ = run(jit, inputs)
         got, raw = run(predictor, inputs)
-        assert list(got) == ["output_0", "output_1"] or list(got) == list(want), got.keys()
+        assert list(got) == ["fetch_name_0", "fetch_name_1"] or list(got) == list(want), got.keys()
         np.testing.assert_allclose(got[list(got)[0]], want[list(want)[0]], rtol=1e-5, atol=1e-5)
         np.testing.assert_array_equal(got[list(got)[1]], want[list(want)[1]])
         assert got[list(got)[1]].dtype == np.int64
@@ -246,7 +246,7 @@ def test_a_model_py_that_overrides_execute_keeps_jit_load_under_auto_and_may_opt
         class Model(Base):
             def execute(self, inputs):
                 outputs = super().execute(inputs)
-                return {**outputs, "output_0": outputs["output_0"] * 2}
+                return {**outputs, "fetch_name_0": outputs["fetch_name_0"] * 2}
     """))
     plain = replica_of(repository, "two-jit", "cpu")
     inputs = two_inputs(3, 4)
@@ -256,5 +256,5 @@ def test_a_model_py_that_overrides_execute_keeps_jit_load_under_auto_and_may_opt
         scaled = replica_of(tmp_path, "scaled", device)
         assert scaled.backend == backend
         got, _ = run(scaled, inputs)
-        np.testing.assert_allclose(got["output_0"], want["output_0"] * 2, rtol=1e-5, atol=1e-5)
-        np.testing.assert_array_equal(got["output_1"], want["output_1"])
+        np.testing.assert_allclose(got["fetch_name_0"], want["fetch_name_0"] * 2, rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(got["fetch_name_1"], want["fetch_name_1"])

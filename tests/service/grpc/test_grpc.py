@@ -86,7 +86,7 @@ def test_inference_gives_http_answers(served):
     assert [o.name for o in only.get_response().outputs] == ["label"]
     image = tg.InferInput("image", [1, 3, 32, 32], "FP32")
     image.set_data_from_numpy(np.zeros((1, 3, 32, 32), np.float32))
-    assert client.infer("mobilenet", [image]).as_numpy("output_0").shape == (1, 10)
+    assert client.infer("mobilenet", [image]).as_numpy("fetch_name_0").shape == (1, 10)
 
 
 def test_typed_contents_as_well_as_raw(served):
@@ -152,7 +152,7 @@ def test_model_config_is_https_as_tritons_message(served):
         assert client.get_model_config(model).config == expected, model
         assert client.get_model_config(model, "1").config == expected, model
     config = client.get_model_config("digits", as_json=True)["config"]
-    assert config["name"] == "digits" and config["platform"] == "paddle_python"
+    assert config["name"] == "digits" and config["platform"] == "paddle_jit"  # its program, on sim; its model.py only preprocesses
     assert config["input"] == [{"name": "pixels", "data_type": "TYPE_FP32", "dims": ["64"]}]  # (int64: a string)
     # Two sim devices, one worker each: KIND_MODEL (Triton has no kind for them), a worker per device.
     assert config["instance_group"] == [{"kind": "KIND_MODEL", "count": 1}]

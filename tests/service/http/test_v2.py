@@ -227,17 +227,17 @@ def test_model_metadata_from_model_py_and_from_the_saved_programs(client):
     assert client.get_model_metadata("mobilenet")["inputs"] == [
         {"name": "image", "datatype": "FP32", "shape": [-1, 3, 32, 32]}]
     assert client.get_model_metadata("mobilenet")["outputs"] == [
-        {"name": "output_0", "datatype": "FP32", "shape": [-1, 10]}]
+        {"name": "fetch_name_0", "datatype": "FP32", "shape": [-1, 10]}]
     fresh = client.get_model_metadata("fresh")
     assert fresh["versions"] == ["1", "2"]
     assert fresh["inputs"] == [{"name": "features", "datatype": "FP32", "shape": [-1, 4]},
                                {"name": "token", "datatype": "INT64", "shape": [-1, 1]}]
-    assert fresh["outputs"] == [{"name": "output_0", "datatype": "FP32", "shape": [-1, 3]},
-                                {"name": "output_1", "datatype": "FP32", "shape": [-1]}]
+    assert fresh["outputs"] == [{"name": "fetch_name_0", "datatype": "FP32", "shape": [-1, 3]},
+                                {"name": "fetch_name_1", "datatype": "FP32", "shape": [-1]}]
     assert client.get_model_metadata("exported")["inputs"] == [
         {"name": "x", "datatype": "FP32", "shape": [-1, 1, 6, 6]}]
     assert client.get_model_metadata("exported")["outputs"] == [
-        {"name": "output_0", "datatype": "FP32", "shape": [-1, 5]}]
+        {"name": "fetch_name_0", "datatype": "FP32", "shape": [-1, 5]}]
     dtypes = client.get_model_metadata("dtypes")
     assert [(t["name"], t["datatype"], t["shape"]) for t in dtypes["inputs"]] == [
         (f"x_{name.lower()}", name, [-1, 3]) for name in DTYPES]
@@ -253,7 +253,7 @@ def test_model_ready_config_and_repository_index(client):
     assert config["name"] == "fresh"
     assert config["max_batch_size"] == 8  # no config file: the service's default, as the first dim is -1
     assert [t["name"] for t in config["input"]] == ["features", "token"]
-    assert [t["name"] for t in config["output"]] == ["output_0", "output_1"]
+    assert [t["name"] for t in config["output"]] == ["fetch_name_0", "fetch_name_1"]
     index = client.get_model_repository_index()
     assert sorted((row["name"], row["version"], row["state"]) for row in index) == sorted(
         [(m, "1", "READY") for m in MODELS] + [("fresh", "2", "READY")])
@@ -404,7 +404,7 @@ def test_mobilenet_equals_the_saved_program_on_every_device(service, client):
         images = rng.uniform(0, 1, (i % 3 + 1, 3, 32, 32)).astype(np.float32)
         result = client.infer("mobilenet", [tensor("image", images, binary=True)])  # every output binary
         (expected,) = run_locally(mobilenet_home() / "1" / "model", images)
-        np.testing.assert_allclose(result.as_numpy("output_0"), expected, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(result.as_numpy("fetch_name_0"), expected, rtol=1e-4, atol=1e-5)
 
     on_every_device(service, "mobilenet", call)
 
@@ -419,12 +419,12 @@ def test_a_fresh_jit_saved_model_with_two_datatypes_is_served_with_no_code_on_ev
         features = rng.normal(size=(rows, 4)).astype(np.float32)
         token = rng.integers(0, 10, (rows, 1)).astype(np.int64)
         result = client.infer("fresh", [tensor("features", features, binary), tensor("token", token, binary)],
-                              outputs=wanted(binary, "output_0", "output_1"))
+                              outputs=wanted(binary, "fetch_name_0", "fetch_name_1"))
         assert result.get_response()["model_version"] == "2"  # the highest is the default
         expected = run_locally(repository / "fresh" / "2" / "model", features, token)
-        np.testing.assert_allclose(result.as_numpy("output_0"), expected[0], rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(result.as_numpy("output_1"), expected[1], rtol=1e-5, atol=1e-6)
-        assert result.as_numpy("output_1").shape == (rows,)
+        np.testing.assert_allclose(result.as_numpy("fetch_name_0"), expected[0], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(result.as_numpy("fetch_name_1"), expected[1], rtol=1e-5, atol=1e-6)
+        assert result.as_numpy("fetch_name_1").shape == (rows,)
 
     on_every_device(service, "fresh", call)
 
@@ -438,7 +438,7 @@ def test_the_paddlex_export_layout_is_served_with_no_code_on_every_device(servic
         x = rng.normal(size=(2, 1, 6, 6)).astype(np.float32)
         result = client.infer("exported", [tensor("x", x, binary=i % 2 == 0)])
         (expected,) = run_locally(repository / "exported" / "1" / "inference", x)
-        np.testing.assert_allclose(result.as_numpy("output_0"), expected, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(result.as_numpy("fetch_name_0"), expected, rtol=1e-5, atol=1e-6)
 
     on_every_device(service, "exported", call)
 
@@ -449,11 +449,11 @@ def test_a_named_version_and_an_unknown_one(client, repository):
     one = client.infer("fresh", inputs, model_version="1")
     two = client.infer("fresh", inputs, model_version="2")
     assert (one.get_response()["model_version"], two.get_response()["model_version"]) == ("1", "2")
-    np.testing.assert_allclose(one.as_numpy("output_0"),
+    np.testing.assert_allclose(one.as_numpy("fetch_name_0"),
                                run_locally(repository / "fresh" / "1" / "model", features, token)[0], rtol=1e-5)
-    np.testing.assert_allclose(two.as_numpy("output_0"),
+    np.testing.assert_allclose(two.as_numpy("fetch_name_0"),
                                run_locally(repository / "fresh" / "2" / "model", features, token)[0], rtol=1e-5)
-    assert not np.allclose(one.as_numpy("output_0"), two.as_numpy("output_0"))  # the versions differ
+    assert not np.allclose(one.as_numpy("fetch_name_0"), two.as_numpy("fetch_name_0"))  # the versions differ
     with pytest.raises(InferenceServerException) as caught:
         client.infer("fresh", inputs, model_version="7")
     assert caught.value.status() == "404"
@@ -487,7 +487,7 @@ def test_request_id_output_selection_and_mixed_binary_and_json_outputs(client):
 @pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
 def test_every_datatype_round_trips(service, client, binary):
     arrays = {name: np.array(VALUES[name], dtype=dtype) for name, dtype in DTYPES.items()}
-    outputs = [f"output_{i}" for i in range(len(DTYPES))]
+    outputs = [f"fetch_name_{i}" for i in range(len(DTYPES))]
 
     def call(i):
         result = client.infer("dtypes", [tensor(f"x_{n.lower()}", a, binary, n) for n, a in arrays.items()],
@@ -578,7 +578,7 @@ def test_concurrent_async_infer_from_many_threads_is_answered_correctly_and_batc
     # Checked here in one run: Paddle's executor refuses concurrent runs of one loaded program.
     features, token = (np.concatenate(column) for column in zip(*(sent for sent, _ in answers.values())))
     expected = run_locally(repository / "fresh" / "2" / "model", features, token)
-    for index, name in enumerate(("output_0", "output_1")):
+    for index, name in enumerate(("fetch_name_0", "fetch_name_1")):
         got = np.concatenate([result.as_numpy(name) for _, result in answers.values()])
         np.testing.assert_allclose(got, expected[index], rtol=1e-5, atol=1e-6)
     wait_until(lambda: sum(ok_by_device(service, "fresh").values()) - served >= 64, 5,
@@ -717,7 +717,7 @@ def test_a_body_over_the_limit_is_413_with_an_error(service, client):
     assert r.status_code == 413 and list(r.json()) == ["error"] and str(MAX_BODY) in r.json()["error"]
     error = refused(lambda: client.infer("mobilenet", [tensor("image", images, binary=False)]))
     assert error.status() == "413" and str(MAX_BODY) in error.message()
-    assert client.infer("mobilenet", [tensor("image", images, binary=True)]).as_numpy("output_0").shape == (24, 10)
+    assert client.infer("mobilenet", [tensor("image", images, binary=True)]).as_numpy("fetch_name_0").shape == (24, 10)
 
 
 @pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
@@ -750,7 +750,7 @@ def test_after_all_of_this_no_check_found_a_leak(service):
     """Last on this service: every v2 request above, and a concurrent mobilenet burst (the traffic that
     makes the negative control below leak), went through the place checks; none found a leak."""
     answers = from_threads(service.url, "mobilenet", mobilenet_request)
-    assert all(result.as_numpy("output_0").shape == (1, 10) for _, result in answers.values())
+    assert all(result.as_numpy("fetch_name_0").shape == (1, 10) for _, result in answers.values())
     checks = service.by_label("placeenv_place_checks_total", "stage")
     assert set(checks) == {"load", "preprocess", "worker", "batch", "execute", "output"}, checks
     assert checks["execute"] >= 64 / 8  # at least one forward pass per 8 requests of the burst

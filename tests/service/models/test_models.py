@@ -59,7 +59,7 @@ def test_bundled_repository_serves_digits_and_mobilenet_and_describes_them():
                                  {"name": "probabilities", "datatype": "FP32", "shape": [-1, 10]}]
     # A plain jit.save directory: names, dtypes and shapes all come from the saved program.
     assert mobilenet["inputs"] == [{"name": "image", "datatype": "FP32", "shape": [-1, 3, 32, 32]}]
-    assert mobilenet["outputs"] == [{"name": "output_0", "datatype": "FP32", "shape": [-1, 10]}]
+    assert mobilenet["outputs"] == [{"name": "fetch_name_0", "datatype": "FP32", "shape": [-1, 10]}]
     assert "random weights" in mobilenet["description"].lower()
     assert ENTRIES["mobilenet"].default.model_class is Model  # no model.py: the defaults serve it
     assert ENTRIES["digits"].default.model_class.__module__ == "placeenv_repository.digits.v1"
@@ -287,14 +287,14 @@ def test_mobilenet_replicas_on_sim0_and_sim3_are_the_seeded_network():
     out_b, raw_b = run(b, {"image": images})
     assert a.output_device() == b.output_device() == "cpu"  # the sim exception (docs/service.md)
     assert raw_a["output"] | raw_b["output"] == {"cpu"}
-    assert set(out_a) == {"output_0"} and out_a["output_0"].shape == (4, 10)
-    np.testing.assert_allclose(out_a["output_0"], out_b["output_0"], atol=1e-5)
+    assert set(out_a) == {"fetch_name_0"} and out_a["fetch_name_0"].shape == (4, 10)
+    np.testing.assert_allclose(out_a["fetch_name_0"], out_b["fetch_name_0"], atol=1e-5)
     with PlaceEnv("cpu"):  # the saved program is the network examples.py builds from its seed
         network = bundled.mobilenet_network()
         with paddle.no_grad():
             expected = network(paddle.to_tensor(images)).numpy()
-    np.testing.assert_allclose(out_a["output_0"], expected, rtol=1e-4, atol=1e-4)
-    json.dumps(out_a["output_0"].tolist(), allow_nan=False)
+    np.testing.assert_allclose(out_a["fetch_name_0"], expected, rtol=1e-4, atol=1e-4)
+    json.dumps(out_a["fetch_name_0"].tolist(), allow_nan=False)
 
 
 @pytest.mark.parametrize("array, message", [

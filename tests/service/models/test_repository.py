@@ -71,6 +71,21 @@ class Doubled(paddle.nn.Layer):
         return m.astype("float32") * 2
 
 
+class RowSum(paddle.nn.Layer):
+    """x FP32 [-1, -1, 3] -> its rows summed, [-1, 3]: a dynamic dimension besides the batch's."""
+
+    def forward(self, x):
+        return x.sum(axis=1)
+
+
+class Upsampled(paddle.nn.Layer):
+    """x FP32 [-1, 3, -1, -1] -> twice the size (interpolate by a scale factor): a program Paddle 3.3's
+    oneDNN executor builds but cannot run (its scale, a list of doubles), as PP-OCRv5's text detector."""
+
+    def forward(self, x):
+        return paddle.nn.functional.interpolate(x, scale_factor=2, mode="nearest")
+
+
 def _spec(shape, dtype, name=None):
     return paddle.static.InputSpec(shape, dtype, name=name)
 
@@ -86,10 +101,12 @@ def programs(tmp_path_factory) -> dict[str, Path]:
         "masked": (Masked(), [_spec([-1, 5], "bool", "m")]),
         "doubled": (Doubled(), [_spec([-1, 5], "bool", "m")]),
         "fixed": (paddle.nn.Linear(4, 2), [_spec([2, 4], "float32", "x")]),  # no dynamic batch dimension
+        "rows": (RowSum(), [_spec([None, None, 3], "float32", "x")]),
+        "upsampled": (Upsampled(), [_spec([None, 3, None, None], "float32", "x")]),
     }
     found = {}
     with PlaceEnv("cpu"), warnings.catch_warnings():
-        warnings.filterwarnings("ignore", "no variable in your model")  # Doubled, on purpose
+        warnings.filterwarnings("ignore", "no variable in your model")  # Doubled and others, on purpose
         for kind, (layer, spec) in layers.items():
             layer.eval()
             paddle.jit.save(layer, str(root / kind / "model"), input_spec=spec)
@@ -189,14 +206,14 @@ def test_a_bare_jit_save_directory_serves_with_what_the_program_says(programs, t
     assert errors == [] and sorted(entries) == ["linear", "masked", "two"]
     described = {name: entry.describe() for name, entry in entries.items()}
     assert described["linear"]["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}]
-    assert described["linear"]["outputs"] == [{"name": "output_0", "datatype": "FP32", "shape": [-1, 2]}]
+    assert described["linear"]["outputs"] == [{"name": "fetch_name_0", "datatype": "FP32", "shape": [-1, 2]}]
     # Two inputs, the second unnamed in its InputSpec (its forward argument names it); two unnamed outputs.
     assert described["two"]["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 4]},
                                           {"name": "ids", "datatype": "INT64", "shape": [-1, 3]}]
-    assert described["two"]["outputs"] == [{"name": "output_0", "datatype": "FP32", "shape": [-1, 2]},
-                                           {"name": "output_1", "datatype": "FP32", "shape": [-1, 1]}]
+    assert described["two"]["outputs"] == [{"name": "fetch_name_0", "datatype": "FP32", "shape": [-1, 2]},
+                                           {"name": "fetch_name_1", "datatype": "FP32", "shape": [-1, 1]}]
     assert described["masked"]["inputs"] == [{"name": "m", "datatype": "BOOL", "shape": [-1, 5]}]
-    assert described["masked"]["outputs"] == [{"name": "output_0", "datatype": "FP32", "shape": [-1, 5]}]
+    assert described["masked"]["outputs"] == [{"name": "fetch_name_0", "datatype": "FP32", "shape": [-1, 5]}]
     for name, entry in entries.items():
         assert entry.max_batch_size == 8 and entry.max_batch_delay_ms == 2.0  # batchable: the service's
         assert entry.default.model_class is Model and entry.config_file is None
@@ -220,11 +237,11 @@ def test_each_saved_program_runs_on_a_sim_device_as_it_does_by_hand(programs, tm
         out, raw = run(two, {"x": x, "ids": ids})
         assert raw["output"] == {two.output_device()} == {"cpu"}
         expected = run_locally(programs["two"], x, ids)
-        np.testing.assert_allclose(out["output_0"], expected[0], rtol=1e-6)
-        np.testing.assert_array_equal(out["output_1"], ids.sum(axis=1, keepdims=True))
+        np.testing.assert_allclose(out["fetch_name_0"], expected[0], rtol=1e-6)
+        np.testing.assert_array_equal(out["fetch_name_1"], ids.sum(axis=1, keepdims=True))
         masked = replica(entries["masked"], device)
         out, _ = run(masked, {"m": mask})
-        np.testing.assert_array_equal(out["output_0"], mask * 2.0)
+        np.testing.assert_array_equal(out["fetch_name_0"], mask * 2.0)
     assert paddle.get_device() == "sim:0"  # nothing moved this thread
 
 
@@ -237,7 +254,7 @@ def test_a_program_without_parameters_serves_without_a_pdiparams_file(programs, 
     assert model.parameter_devices() == {}
     mask = np.array([[True, False, True, True, False]])
     out, _ = run(model, {"m": mask})
-    np.testing.assert_array_equal(out["output_0"], mask * 2.0)
+    np.testing.assert_array_equal(out["fetch_name_0"], mask * 2.0)
     # The negative control: a program WITH parameters and no .pdiparams loads, then fails at its first
     # forward; the repository refuses it at start (test_a_broken_model_..._problem[missing_params]).
     directory = add(tmp_path / "other", "linear", programs["linear"])
@@ -276,7 +293,7 @@ def test_the_highest_version_is_the_default_and_other_directories_are_not_versio
     assert [s.name for s in entry.versions[2].inputs] == ["x"]
     x = np.ones((1, 4), np.float32)
     out, _ = run(replica(entry, "sim:3", version=1), {"x": x})
-    np.testing.assert_allclose(out["output_0"], run_locally(programs["linear"], x)[0], rtol=1e-6)
+    np.testing.assert_allclose(out["fetch_name_0"], run_locally(programs["linear"], x)[0], rtol=1e-6)
 
 
 @pytest.mark.parametrize("policy, served", [
@@ -315,7 +332,94 @@ def test_a_paddlex_export_with_the_inference_prefix_is_a_version_as_it_is(progra
     assert entry.describe()["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}]
     x = np.arange(8, dtype=np.float32).reshape(2, 4)
     out, _ = run(replica(entry, "sim:1"), {"x": x})
-    np.testing.assert_allclose(out["output_0"], run_locally(programs["linear"], x)[0], rtol=1e-6)
+    np.testing.assert_allclose(out["fetch_name_0"], run_locally(programs["linear"], x)[0], rtol=1e-6)
+
+
+PADDLEX_YML = """\
+Global:
+  model_name: PP-Test
+Hpi:
+  backend_configs:
+    paddle_infer:
+      trt_dynamic_shapes:
+        x:
+        - [1, 4]
+        - [1, 4]
+        - [8, 4]
+"""
+
+
+def test_a_paddlex_export_copied_in_as_it_comes_is_version_1(programs, tmp_path):
+    # PaddleX's export: inference.json, inference.pdiparams and inference.yml straight in <model>/.
+    directory = tmp_path / "exported"
+    add(tmp_path, "exported", programs["linear"], stem="inference")
+    for path in (directory / "1").iterdir():
+        path.rename(directory / path.name)
+    (directory / "1").rmdir()
+    (directory / "inference.yml").write_text(PADDLEX_YML)
+    entries, errors = read(tmp_path)
+    assert errors == []
+    entry = entries["exported"]
+    assert list(entry.versions) == [1] and entry.default.program == directory / "inference"
+    # Outputs take the program's own names, as a Predictor (and PaddleX, and Triton's Paddle backend) call them.
+    assert [o["name"] for o in entry.describe()["outputs"]] == ["fetch_name_0"]
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    out, _ = run(replica(entry, "sim:1"), {"x": x})
+    np.testing.assert_allclose(out["fetch_name_0"], run_locally(programs["linear"], x)[0], rtol=1e-6)
+    # The control: a version directory beside the program is one layout too many, said with both.
+    add(tmp_path, "exported", programs["linear"], version="2")
+    entries, errors = read(tmp_path)
+    assert "exported" not in entries and "keep one layout" in str(errors[0]), errors
+
+
+def test_an_export_a_directory_too_deep_is_refused_naming_where_it_is(programs, tmp_path):
+    add(tmp_path, "ocr_det", programs["linear"], version="PP-OCRv5_mobile_det", stem="inference")
+    entries, errors = read(tmp_path)
+    problem = str(errors[0])
+    assert "ocr_det" not in entries and "inference.json + inference.pdiparams" in problem, errors
+    assert "ocr_det/PP-OCRv5_mobile_det/ holds one" in problem and "move its files up into ocr_det/" in problem
+
+
+def test_every_saved_program_is_warmed_up_by_default_at_its_typical_shape(programs, tmp_path):
+    """A version a backend runs gets one request of zeros before ready; dynamic dimensions at the sizes a
+    PaddleX export's inference.yml calls typical, else 32; none for a model.py's own forward or where the
+    config says warmup: []."""
+    add(tmp_path, "plain", programs["rows"])
+    exported = add(tmp_path, "exported", programs["rows"], stem="inference")
+    (exported / "inference.yml").write_text(PADDLEX_YML.replace("[1, 4]\n        - [1, 4]\n        - [8, 4]",
+                                                                "[1, 1, 3]\n        - [2, 7, 3]\n        - [8, 99, 3]"))
+    add(tmp_path, "off", programs["rows"], config="warmup: []\n")
+    add(tmp_path, "own", programs["rows"], model_py="""
+        from placeenv.serve.models import Model as Base
+
+        class Model(Base):
+            def execute(self, inputs):
+                return {"fetch_name_0": inputs["x"].sum(axis=1)}
+    """)
+    entries, errors = read(tmp_path)
+    assert errors == []
+    (label, arrays), = entries["plain"].default.warmup
+    assert list(arrays) == ["x"] and arrays["x"].shape == (1, 32, 3) and not arrays["x"].any()
+    assert "the default warm-up" in label and "warmup: [] none" in label
+    assert entries["exported"].default.warmup[0][1]["x"].shape == (1, 7, 3)
+    assert entries["off"].default.warmup == [] and entries["own"].default.warmup == []
+
+
+def test_a_predictor_that_onednn_cannot_run_is_rebuilt_without_it_before_ready(programs, tmp_path):
+    add(tmp_path, "up", programs["upsampled"])
+    add(tmp_path, "unwarmed", programs["upsampled"], config="warmup: []\n")
+    entries, errors = read(tmp_path)
+    assert errors == []
+    x = np.arange(2 * 3 * 4 * 5, dtype=np.float32).reshape(2, 3, 4, 5)
+    model = replica(entries["up"], "cpu")
+    assert model.backend.startswith("inference (oneDNN off: with it the program failed to run: NotImplementedError")
+    out, _ = run(model, {"x": x})
+    np.testing.assert_array_equal(out["fetch_name_0"], run_locally(programs["upsampled"], x)[0])
+    # The control: without the warm-up the Predictor keeps oneDNN, and the first request finds it cannot run.
+    unwarmed = replica(entries["unwarmed"], "cpu")
+    assert unwarmed.backend == "inference"
+    with pytest.raises(NotImplementedError, match="ConvertPirAttribute2RuntimeAttribute"):
+        run(unwarmed, {"x": x})
 
 
 CONFIGS = {
@@ -503,23 +607,25 @@ def _model_py_without_specs(repo, programs):
 
 def _version_zero(repo, programs):
     add(repo, "m", programs["linear"], version="0")
-    return "m", "no version directory: expected <model>/1/model.json"
+    return "m", ("no saved program: expected PaddleX's export as it comes, <model>/inference.json + "
+                 "inference.pdiparams (version 1), or version directories, <model>/1/inference.json")
 
 
 def _version_abc(repo, programs):
     add(repo, "m", programs["linear"], version="abc")
-    return "m", "no version directory"
+    return "m", "m/abc/ holds one, but a version directory is named by a positive integer (1, 2, ...)"
 
 
 def _no_versions(repo, programs):
     (repo / "m").mkdir()
     (repo / "m" / "config.yaml").write_text("description: nothing saved yet\n")
-    return "m", "no version directory"
+    return "m", "no saved program: expected PaddleX's export as it comes"
 
 
 def _empty_version(repo, programs):
     add(repo, "m", None)
-    return "m/1", "no saved program: expected model.json + model.pdiparams"
+    return "m/1", "no saved program: expected inference.json + inference.pdiparams (a PaddleX export), " \
+                  "model.json + model.pdiparams"
 
 
 def _bad_name(repo, programs):
@@ -702,7 +808,7 @@ def test_skip_serves_the_good_models_and_reports_the_others_not_ready(skipping, 
     assert r.status_code == 200, r.text
     (output,) = r.json()["outputs"]
     x = np.arange(8, dtype=np.float32).reshape(2, 4)
-    assert output["name"] == "output_0" and output["shape"] == [2, 2]
+    assert output["name"] == "fetch_name_0" and output["shape"] == [2, 2]
     np.testing.assert_allclose(np.reshape(output["data"], (2, 2)), run_locally(programs["linear"], x)[0],
                                rtol=1e-5)
     assert skipping.proc.poll() is None

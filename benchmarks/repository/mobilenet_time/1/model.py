@@ -1,5 +1,5 @@
 """mobilenet as an accelerator would run it, for benchmarks/pipelines.py --device-ms: the same tensors
-in and out (image [n, 3, 32, 32] -> output_0 [n, 10]), its time spent on the device and none on the
+in and out (image [n, 3, 32, 32] -> fetch_name_0 [n, 10]), its time spent on the device and none on the
 host: ``parameters.sleep_ms`` a batch, slept without the GIL on its device's one engine, as the null
 model does (a sim device runs every kernel on the host CPU, which a GPU does not).
 """
@@ -24,11 +24,11 @@ def on_device(model: Base, image):
 
 class Model(Base):
     inputs = (TensorSpec("image", "FP32", (-1, 3, 32, 32)),)
-    outputs = (TensorSpec("output_0", "FP32", (-1, 10)),)
+    outputs = (TensorSpec("fetch_name_0", "FP32", (-1, 10)),)
 
     def load(self, context):
         return None
 
     def execute(self, inputs):
         with self._env:
-            return {"output_0": on_device(self, inputs["image"])}
+            return {"fetch_name_0": on_device(self, inputs["image"])}

@@ -22,7 +22,7 @@ class Model(Base):
         crops = [line_crops(page, lines) for page, lines in zip(pages, found)]
         read = iter([])
         if any(len(c) for c in crops):
-            logits = self.infer("ocr_rec", {"crop": np.concatenate(crops)})["output_0"]
+            logits = self.infer("ocr_rec", {"crop": np.concatenate(crops)})["fetch_name_0"]
             read = iter(read_lines(logits))
         text = np.array(["\n".join(next(read) for _ in lines).encode() for lines in found], dtype=object)
         return {"text": text, "lines": np.array([len(lines) for lines in found], dtype=np.int64)}
