@@ -221,6 +221,17 @@ class Clock:
 REAL_CLOCK = Clock()
 
 
+class Gathering:
+    """A worker waiting for more of a batch: the model and shape it takes, the queue length that may fill
+    the batch, and the jobs it could take offered meanwhile (another model's or shape's arrivals do not
+    keep it waiting). Compared by identity: each worker removes its own."""
+
+    __slots__ = ("kind", "fill_at", "arrived")
+
+    def __init__(self, kind: tuple, fill_at: int) -> None:
+        self.kind, self.fill_at, self.arrived = kind, fill_at, 0
+
+
 class DeviceQueue:
     """Bounded FIFO of jobs for one device, shared by that device's workers; high-priority jobs first.
 
@@ -242,12 +253,8 @@ class DeviceQueue:
         self._more = threading.Condition(self._cond._lock)  # type: ignore[attr-defined]
         self._idle = 0  # workers waiting on _cond
         self._helping = 0  # of them, workers waiting for a call, serving only some models meanwhile
-        self._gathering: list[tuple[tuple, int]] = []  # per worker gathering a batch: its model and shape,
-        # and the queue length that may fill the batch
+        self._gathering: list[Gathering] = []  # the workers waiting for more of a batch
         self.busy = 0  # jobs taken by workers, not yet answered
-        # Jobs ever queued, per model and shape: a gathering worker sees whether any it could take joined
-        # while it waited (another model's or shape's arrivals do not keep its batch waiting).
-        self.offered: collections.Counter[tuple] = collections.Counter()
         self.closed = False
         metrics.QUEUE_DEPTH.labels(device).set_function(self.__len__)  # read at each scrape
 
@@ -267,13 +274,17 @@ class DeviceQueue:
                 self._high += 1
             else:
                 self._jobs.append(job)
-            kind = (job.model, job.shape)
-            self.offered[kind] += 1
-            fill_at = [n for gathered, n in self._gathering if gathered == kind]
-            if fill_at:
-                # A worker gathering a batch of this model takes the job when its delay ends: no one
-                # to wake, unless the queue may now fill that batch.
-                if len(self._jobs) >= min(fill_at):
+            fill_at = None
+            if self._gathering:
+                kind = (job.model, job.shape)
+                for gathering in self._gathering:
+                    if gathering.kind == kind:
+                        gathering.arrived += 1
+                        fill_at = gathering.fill_at if fill_at is None else min(fill_at, gathering.fill_at)
+            if fill_at is not None:
+                # A worker gathering a batch of this model and shape takes the job when its delay ends: no
+                # one to wake, unless the queue may now fill that batch.
+                if len(self._jobs) >= fill_at:
                     self._more.notify_all()
             elif self._idle:
                 if self.uniform and not self._helping:
@@ -314,7 +325,7 @@ class DeviceQueue:
             # Wait for more only under load (others were queued too): an idle
             # service answers a lone request at once instead of paying the delay.
             until = self.clock.now() + (max_delay if self._jobs else 0.0)
-            joined = None  # jobs of its kind ever offered at the last look; None before the first wait
+            arrived = None  # jobs it could take offered during its last wait; None before the first
             kind = (first.model, first.shape)
             while examples < max_examples:
                 nxt = self._next_of(first, max_examples - examples)
@@ -325,18 +336,18 @@ class DeviceQueue:
                 left = until - self.clock.now()
                 if left <= 0 or self.closed:
                     break
-                if joined == self.offered[kind]:
-                    # No job of this kind joined since the last look: the burst is over, and holding
+                if arrived == 0:
+                    # No job it could take joined during the last wait: the burst is over, and holding
                     # the batch longer would leave the device idle (docs/benchmarks.md, "Batch delay").
                     break
-                joined = self.offered[kind]
                 # Jobs are 1+ examples each: this many queued may fill the batch.
-                gathering = (kind, len(self._jobs) + max_examples - examples)
+                gathering = Gathering(kind, len(self._jobs) + max_examples - examples)
                 self._gathering.append(gathering)
                 try:
                     self.clock.wait(self._more, min(left, max_delay / QUIET_STEPS))
                 finally:
                     self._gathering.remove(gathering)
+                arrived = gathering.arrived
             self.busy += len(batch)
             return batch
 
