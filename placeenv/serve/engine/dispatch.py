@@ -134,6 +134,10 @@ def shape_key(inputs: dict[str, Any], padded: dict[str, tuple[tuple[int, ...], f
     tensors and ``Handed`` step tensors all have a ``shape``), with the dims its model pads
     (``ModelContext.padding``) left out as -1."""
     if not padded:
+        if len(inputs) == 1:  # (most models: one input's dims, with no tuple to make for an array's)
+            for value in inputs.values():
+                dims = value.shape[1:]
+                return dims if type(dims) is tuple else tuple(dims)
         return tuple([tuple(value.shape[1:]) for value in inputs.values()])
     key = []
     for name, value in inputs.items():

@@ -246,6 +246,10 @@ def test_the_shape_key_is_each_inputs_dims_after_the_first_and_leaves_padded_dim
     tensor = paddle.to_tensor(np.zeros((6, 3, 7), np.float32))
     assert shape_key({"x": tensor, "ids": narrow["ids"]}, {}) == shape_key(narrow, {})
     assert shape_key({"x": Handed(tensor, "cpu", (2, 4)), "ids": narrow["ids"]}, {}) == shape_key(narrow, {})
+    # One input (the key of its dims alone), as an array, a tensor and a step's rows.
+    one = [{"x": np.zeros((2, 3, 7), np.float32)}, {"x": tensor}, {"x": Handed(tensor, "cpu", (1, 2))}]
+    assert [shape_key(inputs, {}) for inputs in one] == [(3, 7)] * 3
+    assert shape_key({"x": np.zeros((2, 5, 7), np.float32)}, {}) != (3, 7)
 
 
 def _shaped(loop, jobs: list[tuple[str, tuple, int]]) -> tuple[DeviceQueue, dict[str, Job]]:
