@@ -64,7 +64,8 @@ def queued_together(service, model: str, bodies: list[dict]) -> list[httpx.Respo
 
     with ThreadPoolExecutor(1) as pool, workers_held(service.url, 1):
         running = pool.submit(asyncio.run, send())
-        wait_until(lambda: service.total("inference_queue_depth") >= len(bodies), 30, "the requests did not queue")
+        wait_until(lambda: service.total("inference_queue_depth") >= len(bodies), 30,
+                   "the requests did not queue")
     return running.result(60)
 
 

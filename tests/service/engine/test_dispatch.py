@@ -1,8 +1,9 @@
 """Batching on a device's queue (``DeviceQueue``): who wakes whom.
 
 A worker gathering a batch is woken when the queue may fill it, not by every job, and sends it when
-requests stop arriving; another model's arrivals do not keep it waiting. The queue runs on
-``support.ManualClock``, so every wait is the clock's, not the machine's.
+requests stop arriving; another model's arrivals do not keep it waiting. A batch joins jobs of one
+model and one shape (each input's dims after the first), the rest keeping their order and priority.
+The queue runs on ``support.ManualClock``, so every wait is the clock's, not the machine's.
 """
 
 from __future__ import annotations
@@ -96,20 +97,25 @@ def test_a_batch_waits_while_requests_keep_arriving_and_goes_when_they_pause(gap
         loop.close()
 
 
-def test_another_models_arrivals_do_not_keep_a_batch_waiting():
-    # A job of another model every 0.05 s for 1.5 s, while a worker gathers a batch of "m" with a
-    # 4 s delay (looks of 0.2 s): the batch goes at the first look that finds no "m" joined. The
-    # control, counting every model's jobs as joining, held it until the arrivals stopped (1.5 s+).
+NARROW, WIDE = ((3,),), ((5,),)  # the shape keys of one input [n, 3] and [n, 5]
+
+
+@pytest.mark.parametrize("other", [{"model": ("other", 1)}, {"shape": WIDE}], ids=["model", "shape"])
+def test_another_models_or_shapes_arrivals_do_not_keep_a_batch_waiting(other):
+    # A job of another model (or of "m" in another shape) every 0.05 s for 1.5 s, while a worker gathers
+    # a batch of "m" with a 4 s delay (looks of 0.2 s): the batch goes at the first look that finds none
+    # it could take joined. The control, counting every model's jobs as joining, held it until the
+    # arrivals stopped (1.5 s+).
     queue, clock, loop, found, thread = _gathering(limit=16, delay=4.0)
     try:
         for _ in range(30):
             clock.advance(0.05)
-            queue.offer(_job(loop, ("other", 1)))
+            queue.offer(_job(loop, **other))
         took = _went(clock, thread)
         assert len(found) == 2 and 0.19 <= took < 1.0 and took == pytest.approx(0.2), (len(found), took)
         assert clock.log == [("timed out", 0.2, pytest.approx(0.2))], clock.log
-        assert all(job.model == ("m", 1) for job in found)
-        assert len(queue) == 30  # the other model's jobs, untouched
+        assert all(job.model == ("m", 1) and job.shape is None for job in found)
+        assert len(queue) == 30  # the other jobs, untouched
     finally:
         loop.close()
 
@@ -230,8 +236,6 @@ def test_an_unloaded_versions_jobs_leave_the_queue_and_the_rest_are_taken(unifor
 
 # -- batches by shape: a batch joins one model's jobs of one shape (Job.shape, shape_key) --------------
 
-NARROW, WIDE = ((3,),), ((5,),)  # the shape keys of one input [n, 3] and [n, 5]
-
 
 def test_the_shape_key_is_each_inputs_dims_after_the_first_and_leaves_padded_dims_out():
     narrow = {"x": np.zeros((2, 3, 7), np.float32), "ids": np.zeros((2, 4), np.int64)}
@@ -296,22 +300,8 @@ def test_a_high_priority_job_begins_a_batch_of_its_own_shape_ahead_of_normal_one
     try:
         limits = {("m", 1): (8, 0.0)}
         for high, expected in ((1, [["h1", "w1"], ["n1", "n2"]]), (0, [["n1", "n2"], ["w1", "h1"]])):
-            queue, made = _shaped(loop, [("n1", NARROW, 0), ("w1", WIDE, 0), ("n2", NARROW, 0), ("h1", WIDE, high)])
+            jobs = [("n1", NARROW, 0), ("w1", WIDE, 0), ("n2", NARROW, 0), ("h1", WIDE, high)]
+            queue, made = _shaped(loop, jobs)
             assert _names(_taken(queue, limits), made) == expected, high
-    finally:
-        loop.close()
-
-
-def test_another_shapes_arrivals_do_not_keep_a_batch_waiting():
-    # As another model's (above): jobs of "m" of another shape every 0.05 s, while a worker gathers a
-    # batch of "m" with no shape: it goes at its first look, 0.2 s, and leaves them queued.
-    queue, clock, loop, found, thread = _gathering(limit=16, delay=4.0)
-    try:
-        for _ in range(30):
-            clock.advance(0.05)
-            queue.offer(_job(loop, shape=WIDE))
-        took = _went(clock, thread)
-        assert len(found) == 2 and took == pytest.approx(0.2), (len(found), took)
-        assert all(job.shape is None for job in found) and len(queue) == 30
     finally:
         loop.close()
