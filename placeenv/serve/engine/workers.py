@@ -462,9 +462,10 @@ def forward(replica: Model, inputs: list[dict], batched: bool, examples: int, ch
     padding = context.padding
     for spec in context.inputs:
         parts = [request[spec.name] for request in inputs]
+        handed = any(isinstance(part, Handed) for part in parts)  # (a padded one is a tensor where it was)
         if padding and len(parts) > 1 and spec.name in padding:
             parts = padded(parts, *padding[spec.name])
-        if any(isinstance(part, Handed) for part in parts):
+        if handed:
             tensor = _joined(parts, replica.place)
         else:
             host = batch_tensor(parts)

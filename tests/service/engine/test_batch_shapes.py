@@ -8,7 +8,8 @@ the same model with ``batch_padding`` on the width; ``call_split`` calls ``affin
 * a request, or a model's call (``Model.infer``), of more rows than the model's max_batch_size runs as
   forward passes of at most that many, its answer the same; a part that fails fails it once.
 
-Forward passes are counted by Triton's statistics (``/v2/models/m/stats``: ``batch_stats``).
+Forward passes are counted by Triton's statistics (``/v2/models/m/stats``: ``batch_stats``). And the
+padding itself (``workers.padded``): arrays, tensors and a step's rows, each at the end of the dims named.
 """
 
 from __future__ import annotations
@@ -18,9 +19,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import numpy as np
+import paddle
 import pytest
 from support import wait_until
 from support.servers import TEST_REPOSITORY, free_port, workers_held
+
+from placeenv.serve.engine.workers import Handed, padded
 
 
 MODELS = "gate,widths,widths_padded,affine,call_split,faulty"
@@ -149,3 +153,19 @@ def test_a_part_that_fails_fails_its_request_once(service):
     good = outputs(httpx.post(f"{service.url}/v2/models/faulty/infer", json=body(values, "values"), timeout=30))
     np.testing.assert_allclose(good["sum"], values.sum(axis=1, keepdims=True))
 
+
+def test_padding_pads_arrays_tensors_and_a_steps_rows_at_the_end_of_the_dims_named():
+    array = np.ones((1, 2, 3), np.float32)
+    tensor = paddle.to_tensor(np.full((2, 2, 4), 2, np.float32))
+    step = Handed(paddle.to_tensor(np.arange(40, dtype=np.float32).reshape(4, 2, 5)), "cpu", (1, 3))
+    widest = step.tensor.numpy()[1:3]
+    found = padded([array, tensor, step], (2,), -1.0)
+    assert found[2] is step  # the widest: as it was, joined where it is
+    found = [part if isinstance(part, np.ndarray) else part.numpy() for part in found[:2]] + [widest]
+    assert [part.shape for part in found] == [(1, 2, 5), (2, 2, 5), (2, 2, 5)]
+    np.testing.assert_array_equal(found[0], np.concatenate([array, np.full((1, 2, 2), -1, np.float32)], axis=2))
+    np.testing.assert_array_equal(found[1][..., :4], 2)
+    np.testing.assert_array_equal(found[1][..., 4], -1)
+    narrow = Handed(step.tensor[:, :, :3], "cpu", (0, 2))  # a step's rows, narrower: padded as a tensor
+    np.testing.assert_array_equal(padded([narrow, step], (2,), 0.0)[0].numpy(),
+                                  np.pad(step.tensor.numpy()[:2, :, :3], ((0, 0), (0, 0), (0, 2))))
