@@ -50,7 +50,7 @@ class Settled:
 class Job:
     """One accepted request. ``resolve``/``fail`` answer it; the first answer wins."""
 
-    model: tuple[str, int]  # (name, version): what a batch may share
+    model: tuple[str, int]  # (name, version): what a batch may share, with ``shape``
     inputs: dict[str, Any]  # preprocessed host arrays or CPU tensors [n, ...], in the model's input order
     examples: int  # n; 1 for a model that does not batch
     batched: bool  # the model batches along the first dimension (its outputs are split by rows)
@@ -65,6 +65,9 @@ class Job:
     step: tuple[str, str] | None = None
     chain: tuple[str, ...] = ()  # the models this request is inside of, outermost first (calls: no cycle)
     priority: int = 0  # 1: ahead of every normal job in its queue
+    # Each input's dims after the first (``shape_key``): a batch joins only jobs of one model and one shape.
+    shape: tuple | None = None
+    parts: tuple[Job, ...] = ()  # the jobs its rows were queued as, past its model's max_batch_size (split)
     device: str = ""
     queue: DeviceQueue | None = None  # where it was queued (a cancelled job leaves it)
     enqueued: float = 0.0
@@ -90,7 +93,17 @@ class Job:
         return self._answer("set_result", value)
 
     def fail(self, error: BaseException) -> bool:
-        return self._answer("set_exception", error)
+        if not self._answer("set_exception", error):
+            return False
+        for part in self.parts:  # the rest of a split job's rows are not run for nothing
+            part.withdraw()
+        return True
+
+    def withdraw(self) -> None:
+        """Leave the queue unanswered (a part of a job answered already): claimed, so a worker that took it
+        into a batch drops it."""
+        if self.claim() and self.queue is not None:
+            self.queue.discard(self)
 
     def expire(self) -> bool:
         """Answer ``Timeout`` (the request's deadline passed)."""
@@ -103,7 +116,7 @@ class Job:
         if self.deadline <= time.perf_counter():
             return self.expire()
         error = Cancelled("the client cancelled the request")
-        if self.started:
+        if self.started or any(part.started for part in self.parts):
             error.stage = "running"
         if not self.fail(error):
             return False
@@ -114,6 +127,26 @@ class Job:
     @property
     def answered(self) -> bool:
         return self._answered
+
+
+def shape_key(inputs: dict[str, Any], padded: dict[str, tuple[tuple[int, ...], float]]) -> tuple:
+    """What jobs must share to be joined into one batch: each input's dims after the first (host arrays,
+    tensors and ``Handed`` step tensors all have a ``shape``), with the dims its model pads
+    (``ModelContext.padding``) left out as -1."""
+    if not padded:
+        if len(inputs) == 1:  # (most models: one input's dims, with no tuple to make for an array's)
+            for value in inputs.values():
+                dims = value.shape[1:]
+                return dims if type(dims) is tuple else tuple(dims)
+        return tuple([tuple(value.shape[1:]) for value in inputs.values()])
+    key = []
+    for name, value in inputs.items():
+        dims = tuple(value.shape[1:])
+        if name in padded:
+            pads = padded[name][0]
+            dims = tuple([-1 if i in pads else d for i, d in enumerate(dims, 1)])
+        key.append(dims)
+    return tuple(key)
 
 
 class Ticket:
@@ -192,6 +225,17 @@ class Clock:
 REAL_CLOCK = Clock()
 
 
+class Gathering:
+    """A worker waiting for more of a batch: the model and shape it takes, the queue length that may fill
+    the batch, and the jobs it could take offered meanwhile (another model's or shape's arrivals do not
+    keep it waiting). Compared by identity: each worker removes its own."""
+
+    __slots__ = ("kind", "fill_at", "arrived")
+
+    def __init__(self, kind: tuple, fill_at: int) -> None:
+        self.kind, self.fill_at, self.arrived = kind, fill_at, 0
+
+
 class DeviceQueue:
     """Bounded FIFO of jobs for one device, shared by that device's workers; high-priority jobs first.
 
@@ -213,12 +257,8 @@ class DeviceQueue:
         self._more = threading.Condition(self._cond._lock)  # type: ignore[attr-defined]
         self._idle = 0  # workers waiting on _cond
         self._helping = 0  # of them, workers waiting for a call, serving only some models meanwhile
-        self._gathering: list[tuple[tuple[str, int], int]] = []  # per worker gathering a batch: its
-        # model, and the queue length that may fill the batch
+        self._gathering: list[Gathering] = []  # the workers waiting for more of a batch
         self.busy = 0  # jobs taken by workers, not yet answered
-        # Jobs ever queued, per model: a gathering worker sees whether any of its model joined while
-        # it waited (another model's arrivals do not keep its batch waiting).
-        self.offered: collections.Counter[tuple[str, int]] = collections.Counter()
         self.closed = False
         metrics.QUEUE_DEPTH.labels(device).set_function(self.__len__)  # read at each scrape
 
@@ -238,12 +278,17 @@ class DeviceQueue:
                 self._high += 1
             else:
                 self._jobs.append(job)
-            self.offered[job.model] += 1
-            fill_at = [n for model, n in self._gathering if model == job.model]
-            if fill_at:
-                # A worker gathering a batch of this model takes the job when its delay ends: no one
-                # to wake, unless the queue may now fill that batch.
-                if len(self._jobs) >= min(fill_at):
+            fill_at = None
+            if self._gathering:
+                kind = (job.model, job.shape)
+                for gathering in self._gathering:
+                    if gathering.kind == kind:
+                        gathering.arrived += 1
+                        fill_at = gathering.fill_at if fill_at is None else min(fill_at, gathering.fill_at)
+            if fill_at is not None:
+                # A worker gathering a batch of this model and shape takes the job when its delay ends: no
+                # one to wake, unless the queue may now fill that batch.
+                if len(self._jobs) >= fill_at:
                     self._more.notify_all()
             elif self._idle:
                 if self.uniform and not self._helping:
@@ -254,11 +299,12 @@ class DeviceQueue:
 
     def take_batch(self, limits: dict[tuple[str, int], tuple[int, float]], wait: float,
                    only: bool = False) -> list[Job] | None:
-        """The first job of a model in ``limits``, and more of that model up to its (max examples,
-        max delay): a model's batch waits for more until it is full, its delay is up, or
-        ``max delay / QUIET_STEPS`` passes with no job of that model joining the queue; max examples 0
-        takes one job. ``only``: ``limits`` are some of the worker's models (a worker waiting for a
-        model's call), not all of them.
+        """The first job of a model in ``limits``, and more of that model and shape (``Job.shape``) up to its
+        (max examples, max delay): a batch waits for more until it is full, its delay is up, or
+        ``max delay / QUIET_STEPS`` passes with no job it could take joining the queue; max examples 0
+        takes one job. Jobs of another shape keep their place in line and form batches of their own.
+        ``only``: ``limits`` are some of the worker's models (a worker waiting for a model's call), not all
+        of them.
 
         Returns None when closed and empty (the worker should exit), [] on an idle ``wait``.
         """
@@ -283,9 +329,10 @@ class DeviceQueue:
             # Wait for more only under load (others were queued too): an idle
             # service answers a lone request at once instead of paying the delay.
             until = self.clock.now() + (max_delay if self._jobs else 0.0)
-            joined = None  # jobs of this model ever offered at the last look; None before the first wait
+            arrived = None  # jobs it could take offered during its last wait; None before the first
+            kind = (first.model, first.shape)
             while examples < max_examples:
-                nxt = self._next_of(first.model, max_examples - examples)
+                nxt = self._next_of(first, max_examples - examples)
                 if nxt is not None:
                     batch.append(nxt)
                     examples += nxt.examples
@@ -293,18 +340,18 @@ class DeviceQueue:
                 left = until - self.clock.now()
                 if left <= 0 or self.closed:
                     break
-                if joined == self.offered[first.model]:
-                    # No job of this model joined since the last look: the burst is over, and holding
+                if arrived == 0:
+                    # No job it could take joined during the last wait: the burst is over, and holding
                     # the batch longer would leave the device idle (docs/benchmarks.md, "Batch delay").
                     break
-                joined = self.offered[first.model]
                 # Jobs are 1+ examples each: this many queued may fill the batch.
-                gathering = (first.model, len(self._jobs) + max_examples - examples)
+                gathering = Gathering(kind, len(self._jobs) + max_examples - examples)
                 self._gathering.append(gathering)
                 try:
                     self.clock.wait(self._more, min(left, max_delay / QUIET_STEPS))
                 finally:
                     self._gathering.remove(gathering)
+                arrived = gathering.arrived
             self.busy += len(batch)
             return batch
 
@@ -330,9 +377,11 @@ class DeviceQueue:
                 self._high -= sum(1 for job in high if job.model in models)
             return gone
 
-    def _next_of(self, model: tuple[str, int], room: int) -> Job | None:
-        # Same model only, in arrival order; other models keep their place in line.
-        return self._take(lambda job: job.model == model and job.examples <= room, within=64)
+    def _next_of(self, first: Job, room: int) -> Job | None:
+        # Same model and shape only, in arrival order; other models and shapes keep their place in line.
+        model, shape = first.model, first.shape
+        return self._take(lambda job: job.model == model and job.shape == shape and job.examples <= room,
+                          within=64)
 
     def _take(self, wanted, within: int | None = None) -> Job | None:
         """The first job ``wanted`` accepts, among the first ``within`` (all when None), out of the queue."""

@@ -31,7 +31,7 @@ from placeenv import PlaceEnv
 
 from .. import metrics
 from ..config import Settings
-from .dispatch import DeviceQueue, Dispatcher, Job, Settled, Ticket
+from .dispatch import DeviceQueue, Dispatcher, Job, Settled, Ticket, shape_key
 from ..protocol.errors import (Cancelled, InvalidInput, ModelFailed, ServiceError, StartupError, Timeout,
                                UnknownModel)
 from ..models import examples
@@ -40,7 +40,7 @@ from ..models.repository import BUNDLED, Entry, Pipeline, Repository, Repository
 from ..protocol.request import Catalog, ModelInfo, Result, VersionInfo, Work
 from . import pipeline
 from . import control
-from .workers import Answer, PlaceChecker, WorkerPool
+from .workers import Answer, PlaceChecker, WorkerPool, split
 
 log = logging.getLogger(__name__)
 
@@ -71,20 +71,20 @@ class Stats:
         self.queue_ns += int((answer.compute_started - job.enqueued) * 1e9)
         self.inferences += job.examples
         self.last_inference_ms = int(time.time() * 1000)
-        batch = answer.batch
-        self.input_ns += batch.input_ns
-        self.infer_ns += batch.infer_ns
-        self.output_ns += batch.output_ns
-        if not batch.counted:  # its first job answered here: the other jobs of the batch share it
-            batch.counted = True
-            self.executions += 1
-            row = self.batches.get(batch.size)
-            if row is None:
-                row = self.batches[batch.size] = [0, 0, 0, 0]
-            row[0] += 1
-            row[1] += batch.input_ns
-            row[2] += batch.infer_ns
-            row[3] += batch.output_ns
+        for batch in answer.batches:  # (more than one for a job run as parts: workers.split)
+            self.input_ns += batch.input_ns
+            self.infer_ns += batch.infer_ns
+            self.output_ns += batch.output_ns
+            if not batch.counted:  # its first job answered here: the other jobs of the batch share it
+                batch.counted = True
+                self.executions += 1
+                row = self.batches.get(batch.size)
+                if row is None:
+                    row = self.batches[batch.size] = [0, 0, 0, 0]
+                row[0] += 1
+                row[1] += batch.input_ns
+                row[2] += batch.infer_ns
+                row[3] += batch.output_ns
 
     def pipeline_succeeded(self, taken: float, examples: int, queue_ms: float, stages: list[int]) -> None:
         """A pipeline's request taken at ``taken``: its steps' time in their queues and the stages of
@@ -619,17 +619,36 @@ class Engine:
             timer.cancel()
             settled(job, found, error)
 
+        limit = entry.max_batch_size
         job = Job(
             model=(entry.name, version.number), inputs=tensors, examples=work.examples,
-            batched=entry.max_batch_size > 0, loop=loop, future=Settled(answered), arrived=work.arrived,
-            deadline=work.deadline, priority=work.priority, **step,
+            batched=limit > 0, loop=loop, future=Settled(answered), arrived=work.arrived,
+            deadline=work.deadline, priority=work.priority,
+            shape=shape_key(tensors, version.context.padding) if limit > 0 else None, **step,
         )
         if ticket is not None and not ticket.attach(job):
             raise Cancelled("the client cancelled the request")
-        self.dispatcher.submit(job)  # Overloaded or Draining
+        if 0 < limit < work.examples:  # more rows than a forward pass takes: queued as parts
+            self._submit_parts(job, limit)
+        else:
+            self.dispatcher.submit(job)  # Overloaded or Draining
         # A timer, not asyncio.wait(timeout=): one handle instead of a waiter future and callbacks.
         timer = loop.call_later(max(0.0, job.deadline - time.perf_counter()), job.expire)
         return job
+
+    def _submit_parts(self, job: Job, limit: int) -> None:
+        """Queue ``job`` as parts of at most ``limit`` rows (``workers.split``); none of them when one is
+        refused (Overloaded or Draining, raised), and ``job`` is then answered by the caller, not its parts."""
+        parts = split(job, limit)
+        try:
+            for part in parts:
+                self.dispatcher.submit(part)
+        except Exception:
+            job.claim()
+            for part in parts:
+                part.withdraw()
+            raise
+        job.enqueued = parts[0].enqueued
 
     def _result(self, job: Job, answer: Answer, work: Work) -> Result:
         datatypes = self.datatypes[work.model, work.version]

@@ -254,10 +254,11 @@ class PipelineRun:
         self.times["preprocess_ms"] += (job.enqueued - self.started[step.index]) * 1000
         self.times["queue_ms"] += (answer.compute_started - job.enqueued) * 1000
         self.times["compute_ms"] += (now - answer.compute_started) * 1000
-        batch, stages = answer.batch, self.stages
-        stages[0] += batch.input_ns
-        stages[1] += batch.infer_ns
-        stages[2] += batch.output_ns
+        stages = self.stages
+        for batch in answer.batches:
+            stages[0] += batch.input_ns
+            stages[1] += batch.infer_ns
+            stages[2] += batch.output_ns
         if self.shown is None or answer.device != "cpu":
             self.shown = answer
         for output, tensor in step.outputs.items():

@@ -26,7 +26,7 @@ import placeenv.sim
 from placeenv import PlaceEnv
 
 from .. import metrics
-from .dispatch import DeviceQueue, Job, resolve_all
+from .dispatch import DeviceQueue, Job, Settled, resolve_all
 from ..protocol.errors import Draining, ModelFailed, Overloaded, ServiceError, StartupError, Timeout
 from ..models.base import CALLS, JIT_LOAD_LOCK, DeviceShare, Model, batch_tensor, host_inputs, host_tensor, move_to
 from ..models.repository import Entry
@@ -58,6 +58,11 @@ class Answer:
     batch_size: int  # examples in the forward pass this job shared
     compute_started: float
     batch: Batch | None = None  # the forward pass this job shared, for the statistics
+    more: tuple[Batch, ...] = ()  # the other forward passes of a job run as parts (``split``)
+
+    @property
+    def batches(self) -> tuple[Batch, ...]:
+        return (self.batch, *self.more) if self.more else (self.batch,)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -344,6 +349,8 @@ class Worker:
             outputs = self._forward(replica, live)
         except Exception as exc:  # noqa: BLE001 - a model's failure is the request's answer
             if len(live) > 1:  # one bad request must not fail its batch-mates
+                log.warning("model %r: a batch of %d requests failed (%s: %s); running each alone", name,
+                            len(live), type(exc).__name__, str(exc)[:200])
                 for job in live:
                     if not job.answered:  # (a timer may have answered it meanwhile)
                         self._process_one(replica, job)
@@ -480,9 +487,13 @@ def forward(replica: Model, inputs: list[dict], batched: bool, examples: int, ch
     context = replica.context
     on_host = placeenv.device_name(replica.place) == "cpu"  # a CPU worker: its host tensors are in place
     moved = {}
+    padding = context.padding
     for spec in context.inputs:
         parts = [request[spec.name] for request in inputs]
-        if any(isinstance(part, Handed) for part in parts):
+        handed = any(isinstance(part, Handed) for part in parts)  # (a padded one is a tensor where it was)
+        if padding and len(parts) > 1 and spec.name in padding:
+            parts = padded(parts, *padding[spec.name])
+        if handed:
             tensor = _joined(parts, replica.place)
         else:
             host = batch_tensor(parts)
@@ -524,6 +535,76 @@ def rows_of(value) -> int | None:
     None for a scalar."""
     shape = value.shape if hasattr(value, "shape") else np.shape(value)
     return int(shape[0]) if len(shape) else None
+
+
+def sliced(value, start: int, stop: int):
+    """Rows ``start:stop`` of a job's input: an array's or a tensor's slice, or a ``Handed`` tensor's rows."""
+    if not isinstance(value, Handed):
+        return value[start:stop]
+    base = value.rows[0] if value.rows is not None else 0
+    return Handed(value.tensor, value.device, (base + start, base + stop))
+
+
+def padded(parts: list, dims: tuple[int, ...], value: float) -> list:
+    """A batch's parts of one input, each padded at the end of ``dims`` with ``value`` up to the batch's
+    largest (the config's ``batch_padding``): the jobs were joined by a shape that leaves those dims out."""
+    shapes = [list(part.shape) for part in parts]
+    largest = {d: max(shape[d] for shape in shapes) for d in dims}
+    found = []
+    for part, shape in zip(parts, shapes):
+        widths = [(0, largest[d] - size if d in largest else 0) for d, size in enumerate(shape)]
+        if not any(after for _, after in widths):
+            found.append(part)
+        elif isinstance(part, np.ndarray):
+            found.append(np.pad(part, widths, constant_values=value))
+        else:  # a tensor: padded where it is (a step's Handed rows taken out first)
+            tensor = part.tensor if isinstance(part, Handed) else part
+            if isinstance(part, Handed) and part.rows is not None:
+                tensor = tensor[part.rows[0]:part.rows[1]]
+            found.append(paddle.nn.functional.pad(tensor, [w for pair in widths for w in pair], value=value))
+    return found
+
+
+def split(job: Job, limit: int) -> list[Job]:
+    """``job``'s rows as jobs of at most ``limit`` examples (its model's max_batch_size), to queue in its
+    place: no forward pass takes more than its model's limit, and the parts may share batches with other
+    jobs, on any device. Each part answers ``job``: once every part has, with their outputs joined in order
+    (``joined_answer``); at a part's failure, with that failure, once (``Job.fail`` withdraws the rest)."""
+    starts = range(0, job.examples, limit)
+    answers: list[Answer | None] = [None] * len(starts)
+    left = [len(starts)]
+
+    def settled(i: int, part: Job, answer: Answer | None, error: BaseException | None) -> None:
+        job.device, job.started = job.device or part.device, job.started or part.started
+        if error is not None:
+            job.fail(error)
+            return
+        answers[i] = answer
+        left[0] -= 1
+        if not left[0]:
+            job.resolve(joined_answer(answers))
+
+    parts = []
+    for i, start in enumerate(starts):
+        stop = min(start + limit, job.examples)
+        inputs = {name: sliced(value, start, stop) for name, value in job.inputs.items()}
+        part = Job(model=job.model, inputs=inputs, examples=stop - start, batched=True, loop=job.loop,
+                   future=None, arrived=job.arrived, deadline=job.deadline, prefer=job.prefer, step=job.step,
+                   chain=job.chain, priority=job.priority, shape=job.shape)
+        part.future = Settled(functools.partial(settled, i, part))  # (it names the part: made first)
+        parts.append(part)
+    job.parts = tuple(parts)
+    return parts
+
+
+def joined_answer(answers: list[Answer]) -> Answer:
+    """The answer of a job run as parts (``split``), of its parts' answers in order: their outputs joined by
+    rows (host arrays: a part keeps no tensor), and every forward pass they ran, for the statistics."""
+    first = answers[0]
+    return Answer({name: np.concatenate([answer.outputs[name] for answer in answers]) for name in first.outputs},
+                  first.device, first.worker, max(answer.batch_size for answer in answers),
+                  min(answer.compute_started for answer in answers), first.batch,
+                  tuple(batch for answer in answers[1:] for batch in answer.batches))
 
 
 def _joined(parts: list, place) -> paddle.Tensor:

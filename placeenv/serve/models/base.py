@@ -121,6 +121,8 @@ class ModelContext:
     # The config's: None shares a replica's weights only where the defaults load them (a model.py's own
     # load() or initialize() may make or change tensors per replica); True and False say so for it.
     share_weights: bool | None = None
+    # The config's batch_padding: input -> (the dims its batch's parts are padded in, the value they hold).
+    padding: Mapping[str, tuple[tuple[int, ...], float]] = dataclasses.field(default_factory=dict)
 
 
 class Model:

@@ -168,6 +168,17 @@ class WarmupSample(BaseModel):
         return sizes
 
 
+class BatchPadding(BaseModel):
+    """An input's dynamic dimensions that may be padded for its requests to share a forward pass, as PaddleX's
+    text recognition pads its crops' width: the batch's parts are padded at the end of ``dims`` with ``value``
+    up to the batch's largest."""
+
+    model_config = ConfigDict(extra="forbid")
+    dims: list[int] = Field(min_length=1, description="dimension indexes, each a dynamic (-1) one other than "
+                            "the batch dimension 0")
+    value: float = Field(0.0, description="what the padding holds")
+
+
 class ModelConfig(BaseModel):
     """``<model>/config.yaml`` (or .yml, .toml). Every field is optional."""
 
@@ -206,11 +217,15 @@ class ModelConfig(BaseModel):
         "failure is the model's load error. Default: one request of zeros from the inputs' shapes (dynamic "
         "dimensions from a PaddleX export's inference.yml, else 32) for a saved program the service runs; "
         "[]: none")
+    batch_padding: dict[str, BatchPadding] = Field(
+        default_factory=dict, description="inputs whose dynamic dimensions may be padded for requests of "
+        "different sizes to share a forward pass: {input: {dims: [...], value: 0.0}}; by default only "
+        "requests whose every input has the same dimensions after the first share one")
 
 
 #: A model config's fields that a pipeline does not take: its steps' models have their own.
 STEP_FIELDS = ("max_batch_delay_ms", "instance_group", "parameters", "backend", "inference", "share_weights",
-               "version_policy", "warmup")
+               "version_policy", "warmup", "batch_padding")
 
 
 # -- entries -----------------------------------------------------------------------------------
@@ -419,8 +434,32 @@ def load_entry(name: str, directory: Path, config: ModelConfig, config_file: Pat
     entry.max_batch_delay_ms = (max_batch_delay_ms if config.max_batch_delay_ms is None
                                 else config.max_batch_delay_ms)
     for version in versions.values():
+        check_padding(entry, version)
         version.warmup = warmup_requests(entry, version)
     return entry
+
+
+def check_padding(entry: Entry, version: Version) -> None:
+    """``RepositoryError`` unless each input the config's ``batch_padding`` names is one of ``version``'s,
+    each of its dims a dynamic (-1) one past the batch dimension, and the model batches."""
+    where = entry.config_file or entry.directory
+    specs = {spec.name: spec for spec in version.inputs}
+    for name, padding in entry.config.batch_padding.items():
+        def refuse(problem: str) -> RepositoryError:
+            return RepositoryError(entry.name, where, f"batch_padding: {problem}")
+
+        if entry.max_batch_size == 0:
+            raise refuse("the model does not batch (max_batch_size 0): remove batch_padding, or set a "
+                         "max_batch_size")
+        spec = specs.get(name)
+        if spec is None:
+            raise refuse(f"no input {name!r} (version {version.number}); the inputs are {', '.join(specs)}")
+        dynamic = [i for i, d in enumerate(spec.shape) if i > 0 and d == -1]
+        wrong = [d for d in padding.dims if d not in dynamic]
+        if wrong:
+            raise refuse(f"input {name!r} (shape {list(spec.shape)}): dim {wrong[0]} is not a dynamic (-1) "
+                         f"dimension after the batch dimension 0; write dims: {dynamic or '[]'}"
+                         + ("" if dynamic else " (none: the input cannot be padded; remove it)"))
 
 
 def version_home(name: str, directory: Path) -> Path:
@@ -698,7 +737,8 @@ def link(name: str, directory: Path, config: ModelConfig, config_file: Path | No
     batchable = all(spec.shape[:1] == (-1,) for spec in inputs)
     if config.max_batch_size is not None and config.max_batch_size > 0 and not batchable:
         raise refuse(f"max_batch_size {config.max_batch_size} needs every input's first dimension dynamic (-1)")
-    # At most each batching step's: a request more than one of them takes runs as one oversize batch.
+    # At most each batching step's: what it says it takes, every step takes in one forward pass (a job of
+    # more rows is queued as parts, engine/workers.py split).
     smallest = min(((entries[s.model].max_batch_size, s) for s in steps if entries[s.model].max_batch_size > 0),
                    default=None, key=lambda found: found[0])
     if config.max_batch_size is not None and smallest is not None and config.max_batch_size > smallest[0]:
@@ -841,7 +881,9 @@ def read_version(name: str, directory: Path, config: ModelConfig, number: int) -
                                            "that turns them into numeric arrays")
     return Version(model_class, ModelContext(name, number, directory, program, inputs, outputs,
                                              config.parameters, config.backend, config.inference,
-                                             share_weights=config.share_weights))
+                                             share_weights=config.share_weights,
+                                             padding={name: (tuple(p.dims), p.value)
+                                                      for name, p in config.batch_padding.items()}))
 
 
 def find_program(name: str, directory: Path) -> Path | None:

@@ -1,8 +1,9 @@
 """Batching on a device's queue (``DeviceQueue``): who wakes whom.
 
 A worker gathering a batch is woken when the queue may fill it, not by every job, and sends it when
-requests stop arriving; another model's arrivals do not keep it waiting. The queue runs on
-``support.ManualClock``, so every wait is the clock's, not the machine's.
+requests stop arriving; another model's arrivals do not keep it waiting. A batch joins jobs of one
+model and one shape (each input's dims after the first), the rest keeping their order and priority.
+The queue runs on ``support.ManualClock``, so every wait is the clock's, not the machine's.
 """
 
 from __future__ import annotations
@@ -11,15 +12,18 @@ import asyncio
 import threading
 import time
 
+import numpy as np
+import paddle
 import pytest
 from support import ManualClock, wait_until
 
-from placeenv.serve.engine.dispatch import DeviceQueue, Job, Settled
+from placeenv.serve.engine.dispatch import DeviceQueue, Job, Settled, shape_key
+from placeenv.serve.engine.workers import Handed
 
 
-def _job(loop, model: tuple[str, int] = ("m", 1)) -> Job:
+def _job(loop, model: tuple[str, int] = ("m", 1), shape: tuple | None = None) -> Job:
     return Job(model=model, inputs={}, examples=1, batched=True, loop=loop, future=loop.create_future(),
-               arrived=time.perf_counter(), deadline=time.perf_counter() + 60)
+               arrived=time.perf_counter(), deadline=time.perf_counter() + 60, shape=shape)
 
 
 def _gathering(limit: int = 4, delay: float = 2.0):
@@ -93,20 +97,25 @@ def test_a_batch_waits_while_requests_keep_arriving_and_goes_when_they_pause(gap
         loop.close()
 
 
-def test_another_models_arrivals_do_not_keep_a_batch_waiting():
-    # A job of another model every 0.05 s for 1.5 s, while a worker gathers a batch of "m" with a
-    # 4 s delay (looks of 0.2 s): the batch goes at the first look that finds no "m" joined. The
-    # control, counting every model's jobs as joining, held it until the arrivals stopped (1.5 s+).
+NARROW, WIDE = ((3,),), ((5,),)  # the shape keys of one input [n, 3] and [n, 5]
+
+
+@pytest.mark.parametrize("other", [{"model": ("other", 1)}, {"shape": WIDE}], ids=["model", "shape"])
+def test_another_models_or_shapes_arrivals_do_not_keep_a_batch_waiting(other):
+    # A job of another model (or of "m" in another shape) every 0.05 s for 1.5 s, while a worker gathers
+    # a batch of "m" with a 4 s delay (looks of 0.2 s): the batch goes at the first look that finds none
+    # it could take joined. The control, counting every model's jobs as joining, held it until the
+    # arrivals stopped (1.5 s+).
     queue, clock, loop, found, thread = _gathering(limit=16, delay=4.0)
     try:
         for _ in range(30):
             clock.advance(0.05)
-            queue.offer(_job(loop, ("other", 1)))
+            queue.offer(_job(loop, **other))
         took = _went(clock, thread)
         assert len(found) == 2 and 0.19 <= took < 1.0 and took == pytest.approx(0.2), (len(found), took)
         assert clock.log == [("timed out", 0.2, pytest.approx(0.2))], clock.log
-        assert all(job.model == ("m", 1) for job in found)
-        assert len(queue) == 30  # the other model's jobs, untouched
+        assert all(job.model == ("m", 1) and job.shape is None for job in found)
+        assert len(queue) == 30  # the other jobs, untouched
     finally:
         loop.close()
 
@@ -221,5 +230,78 @@ def test_an_unloaded_versions_jobs_leave_the_queue_and_the_rest_are_taken(unifor
         assert [job.model for job in queue.withdraw({("gone", 1)})] == [("gone", 1), ("gone", 1)]
         taken = queue.take_batch(held, wait=0)
         assert [job.model for job in taken] == [("m", 1), ("m", 1)] and len(queue) == 0
+    finally:
+        loop.close()
+
+
+# -- batches by shape: a batch joins one model's jobs of one shape (Job.shape, shape_key) --------------
+
+
+def test_the_shape_key_is_each_inputs_dims_after_the_first_and_leaves_padded_dims_out():
+    narrow = {"x": np.zeros((2, 3, 7), np.float32), "ids": np.zeros((2, 4), np.int64)}
+    wide = {"x": np.zeros((1, 5, 7), np.float32), "ids": np.zeros((1, 4), np.int64)}
+    assert shape_key(narrow, {}) == ((3, 7), (4,))  # the batch dimension, 2, is not in it
+    assert shape_key(narrow, {}) != shape_key(wide, {})
+    padded = {"x": ((1,), 0.0)}
+    assert shape_key(narrow, padded) == shape_key(wide, padded) == ((-1, 7), (4,))
+    # The other dims still part them: padding dim 1 does not join a different dim 2.
+    assert shape_key({**wide, "x": np.zeros((1, 5, 8), np.float32)}, padded) != shape_key(narrow, padded)
+    # Tensors and a step's Handed rows have the same key as the arrays they hold.
+    tensor = paddle.to_tensor(np.zeros((6, 3, 7), np.float32))
+    assert shape_key({"x": tensor, "ids": narrow["ids"]}, {}) == shape_key(narrow, {})
+    assert shape_key({"x": Handed(tensor, "cpu", (2, 4)), "ids": narrow["ids"]}, {}) == shape_key(narrow, {})
+    # One input (the key of its dims alone), as an array, a tensor and a step's rows.
+    one = [{"x": np.zeros((2, 3, 7), np.float32)}, {"x": tensor}, {"x": Handed(tensor, "cpu", (1, 2))}]
+    assert [shape_key(inputs, {}) for inputs in one] == [(3, 7)] * 3
+    assert shape_key({"x": np.zeros((2, 5, 7), np.float32)}, {}) != (3, 7)
+
+
+def _shaped(loop, jobs: list[tuple[str, tuple, int]]) -> tuple[DeviceQueue, dict[str, Job]]:
+    """A queue holding a job of model "m" for each (name, shape, priority), offered in that order."""
+    queue = DeviceQueue("cpu", 64, 1, clock=ManualClock())
+    queue.models = {("m", 1)}
+    made = {}
+    for name, shape, priority in jobs:
+        made[name] = _job(loop, shape=shape)
+        made[name].priority = priority
+        assert queue.offer(made[name])
+    return queue, made
+
+
+def _names(batches: list[list[Job]], made: dict[str, Job]) -> list[list[str]]:
+    names = {id(job): name for name, job in made.items()}
+    return [[names[id(job)] for job in batch] for batch in batches]
+
+
+def test_a_batch_joins_only_jobs_of_its_first_jobs_shape_and_the_rest_keep_their_order():
+    # n1..n4 narrow and w1..w4 wide, interleaved: a batch of each shape, in queue order, the narrow first
+    # (its first job is the head). The control: the same jobs with no shape (a model of fixed dims) are one.
+    loop = asyncio.new_event_loop()
+    try:
+        limits = {("m", 1): (8, 0.0)}
+        order = [("n1", NARROW), ("w1", WIDE), ("n2", NARROW), ("w2", WIDE), ("w3", WIDE), ("n3", NARROW),
+                 ("n4", NARROW), ("w4", WIDE)]
+        queue, made = _shaped(loop, [(name, shape, 0) for name, shape in order])
+        assert _names(_taken(queue, limits), made) == [["n1", "n2", "n3", "n4"], ["w1", "w2", "w3", "w4"]]
+        queue, made = _shaped(loop, [(name, None, 0) for name, _ in order])
+        assert _names(_taken(queue, limits), made) == [[name for name, _ in order]]
+        # A full batch leaves the rest of its shape in line, ahead of the shapes behind it.
+        queue, made = _shaped(loop, [(name, shape, 0) for name, shape in order])
+        two = {("m", 1): (2, 0.0)}
+        assert _names(_taken(queue, two), made) == [["n1", "n2"], ["w1", "w2"], ["w3", "w4"], ["n3", "n4"]]
+    finally:
+        loop.close()
+
+
+def test_a_high_priority_job_begins_a_batch_of_its_own_shape_ahead_of_normal_ones():
+    # n1 (narrow), w1 (wide), n2 (narrow) queued, then h1 (wide, priority 1): the first batch is h1 and
+    # w1, its shape's, in queue order; then the narrow ones. The control, h1 at priority 0: n1's batch first.
+    loop = asyncio.new_event_loop()
+    try:
+        limits = {("m", 1): (8, 0.0)}
+        for high, expected in ((1, [["h1", "w1"], ["n1", "n2"]]), (0, [["n1", "n2"], ["w1", "h1"]])):
+            jobs = [("n1", NARROW, 0), ("w1", WIDE, 0), ("n2", NARROW, 0), ("h1", WIDE, high)]
+            queue, made = _shaped(loop, jobs)
+            assert _names(_taken(queue, limits), made) == expected, high
     finally:
         loop.close()

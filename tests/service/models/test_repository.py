@@ -643,11 +643,49 @@ def _rank_override(repo, programs):
     return "m/1", "inputs[0] shape [-1, 2, 2] has another rank than the program's [-1, 4]"
 
 
+def _padding_unknown_input(repo, programs):
+    add(repo, "m", programs["linear"], config="batch_padding:\n  y: {dims: [1]}\n")
+    return "m/config.yaml", "batch_padding: no input 'y' (version 1); the inputs are x"
+
+
+def _padding_static_dim(repo, programs):
+    add(repo, "m", programs["linear"], config="batch_padding:\n  x: {dims: [1]}\n")
+    return "m/config.yaml", ("batch_padding: input 'x' (shape [-1, 4]): dim 1 is not a dynamic (-1) dimension after "
+                             "the batch dimension 0; write dims: [] (none: the input cannot be padded; remove it)")
+
+
+def _padding_batch_dim(repo, programs):
+    add(repo, "m", None, config="batch_padding:\n  x: {dims: [0]}\n", model_py=WIDE_ROWS)
+    return "m/config.yaml", "dim 0 is not a dynamic (-1) dimension after the batch dimension 0; write dims: [1]"
+
+
+def _padding_not_batching(repo, programs):
+    add(repo, "m", None, config="max_batch_size: 0\nbatch_padding:\n  x: {dims: [1]}\n", model_py=WIDE_ROWS)
+    return "m/config.yaml", "batch_padding: the model does not batch (max_batch_size 0)"
+
+
+WIDE_ROWS = """
+    from placeenv.serve.models import Model as Base, TensorSpec
+
+
+    class Model(Base):
+        inputs = (TensorSpec("x", "FP32", (-1, -1)),)
+        outputs = (TensorSpec("y", "FP32", (-1, -1)),)
+"""
+
+
+def test_batch_padding_is_read_into_each_versions_context(tmp_path):
+    add(tmp_path, "m", None, config="batch_padding:\n  x: {dims: [1], value: -1.5}\n", model_py=WIDE_ROWS)
+    entries, errors = read(tmp_path)
+    assert errors == [] and dict(entries["m"].default.context.padding) == {"x": ((1,), -1.5)}
+
+
 BROKEN = {f.__name__.lstrip("_"): f for f in [
     _missing_params, _bad_yaml, _bad_toml, _yaml_list, _wrong_type, _bad_count, _bad_datatype, _two_configs,
     _legacy_program, _corrupt_program, _syntax_error, _raises_at_import, _imports_what_is_not_there,
     _no_model_class, _model_not_a_subclass, _model_py_without_specs, _version_zero, _version_abc,
-    _no_versions, _empty_version, _bad_name, _too_many_overrides, _rank_override,
+    _no_versions, _empty_version, _bad_name, _too_many_overrides, _rank_override, _padding_unknown_input,
+    _padding_static_dim, _padding_batch_dim, _padding_not_batching,
 ]}
 
 

@@ -2,7 +2,8 @@
 the config's ``parameters.calls`` names, as input ``parameters.input``, and that model's output
 ``parameters.output`` comes back as its own. The device tensor goes as it is unless ``parameters.host``.
 
-``cycle_a``, ``cycle_b``, ``call_gate`` and ``call_host`` are this file with configs of their own.
+``cycle_a``, ``cycle_b``, ``call_gate``, ``call_host`` and ``call_split`` are this file with configs of
+their own.
 """
 
 from placeenv.serve.models import Model as Base

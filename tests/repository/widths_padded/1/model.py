@@ -1,0 +1,1 @@
+../../widths/1/model.py
