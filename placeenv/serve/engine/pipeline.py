@@ -287,10 +287,11 @@ class PipelineRun:
         ), None)
 
 
-def call(run: Run, entries: Mapping[str, Entry], name: str, version: int | None, inputs: dict, outputs,
-         calls: Calls) -> dict[str, np.ndarray]:
-    """A model's call to another (``Model.infer``), on the caller's worker thread: queued through the
-    event loop as a step of the caller's request, and waited for within that request's deadline."""
+def call(run: Run, entries: Mapping[str, Entry], name: str, version: int | None, requests: list[dict], outputs,
+         calls: Calls) -> list[dict[str, np.ndarray]]:
+    """A model's calls to another (``Model.infer``, ``Model.infer_all``), on the caller's worker thread: each
+    request queued through the event loop as a step of the caller's request, all at once (they may run
+    on several workers and share forward passes), and waited for within that request's deadline."""
     caller = calls.chain[-1]
     where = f"model {caller!r} calling {name!r}"
     if name in calls.chain:
@@ -302,6 +303,38 @@ def call(run: Run, entries: Mapping[str, Entry], name: str, version: int | None,
     chosen = entry.default if version is None else entry.versions.get(version)
     if chosen is None:
         raise UnknownModel(f"{where}: no version {version}; it has {', '.join(map(str, sorted(entry.versions)))}")
+    names = [spec.name for spec in chosen.outputs]
+    wanted = names if outputs is None else list(outputs)
+    if any(n not in names for n in wanted):
+        raise InvalidInput(f"{where}: no output {next(n for n in wanted if n not in names)!r}; it gives "
+                           f"{', '.join(names)}")
+    checked = [_call_arrays(where, entry, chosen, inputs) for inputs in requests]
+    futures = [_queue_call(run, calls, caller, name, chosen.number, wanted, arrays, examples)
+               for arrays, examples in checked]
+    answered = concurrent.futures.Future()  # the last of them: the worker serves its queue until then
+    left = [len(futures)]
+
+    def one_done(_) -> None:
+        left[0] -= 1
+        if left[0] == 0:
+            answered.set_result(None)
+
+    for future in futures:
+        future.add_done_callback(one_done)
+    calls.worker.serve_until(answered, calls.deadline)
+    answers = []
+    for future in futures:
+        try:
+            answer = future.result(timeout=max(0.0, calls.deadline - time.perf_counter()))
+        except concurrent.futures.TimeoutError:
+            raise Timeout(f"{where}: no answer within the request's deadline") from None
+        answers.append({n: answer.outputs[n] for n in wanted})
+    return answers
+
+
+def _call_arrays(where: str, entry: Entry, chosen, inputs: Mapping) -> tuple[dict, int]:
+    """One call's inputs checked against the called version's, as arrays (or ``Handed`` tensors), and
+    its examples."""
     unknown = [key for key in inputs if key not in {s.name for s in chosen.inputs}]
     if unknown:
         raise InvalidInput(f"{where}: no input {unknown[0]!r}; it takes {', '.join(s.name for s in chosen.inputs)}")
@@ -321,16 +354,16 @@ def call(run: Run, entries: Mapping[str, Entry], name: str, version: int | None,
         except InputError as exc:
             raise InvalidInput(f"{where}: {exc}") from None
         arrays[spec.name] = value
-    names = [spec.name for spec in chosen.outputs]
-    wanted = names if outputs is None else list(outputs)
-    if any(n not in names for n in wanted):
-        raise InvalidInput(f"{where}: no output {next(n for n in wanted if n not in names)!r}; it gives "
-                           f"{', '.join(names)}")
     try:
-        examples = _examples(arrays, entry.max_batch_size > 0)
+        return arrays, _examples(arrays, entry.max_batch_size > 0)
     except InputError as exc:
         raise InvalidInput(f"{where}: {exc}") from None
-    work = Work(name, chosen.number, examples, wanted, time.perf_counter(), calls.deadline, False)
+
+
+def _queue_call(run: Run, calls: Calls, caller: str, name: str, number: int, wanted: list[str], arrays: dict,
+                examples: int) -> concurrent.futures.Future:
+    """One call queued from the event loop; its future gets the worker's ``Answer``."""
+    work = Work(name, number, examples, wanted, time.perf_counter(), calls.deadline, False)
     future: concurrent.futures.Future = concurrent.futures.Future()
 
     def settled(job: Job | None, answer: Answer | None, error: BaseException | None) -> None:
@@ -340,15 +373,10 @@ def call(run: Run, entries: Mapping[str, Entry], name: str, version: int | None,
         else:
             future.set_exception(error)
 
-    key, worker = (name, chosen.number), calls.worker
+    worker = calls.worker
     # Where its tensors are; else on the caller's own device, which serves it while it waits.
     prefer = next((v.device for v in arrays.values() if isinstance(v, Handed)),
-                  worker.device if key in worker.held else "")
+                  worker.device if (name, number) in worker.held else "")
     calls.loop.call_soon_threadsafe(functools.partial(run, work, arrays, settled, prefer=prefer,
                                                       step=(caller, name), chain=calls.chain))
-    worker.serve_until(future, calls.deadline)
-    try:
-        answer = future.result(timeout=max(0.0, calls.deadline - time.perf_counter()))
-    except concurrent.futures.TimeoutError:
-        raise Timeout(f"{where}: no answer within the request's deadline") from None
-    return {n: answer.outputs[n] for n in wanted}
+    return future

@@ -285,11 +285,21 @@ class Model:
         one this request is already inside of (a cycle). A tensor input moves only if ``model`` runs
         elsewhere. While it waits, the worker runs jobs from its own queue (the call's among them) of
         every model it holds but those it is already running, so it never waits for itself."""
+        return self.infer_all(model, [inputs], outputs, version)[0]
+
+    def infer_all(self, model: str, requests: list[Mapping[str, np.ndarray | paddle.Tensor]],
+                  outputs: list[str] | None = None, version: int | None = None) -> list[dict[str, np.ndarray]]:
+        """``infer`` for several requests to ``model`` at once, answered in their order: all are queued
+        before any is waited for, so they run on as many workers as serve ``model`` and share forward
+        passes with each other's and other requests' jobs of the same shape (Triton's BLS ``async_exec``
+        awaited together). PaddleX's OCR calls its recogniser once for each group of crops."""
         calls = CALLS
         if calls.call is None:
             raise ModelError("Model.infer calls another model from execute() or postprocess(), on the worker "
                              "serving a request")
-        return calls.call(model, version, dict(inputs), outputs, calls)
+        if not requests:
+            return []
+        return calls.call(model, version, [dict(inputs) for inputs in requests], outputs, calls)
 
     def finalize(self) -> None:
         """Drop this replica's network (or Predictor), so its device memory can be reclaimed; what the

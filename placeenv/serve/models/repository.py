@@ -45,6 +45,8 @@ from .inference import Backend, InferenceOptions
 __all__ = ["BUNDLED", "Entry", "ModelConfig", "Pipeline", "Repository", "RepositoryError", "read", "scan"]
 
 CONFIG_FILES = ("config.yaml", "config.yml", "config.toml")
+#: A PaddleX pipeline file (models/paddlex.py), the pipeline's directory holds it in place of a config.
+PADDLEX_FILE = "pipeline.yaml"
 PROGRAM_PREFIXES = ("model", "inference")
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 #: A parameter op in a PIR program's JSON (model.json): {"#": "p", ...}.
@@ -372,11 +374,15 @@ def read(repositories: list[Path], select: list[str] | None, *, max_batch_size: 
                 f"not in the repository (PLACEENV_MODELS); it holds: {', '.join(sorted(found)) or 'nothing'}",
             )
     configs: dict[str, tuple[ModelConfig, Path | None]] = {}
+    paddlex_files: dict[str, Path] = {}  # PaddleX's pipeline files: read with their models, below
     wanted = list(found if select is None else select)
     for name in wanted:  # grows by the steps of each pipeline selected
         try:
             if not NAME.fullmatch(name):
                 raise RepositoryError(name, found[name], "a model name is letters, digits, '_', '.', '-' (at most 64)")
+            if (found[name] / PADDLEX_FILE).is_file():
+                paddlex_files[name] = found[name] / PADDLEX_FILE
+                continue
             configs[name] = read_config(name, found[name])
         except RepositoryError as exc:
             errors.append(exc)
@@ -391,6 +397,16 @@ def read(repositories: list[Path], select: list[str] | None, *, max_batch_size: 
                                            max_batch_delay_ms)
             except RepositoryError as exc:
                 errors.append(exc)
+    for name, path in paddlex_files.items():
+        from . import paddlex  # (it imports this module)
+
+        try:
+            made, config = paddlex.read(name, path, max_batch_size, max_batch_delay_ms)
+        except RepositoryError as exc:
+            errors.append(exc)
+            continue
+        entries.update(made)
+        configs[name] = (config, path)
     failed = {e.model: e.problem for e in errors}
     for name, (config, config_file) in configs.items():
         if config.pipeline is not None:

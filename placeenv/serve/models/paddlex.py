@@ -1,0 +1,151 @@
+"""PaddleX's pipeline files served with no code: ``<repository>/<name>/pipeline.yaml`` is the YAML that
+``paddlex --serve --pipeline FILE`` takes, unchanged, and becomes pipeline ``<name>`` of the repository.
+
+Each of its SubModules becomes a model of the repository, named ``<name>.<SubModule>`` (for OCR
+``ocr.TextDetection``, ``ocr.TextRecognition``): its export (``model_dir``: absolute, or relative to the
+file) runs on the devices, batched across requests. The pre- and post-processing (the export's
+``inference.yml`` and the file's settings) are CPU steps of the pipeline, run with PaddleX's own
+processors (``models/paddlex_ocr.py``) on CPU workers under ``PlaceEnv('cpu')``:
+
+    image (BYTES) -> <name>.prepare (CPU: decode, PaddleX's det resize and normalisation)
+                  -> <name>.TextDetection (a device)
+                  -> <name>.read (CPU: DB postprocess, box sort, crops; the crops' groups read by
+                     <name>.TextRecognition on the devices, all at once; CTC decode)
+                  -> rec_texts, rec_scores, rec_polys, rec_boxes, dt_polys
+
+Supported: PaddleX's ``OCR`` pipeline with text detection and recognition. The document preprocessor
+and text-line orientation are refused, naming the setting that turns them off.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .base import ModelContext, TensorSpec
+from .inference import InferenceOptions
+from .repository import (Entry, InstanceGroup, ModelConfig, RepositoryError, Step, TensorOverride, Version,
+                         config_fingerprint, load_entry)
+
+#: PaddleX's pipelines served here, and the modules each needs.
+SUPPORTED = {"OCR": ("TextDetection", "TextRecognition")}
+
+#: PaddleX's own defaults (paddlex 3.7's configs/pipelines/OCR.yaml), for a setting the file leaves out.
+DETECTION_DEFAULTS = {"limit_side_len": 64, "limit_type": "min", "max_side_limit": 4000, "thresh": 0.3,
+                      "box_thresh": 0.6, "unclip_ratio": 1.5}
+RECOGNITION_DEFAULTS = {"batch_size": 6, "score_thresh": 0.0}
+
+#: CPU workers of the pipeline's CPU steps: the OCR page's decode, resize and crops (numpy and OpenCV,
+#: which release the GIL for much of it) on two threads.
+CPU_WORKERS = 2
+
+OUTPUTS = (TensorSpec("rec_texts", "BYTES", (-1,)), TensorSpec("rec_scores", "FP32", (-1,)),
+           TensorSpec("rec_polys", "INT32", (-1, 4, 2)), TensorSpec("rec_boxes", "INT32", (-1, 4)),
+           TensorSpec("dt_polys", "INT32", (-1, 4, 2)))
+
+
+def read(name: str, path: Path, max_batch_size: int, max_batch_delay_ms: float
+         ) -> tuple[dict[str, Entry], ModelConfig]:
+    """The models a PaddleX pipeline file makes, by name, and the pipeline's config over them (its steps,
+    inputs and outputs), which ``repository.link`` links as any pipeline's; ``RepositoryError`` naming the
+    file and what is wrong or missing."""
+
+    def refuse(problem: str) -> RepositoryError:
+        return RepositoryError(name, path, f"PaddleX pipeline: {problem}")
+
+    raw = _load_yaml(name, path)
+    kind = raw.get("pipeline_name")
+    if kind not in SUPPORTED:
+        raise refuse(f"pipeline_name {kind!r} is not served here; served: {', '.join(SUPPORTED)}")
+    for switch, what in (("use_doc_preprocessor", "the document preprocessor (orientation, unwarping)"),
+                         ("use_textline_orientation", "text-line orientation")):
+        if raw.get(switch, False):
+            raise refuse(f"{switch}: {what} is not served here yet; set {switch}: False")
+    modules = raw.get("SubModules") or {}
+    missing = [m for m in SUPPORTED[kind] if not isinstance(modules.get(m), dict)]
+    if missing:
+        raise refuse(f"SubModules has no {', '.join(missing)}: give each its module_name, model_name and "
+                     "model_dir (a PaddleX export directory)")
+    det, rec = modules["TextDetection"], modules["TextRecognition"]
+    det_dir, rec_dir = (_model_dir(refuse, path, m, key) for m, key in ((det, "TextDetection"),
+                                                                       (rec, "TextRecognition")))
+    detection = {key: det.get(key, value) for key, value in DETECTION_DEFAULTS.items()}
+    recognition = {key: rec.get(key, value) for key, value in RECOGNITION_DEFAULTS.items()}
+    names = {step: f"{name}.{step}" for step in ("prepare", "TextDetection", "read", "TextRecognition")}
+    fingerprint = config_fingerprint(path)
+    entries = {
+        names["TextDetection"]: _export(names["TextDetection"], det_dir, det, max_batch_size,
+                                        max_batch_delay_ms, refuse),
+        names["TextRecognition"]: _export(names["TextRecognition"], rec_dir, rec, recognition["batch_size"],
+                                          max_batch_delay_ms, refuse, padded="x"),
+    }
+    from . import paddlex_ocr  # the CPU steps' classes (PaddleX's processors load with their replicas)
+
+    settings = {"detection": detection, "recognition": recognition, "det_dir": str(det_dir),
+                "rec_dir": str(rec_dir), "rec_model": names["TextRecognition"], "text_type": raw.get("text_type")}
+    for step, cls in (("prepare", paddlex_ocr.Prepare), ("read", paddlex_ocr.Read)):
+        entries[names[step]] = _cpu_step(names[step], path.parent, cls, settings, fingerprint)
+    config = ModelConfig(
+        description=f"PaddleX's {kind} pipeline ({path.name}): {det.get('model_name')} and "
+                    f"{rec.get('model_name')}",
+        inputs=[TensorOverride(name="image", datatype="BYTES", shape=[1])],
+        outputs=[TensorOverride(name=s.name, datatype=s.datatype, shape=list(s.shape)) for s in OUTPUTS],
+        pipeline=[
+            Step(model=names["prepare"], inputs={"image": "image"},
+                 outputs={"x": "x", "page": "page", "shape": "shape"}),
+            Step(model=names["TextDetection"], inputs={"x": "x"}, outputs={"fetch_name_0": "maps"}),
+            Step(model=names["read"], inputs={"maps": "maps", "page": "page", "shape": "shape"},
+                 outputs={s.name: s.name for s in OUTPUTS}),
+        ])
+    return entries, config
+
+
+def _load_yaml(name: str, path: Path) -> dict[str, Any]:
+    import yaml  # pyyaml, the service's
+
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except Exception as exc:  # noqa: BLE001 - any parse failure is the file's
+        raise RepositoryError(name, path, f"not readable: {type(exc).__name__}: {exc}") from None
+    if not isinstance(raw, dict):
+        raise RepositoryError(name, path, f"expected PaddleX's pipeline settings (a mapping), got "
+                              f"{type(raw).__name__}")
+    return raw
+
+
+def _model_dir(refuse, path: Path, module: dict, key: str) -> Path:
+    """A SubModule's export directory: ``model_dir`` absolute, or relative to the pipeline file (PaddleX
+    would read it against its working directory, which a service's is not)."""
+    given = module.get("model_dir")
+    if not given:
+        raise refuse(f"SubModules.{key}: no model_dir: give the directory of its PaddleX export "
+                     "(inference.json, inference.pdiparams, inference.yml); the service downloads nothing")
+    directory = Path(given) if Path(given).is_absolute() else (path.parent / given)
+    if not (directory / "inference.json").is_file() or not (directory / "inference.yml").is_file():
+        raise refuse(f"SubModules.{key}: model_dir {given!r} ({directory}) holds no PaddleX export: expected "
+                     "inference.json, inference.pdiparams and inference.yml there")
+    return directory.resolve()
+
+
+def _export(name: str, directory: Path, module: dict, batch: int, delay_ms: float, refuse,
+            padded: str | None = None) -> Entry:
+    """A SubModule's export as a model: a Predictor (oneDNN as the module's ``engine_config.run_mode``
+    says: ``paddle`` off, ``mkldnn`` on; else on, and off where it cannot run the program)."""
+    run_mode = (module.get("engine_config") or {}).get("run_mode")
+    if run_mode not in (None, "paddle", "mkldnn"):
+        raise refuse(f"SubModules: {name}: engine_config run_mode {run_mode!r} is not served here; use paddle "
+                     "or mkldnn (on a CPU), or leave it out")
+    config = ModelConfig(
+        description=f"PaddleX {module.get('module_name')}: {module.get('model_name')} ({directory})",
+        max_batch_size=batch, max_batch_delay_ms=delay_ms,
+        inference=InferenceOptions(onednn=run_mode != "paddle"),
+        # The recogniser's crops are as wide as their text: padded at the end to join a batch, as PaddleX pads.
+        batch_padding={padded: {"dims": [3], "value": 0.0}} if padded else {})
+    return load_entry(name, directory, config, None, batch, delay_ms)
+
+
+def _cpu_step(name: str, directory: Path, cls, settings: dict, fingerprint: str) -> Entry:
+    config = ModelConfig(description=cls.__doc__.strip().splitlines()[0], max_batch_size=0, warmup=[],
+                         instance_group=[InstanceGroup(kind="cpu", count=CPU_WORKERS)])
+    context = ModelContext(name, 1, directory, None, cls.inputs, cls.outputs, settings)
+    return Entry(name, directory, config, None, {1: Version(cls, context, fingerprint)}, 0, 0.0)

@@ -1,0 +1,148 @@
+"""The CPU steps of a PaddleX OCR pipeline (``models/paddlex.py``), with PaddleX's own processors as a
+library (``paddlex[ocr-core]``, the service extra): the same resize, normalisation, DB postprocess, box
+sort, crops, recogniser groups and CTC decode as PaddleX's ``OCR`` pipeline, so the answers are PaddleX's.
+Only the networks run elsewhere: the export's models, on the devices, batched across requests.
+
+Each step's settings are its context's ``parameters`` (the pipeline file's, with PaddleX's defaults).
+PaddleX is imported when a step's replica loads (about 1.5 s, once a process): a service that serves no
+PaddleX pipeline never imports it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from .base import InputError, Model, TensorSpec
+
+
+def _transform_ops(directory: str) -> tuple[dict, dict]:
+    """An export's ``inference.yml``: its preprocessing ops by name, and its ``PostProcess``."""
+    import yaml
+
+    found = yaml.safe_load((Path(directory) / "inference.yml").read_text(encoding="utf-8"))
+    ops = {name: (args or {}) for op in found["PreProcess"]["transform_ops"] for name, args in op.items()}
+    return ops, found.get("PostProcess") or {}
+
+
+class Prepare(Model):
+    """A PaddleX OCR pipeline's first step, on the CPU: an encoded image decoded (OpenCV, BGR, as PaddleX
+    reads it), resized and normalised for the text detector by PaddleX's own processors."""
+
+    inputs = (TensorSpec("image", "BYTES", (1,)),)
+    outputs = (TensorSpec("x", "FP32", (1, 3, -1, -1)), TensorSpec("page", "UINT8", (1, -1, -1, 3)),
+               TensorSpec("shape", "FP64", (1, 4)))
+
+    def load(self, context):
+        from paddlex.inference.models.common.vision.processors import ToCHWImage
+        from paddlex.inference.models.text_detection.processors import DetResizeForTest, NormalizeImage
+
+        self.settings = context.parameters["detection"]
+        ops, _ = _transform_ops(context.parameters["det_dir"])
+        # As PaddleX's text detection predictor: the pipeline's limit_side_len and limit_type win.
+        extra = {k: v for k, v in ops["DetResizeForTest"].items()
+                 if k not in ("limit_side_len", "limit_type", "resize_long", "max_side_limit")}
+        self.resize = DetResizeForTest(limit_side_len=self.settings["limit_side_len"],
+                                       limit_type=self.settings["limit_type"],
+                                       max_side_limit=self.settings["max_side_limit"], **extra)
+        norm = ops["NormalizeImage"]
+        self.normalize = NormalizeImage(scale=norm.get("scale"), mean=norm.get("mean"), std=norm.get("std"),
+                                        order=norm.get("order", ""))
+        self.chw = ToCHWImage()
+        return None
+
+    def preprocess(self, inputs):
+        import cv2
+
+        data = inputs["image"].reshape(-1)
+        if data.size != 1:
+            raise InputError(f"input 'image': one encoded image a request, got {data.size}")
+        blob = data[0]
+        if not isinstance(blob, (bytes, bytearray)) or not blob:
+            raise InputError("input 'image': expected the bytes of an encoded image (JPEG, PNG, BMP, TIFF, WebP)")
+        page = cv2.imdecode(np.frombuffer(blob, np.uint8), cv2.IMREAD_COLOR)
+        if page is None:
+            raise InputError(f"input 'image': not an image OpenCV can decode ({len(blob)} bytes, starting "
+                             f"{bytes(blob[:8])!r}); send a JPEG, PNG, BMP, TIFF or WebP file's bytes")
+        return {"image": page[None]}
+
+    def execute(self, inputs):
+        page = inputs["image"].numpy()[0]
+        settings = self.settings
+        resized, shapes = self.resize([page], limit_side_len=settings["limit_side_len"],
+                                      limit_type=settings["limit_type"], max_side_limit=settings["max_side_limit"])
+        x = self.chw(self.normalize(resized))[0]
+        return {"x": np.ascontiguousarray(x[None], dtype=np.float32), "page": page[None],
+                "shape": np.asarray(shapes, dtype=np.float64).reshape(1, 4)}
+
+
+class Read(Model):
+    """A PaddleX OCR pipeline's last step, on the CPU: the detector's map to text boxes (PaddleX's DB
+    postprocess), sorted and cut out; the crops read by the recogniser in PaddleX's groups (by width
+    ratio, its batch size each), all groups queued at once; CTC-decoded; kept above the score threshold."""
+
+    inputs = (TensorSpec("maps", "FP32", (1, 1, -1, -1)), TensorSpec("page", "UINT8", (1, -1, -1, 3)),
+              TensorSpec("shape", "FP64", (1, 4)))
+    outputs = (TensorSpec("rec_texts", "BYTES", (-1,)), TensorSpec("rec_scores", "FP32", (-1,)),
+               TensorSpec("rec_polys", "INT32", (-1, 4, 2)), TensorSpec("rec_boxes", "INT32", (-1, 4)),
+               TensorSpec("dt_polys", "INT32", (-1, 4, 2)))
+
+    def load(self, context):
+        from paddlex.inference.models.text_detection.processors import DBPostProcess
+        from paddlex.inference.models.text_recognition.processors import CTCLabelDecode, OCRReisizeNormImg
+        from paddlex.inference.models.text_recognition.processors import ToBatch
+        from paddlex.inference.pipelines.components.common.convert_points_and_boxes import convert_points_to_boxes
+        from paddlex.inference.pipelines.components.common.crop_image_regions import CropByPolys
+        from paddlex.inference.pipelines.components.common.sort_boxes import SortQuadBoxes
+
+        parameters = context.parameters
+        self.detection, self.recognition = parameters["detection"], parameters["recognition"]
+        self.rec_model = parameters["rec_model"]
+        _, post = _transform_ops(parameters["det_dir"])
+        self.post = DBPostProcess(thresh=self.detection["thresh"], box_thresh=self.detection["box_thresh"],
+                                  unclip_ratio=self.detection["unclip_ratio"],
+                                  max_candidates=post.get("max_candidates", 1000),
+                                  use_dilation=post.get("use_dilation", False),
+                                  score_mode=post.get("score_mode", "fast"), box_type=post.get("box_type", "quad"))
+        rec_ops, rec_post = _transform_ops(parameters["rec_dir"])
+        self.rec_resize = OCRReisizeNormImg(rec_image_shape=rec_ops["RecResizeImg"]["image_shape"])
+        self.rec_batch = ToBatch()
+        self.decode = CTCLabelDecode(character_list=rec_post["character_dict"])
+        self.sort, self.crop, self.boxes = SortQuadBoxes(), CropByPolys(det_box_type="quad"), convert_points_to_boxes
+        return None
+
+    def execute(self, inputs):
+        maps, page = inputs["maps"].numpy(), inputs["page"].numpy()[0]
+        shapes = inputs["shape"].numpy()
+        polys, _ = self.post([maps], shapes, thresh=self.detection["thresh"], box_thresh=self.detection["box_thresh"],
+                             unclip_ratio=self.detection["unclip_ratio"])
+        polys = self.sort(polys[0])
+        kept = [(crop, poly) for crop, poly in zip(self.crop(page, polys), polys)
+                if crop.size > 0 and crop.shape[0] > 0 and crop.shape[1] > 0]
+        read = self._read([crop for crop, _ in kept])
+        threshold = self.recognition["score_thresh"]
+        found = [(text, score, poly) for (text, score), (_, poly) in zip(read, kept) if score >= threshold]
+        rec_polys = np.asarray([poly for *_, poly in found], dtype=np.int32).reshape(-1, 4, 2)
+        return {
+            "rec_texts": np.array([text.encode() for text, *_ in found], dtype=object),
+            "rec_scores": np.asarray([score for _, score, _ in found], dtype=np.float32),
+            "rec_polys": rec_polys,
+            "rec_boxes": np.asarray(self.boxes(rec_polys), dtype=np.int32).reshape(-1, 4) if found
+            else np.zeros((0, 4), np.int32),
+            "dt_polys": np.asarray([poly for _, poly in kept], dtype=np.int32).reshape(-1, 4, 2),
+        }
+
+    def _read(self, crops: list[np.ndarray]) -> list[tuple[str, float]]:
+        """Each crop's text and score, in the crops' order: PaddleX's groups (sorted by width/height, its
+        batch size each, each padded to its widest), every group queued at once to the recogniser."""
+        order = sorted(range(len(crops)), key=lambda i: crops[i].shape[1] / float(crops[i].shape[0]))
+        size = self.recognition["batch_size"]
+        groups = [order[start:start + size] for start in range(0, len(order), size)]
+        batches = [self.rec_batch(self.rec_resize([crops[i] for i in group]))[0] for group in groups]
+        answers = self.infer_all(self.rec_model, [{"x": batch} for batch in batches], outputs=["fetch_name_0"])
+        found: dict[int, tuple[str, float]] = {}
+        for group, answer in zip(groups, answers):
+            texts, scores = self.decode([answer["fetch_name_0"]])
+            found.update((i, (text, float(score))) for i, text, score in zip(group, texts, scores))
+        return [found[i] for i in range(len(crops))]
