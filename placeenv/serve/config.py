@@ -99,6 +99,9 @@ class Settings(BaseSettings):
         "RESOURCE_EXHAUSTED above); the default takes a 12-megapixel photo encoded (base64 in JSON too) and a "
         "1x3x960x960 FP32 tensor")
     max_examples_per_request: int = Field(32, ge=1, description="examples in one request (400 above)")
+    fetch_urls: bool = Field(
+        False, description="PaddleX serving's API (POST /ocr): fetch a file given as an http(s) URL; off, such "
+        "a request is refused (422), since any client could make the service fetch an address it names")
     queue_capacity: int = Field(64, ge=1, description="requests waiting per device; when every device's "
                                 "queue is full, a request gets 503 with Retry-After")
     retry_after_s: int = Field(1, ge=1, description="the Retry-After header of a 503 (overloaded, draining, "

@@ -402,6 +402,8 @@ class Engine:
         for name, planned in self.plans.items():
             found = planned.pipeline
             config = found.config.model_dump(mode="json", include={"description", "max_batch_size", "pipeline"})
+            if found.paddlex is not None:  # what PaddleX serving's API (http/paddlex.py) answers with
+                config["paddlex"] = found.paddlex
             models[name] = ModelInfo(name, {found.version: VersionInfo(found.version, found.inputs, found.outputs,
                                                                         "ensemble")},
                                      found.max_batch_size, 0.0, found.config.description, config)

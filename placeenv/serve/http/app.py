@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .. import metrics
 from ..config import Settings
 from ..protocol.errors import MethodNotAllowed, ServiceError, StartupError, Unprocessable
-from . import predict, v2
+from . import paddlex, predict, v2
 from .middleware import BodyLimit, QuietStartupFailure
 from .pages import DOCS_URL, add_offline_docs, endpoints
 from .predict import Error
@@ -34,7 +34,7 @@ from .routes import InferRouter, ServiceApp, document
 log = logging.getLogger(__name__)
 
 #: The inference routes: one table, which ``InferRouter`` serves and ``document`` documents.
-INFER_ROUTES = (predict.ROUTE, *v2.INFER_ROUTES)
+INFER_ROUTES = (predict.ROUTE, *v2.INFER_ROUTES, paddlex.ROUTE)
 #: ``GET /``: where things are, for a person or a script that found the port; a 405 quotes the line
 #: of the method to use.
 ENDPOINTS = endpoints(INFER_ROUTES)

@@ -45,10 +45,11 @@ OUTPUTS = (TensorSpec("rec_texts", "BYTES", (-1,)), TensorSpec("rec_scores", "FP
 
 
 def read(name: str, path: Path, max_batch_size: int, max_batch_delay_ms: float
-         ) -> tuple[dict[str, Entry], ModelConfig]:
-    """The models a PaddleX pipeline file makes, by name, and the pipeline's config over them (its steps,
-    inputs and outputs), which ``repository.link`` links as any pipeline's; ``RepositoryError`` naming the
-    file and what is wrong or missing."""
+         ) -> tuple[dict[str, Entry], ModelConfig, dict[str, Any]]:
+    """The models a PaddleX pipeline file makes, by name; the pipeline's config over them (its steps,
+    inputs and outputs), which ``repository.link`` links as any pipeline's; and what PaddleX serving's
+    API says of it (its ``pipeline_name`` and settings). ``RepositoryError`` names the file and what is
+    wrong or missing."""
 
     def refuse(problem: str) -> RepositoryError:
         return RepositoryError(name, path, f"PaddleX pipeline: {problem}")
@@ -97,7 +98,9 @@ def read(name: str, path: Path, max_batch_size: int, max_batch_delay_ms: float
             Step(model=names["read"], inputs={"maps": "maps", "page": "page", "shape": "shape"},
                  outputs={s.name: s.name for s in OUTPUTS}),
         ])
-    return entries, config
+    about = {"pipeline_name": kind, "text_type": raw.get("text_type", "general"), "detection": detection,
+             "recognition": recognition}
+    return entries, config, about
 
 
 def _load_yaml(name: str, path: Path) -> dict[str, Any]:

@@ -325,6 +325,8 @@ class Pipeline:
     steps: tuple[PipelineStep, ...]  # in an order that runs each after the steps it reads from
     max_batch_size: int = 0
     version: int = 1  # a pipeline has one version: its config
+    #: A PaddleX pipeline file's (models/paddlex.py): its kind and settings, for PaddleX serving's API.
+    paddlex: dict[str, Any] | None = None
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "versions": [str(self.version)], "description": self.config.description,
@@ -375,6 +377,7 @@ def read(repositories: list[Path], select: list[str] | None, *, max_batch_size: 
             )
     configs: dict[str, tuple[ModelConfig, Path | None]] = {}
     paddlex_files: dict[str, Path] = {}  # PaddleX's pipeline files: read with their models, below
+    paddlex_about: dict[str, dict] = {}
     wanted = list(found if select is None else select)
     for name in wanted:  # grows by the steps of each pipeline selected
         try:
@@ -401,12 +404,13 @@ def read(repositories: list[Path], select: list[str] | None, *, max_batch_size: 
         from . import paddlex  # (it imports this module)
 
         try:
-            made, config = paddlex.read(name, path, max_batch_size, max_batch_delay_ms)
+            made, config, about = paddlex.read(name, path, max_batch_size, max_batch_delay_ms)
         except RepositoryError as exc:
             errors.append(exc)
             continue
         entries.update(made)
         configs[name] = (config, path)
+        paddlex_about[name] = about
     failed = {e.model: e.problem for e in errors}
     for name, (config, config_file) in configs.items():
         if config.pipeline is not None:
@@ -416,6 +420,8 @@ def read(repositories: list[Path], select: list[str] | None, *, max_batch_size: 
                                        max_batch_size)
             except RepositoryError as exc:
                 errors.append(exc)
+                continue
+            pipelines[name].paddlex = paddlex_about.get(name)
     return Repository(entries, pipelines, errors)
 
 

@@ -1,0 +1,222 @@
+"""``POST /ocr``: PaddleX serving's API for a PaddleX OCR pipeline file the repository serves
+(models/paddlex.py), so PaddleX's clients work unchanged: its request and response schemas, which
+this adapter takes from PaddleX itself (``paddlex.inference.serving.schemas.ocr``, imported at the
+first such request), its error shape ``{logId, errorCode, errorMsg}`` with the HTTP status as
+``errorCode``, its ``logId``.
+
+The request goes through the same gateway as v2 (one BYTES input, the file's bytes), so it is checked,
+counted, batched and answered as any. What differs from PaddleX serving, each a clear 422: a ``file``
+that is a URL is fetched only with ``--fetch-urls`` (else any client could make the service fetch
+addresses); a PDF (``fileType`` 0) is not served (send its pages as images); a per-request setting
+other than the pipeline file's (``textDetThresh`` ...) and the document preprocessor and text-line
+orientation are not served yet. ``visualize`` draws nothing: the answer carries no images.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import io
+import json
+import urllib.request
+from typing import Any
+
+import numpy as np
+from fastapi import Response
+
+from ..protocol.errors import InvalidInput, ServiceError, UnknownModel, outcome
+from ..protocol.gateway import Gateway
+from ..protocol.request import InferRequest
+from .responses import JSON
+from .routes import Call, InferRoute
+
+#: A request's settings PaddleX serving takes per request -> the pipeline file's setting they override.
+PER_REQUEST = {"textDetLimitSideLen": ("detection", "limit_side_len"), "textDetLimitType": ("detection", "limit_type"),
+               "textDetThresh": ("detection", "thresh"), "textDetBoxThresh": ("detection", "box_thresh"),
+               "textDetUnclipRatio": ("detection", "unclip_ratio"),
+               "textRecScoreThresh": ("recognition", "score_thresh")}
+#: Modules the served pipelines do not have: a request that turns one on is refused.
+NOT_SERVED = {"useDocOrientationClassify": "the document orientation classifier",
+              "useDocUnwarping": "document unwarping", "useTextlineOrientation": "text-line orientation",
+              "returnWordBox": "word boxes"}
+
+
+def _schemas():
+    """PaddleX serving's own schemas for OCR (the service extra installs paddlex)."""
+    from paddlex.inference.serving.infra import models, utils
+    from paddlex.inference.serving.schemas import ocr
+
+    return ocr, models, utils
+
+
+async def ocr(gateway: Gateway, call: Call) -> Response:
+    """The adapter: PaddleX's request, ``Gateway.infer`` on the served OCR pipeline (which counts every
+    answer, refusals too), PaddleX's answer or error shape."""
+    schemas, models, utils = _schemas()
+    asked: dict[str, Any] = {}
+
+    def identify():
+        asked["request"] = request = _parse(schemas, call.body)
+        asked["log_id"] = request.logId or utils.generate_log_id()
+        name, asked["about"] = _pipeline(gateway)
+        _settings_served(request, asked["about"])
+        if "data" not in asked:
+            asked["data"] = _file(request, gateway.settings)
+        return name, None
+
+    def read(model, version) -> InferRequest:
+        return InferRequest(model.name, None, {"image": np.array([asked["data"]], dtype=object)}, None,
+                            call.arrived, len(call.body))
+
+    try:
+        try:
+            fetched = await _fetched(call.body, gateway)
+        except ServiceError as exc:  # (before the gateway reads it: counted here)
+            gateway.refuse(exc)
+            raise
+        if fetched is not None:
+            asked["data"] = fetched
+        result = await gateway.infer(identify, read)
+    except ServiceError as exc:
+        found = outcome(exc)
+        # PaddleX answers 422 for what it cannot read; the rest keeps its status (503 with Retry-After, 504).
+        body = models.AIStudioNoResultResponse(logId=asked.get("log_id") or utils.generate_log_id(),
+                                               errorCode=422 if found.status == 400 else found.status,
+                                               errorMsg=str(exc.detail))
+        headers = {"Retry-After": str(gateway.settings.retry_after_s)} if found.retry else None
+        return JSON(body.model_dump(mode="json"), status_code=body.errorCode, headers=headers)
+    width, height = _size(asked["data"])
+    answer = models.AIStudioResultResponse[schemas.InferResult](logId=asked["log_id"], result=schemas.InferResult(
+        ocrResults=[schemas.OCRResult(prunedResult=pruned_result(result.outputs, asked["about"]))],
+        dataInfo=models.ImageInfo(width=width, height=height)))
+    return JSON(answer.model_dump(mode="json", exclude_none=True))
+
+
+def _parse(schemas, body: bytes):
+    """The body as PaddleX's ``InferRequest``; its validation errors as PaddleX words them (a JSON list of
+    ``{type, loc, msg}``, without the input), answered 422."""
+    import pydantic
+
+    try:
+        return schemas.InferRequest.model_validate_json(body)
+    except pydantic.ValidationError as exc:
+        errors = [{"type": e["type"], "loc": ".".join(str(p) for p in ("body", *e["loc"])), "msg": e["msg"]}
+                  for e in exc.errors()[:10]]
+        raise InvalidInput(json.dumps(errors)) from None
+
+
+def _pipeline(gateway: Gateway) -> tuple[str, dict[str, Any]]:
+    """The served PaddleX OCR pipeline: its name and settings."""
+    found = [(m.name, m.config["paddlex"]) for m in gateway.catalog.models.values()
+             if (m.config.get("paddlex") or {}).get("pipeline_name") == "OCR"]
+    if not found:
+        raise UnknownModel("no PaddleX OCR pipeline is served: put PaddleX's OCR pipeline file in the model "
+                           "repository as <name>/pipeline.yaml (docs/models.md)")
+    if len(found) > 1:
+        raise InvalidInput(f"several PaddleX OCR pipelines are served ({', '.join(n for n, _ in found)}): call "
+                           "one with the Open Inference Protocol, /v2/models/<name>/infer")
+    return found[0]
+
+
+def _settings_served(request, about: dict[str, Any]) -> None:
+    """Refuse what the served pipeline cannot do for this request, naming it and what to send."""
+    for key, what in NOT_SERVED.items():
+        if getattr(request, key):
+            raise InvalidInput(f"{key}: {what} is not served here; send {key}: false or leave it out")
+    for key, (group, setting) in PER_REQUEST.items():
+        value = getattr(request, key)
+        if value is not None and value != about[group][setting]:
+            raise InvalidInput(f"{key}: a per-request setting is not served here yet; the pipeline file's "
+                               f"{setting} ({about[group][setting]!r}) applies: leave {key} out")
+
+
+def _is_url(text: str) -> bool:
+    return text.startswith(("http://", "https://"))
+
+
+def _file(request, settings) -> bytes:
+    """The file's bytes from base64; a URL (unless ``--fetch-urls`` fetched it), a PDF or no type refused."""
+    text = request.file
+    if _is_url(text):
+        raise InvalidInput("file: URLs are not fetched (a client could make the service fetch any address); "
+                           "send the file's bytes in base64, or start the service with --fetch-urls")
+    if request.fileType is None:
+        raise InvalidInput("File type cannot be determined: send fileType 1 (an image)")
+    if request.fileType == 0:
+        raise InvalidInput("fileType 0: PDF files are not served here; send each page as an image (fileType 1)")
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidInput(f"Invalid input file: file is not base64 (it starts {text[:16]!r}); send the image "
+                           "file's bytes in base64") from None
+
+
+async def _fetched(body: bytes, gateway: Gateway) -> bytes | None:
+    """With ``--fetch-urls``, the bytes at a request's http(s) ``file`` URL (within the body limit); None
+    for any other request (``identify`` reads it, and refuses a URL)."""
+    if not gateway.settings.fetch_urls or b'"http' not in body:
+        return None
+    try:
+        text = json.loads(body).get("file")
+    except (ValueError, AttributeError):
+        return None
+    if not isinstance(text, str) or not _is_url(text):
+        return None
+    return await asyncio.to_thread(_fetch, text, gateway.settings.max_body_bytes)
+
+
+def _fetch(url: str, limit: int) -> bytes:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as answer:  # noqa: S310 - http(s) only, asked for
+            data = answer.read(limit + 1)
+    except Exception as exc:  # noqa: BLE001 - any failure to fetch is the client's URL's
+        raise InvalidInput(f"Invalid input file: fetching {url[:80]!r} failed: {type(exc).__name__}") from None
+    if len(data) > limit:
+        raise InvalidInput(f"Invalid input file: {url[:80]!r} is over the body limit ({limit} bytes)")
+    return data
+
+
+def _size(data: bytes) -> tuple[int, int]:
+    """The image's width and height from its header (Pillow reads no pixels for it)."""
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            return image.size
+    except Exception:  # noqa: BLE001 - a file Pillow cannot read: the pipeline says what it is
+        return 0, 0
+
+
+def pruned_result(outputs: dict[str, np.ndarray], about: dict[str, Any]) -> dict[str, Any]:
+    """PaddleX's ``prunedResult`` of the OCR pipeline, from the served pipeline's outputs and settings."""
+    detection = about["detection"]
+    found = len(outputs["dt_polys"])
+    return {
+        "model_settings": {"use_doc_preprocessor": False, "use_textline_orientation": False},
+        "dt_polys": outputs["dt_polys"].tolist(),
+        "text_det_params": {key: detection[key] for key in ("limit_side_len", "limit_type", "thresh",
+                                                            "max_side_limit", "box_thresh", "unclip_ratio")},
+        "text_type": about["text_type"],
+        "textline_orientation_angles": [-1] * found,
+        "text_rec_score_thresh": about["recognition"]["score_thresh"],
+        "return_word_box": False,
+        "rec_texts": [text.decode("utf-8", "replace") for text in outputs["rec_texts"]],
+        "rec_scores": [float(score) for score in outputs["rec_scores"]],
+        "rec_polys": outputs["rec_polys"].tolist(),
+        "rec_boxes": outputs["rec_boxes"].tolist(),
+    }
+
+
+ROUTE = InferRoute(
+    "/ocr", ocr, summary="OCR (PaddleX serving's API)",
+    about='PaddleX serving\'s OCR API for a PaddleX OCR pipeline file the repository serves: a JSON body '
+          '{"file": "<base64 image>", "fileType": 1}',
+    responses={
+        404: {"description": "no PaddleX OCR pipeline is served"},
+        422: {"description": "PaddleX's error shape {logId, errorCode, errorMsg}: a body that is not PaddleX's "
+                             "request, a file that is not an image, a URL, a PDF, a setting not served"},
+        500: {"description": "the pipeline failed on this request"},
+        503: {"description": "overloaded, shutting down or not ready; see Retry-After"},
+        504: {"description": "not answered within the request timeout"},
+    })
