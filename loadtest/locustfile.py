@@ -8,7 +8,9 @@ varied batch sizes, on /predict and on /v2 (bodies encoded and answers decoded b
 tritonclient's own codec), plus a small share of deliberately invalid requests that
 count as correct when they get the expected 4xx; and, when the service serves the
 bundled pipelines, JPEG images through ``classify`` and PNG pages through ``ocr``
-(whose line counts are checked against the pages drawn).
+(whose line counts are checked against the pages drawn); and when it serves a PaddleX OCR pipeline
+file (docs/models.md), real pages through PaddleX serving's ``POST /ocr``, whose texts are checked
+against the lines drawn on them (loadtest/pages.py).
 
 When the run ends, the gate scrapes ``/metrics`` and compares with the scrape
 taken when it started; behind a load balancer, ``--prometheus URL`` reads what
@@ -21,6 +23,7 @@ While it runs, it samples ``/metrics`` into ``<--csv>_service.csv`` for
 
 from __future__ import annotations
 
+import base64
 import csv
 import logging
 import random
@@ -36,6 +39,7 @@ from PIL import Image
 from locust import FastHttpUser, between, events, task
 from locust.contrib.fasthttp import LocustBadStatusCode
 
+from loadtest import pages as drawn_pages
 from loadtest.gate import Growth, Prometheus, Scrape, evaluate
 
 # The sampler and the gate scrape with httpx, which logs every request at INFO: two lines a
@@ -94,12 +98,20 @@ PHOTOS = [encoded(np.random.randint(0, 256, (64, 64, 3), dtype=np.uint8), "JPEG"
 V2_CLASSIFY = [bytes_request("image", random.sample(PHOTOS, size), ["labels", "scores"]) + (size,)
                for size in (1, 1, 2)]
 PAGES = [(lines, encoded(page(lines), "PNG")) for lines in (1, 2, 3) for _ in range(3)]
+#: What TASK_MODELS calls a PaddleX OCR pipeline file, whatever its name: one with output rec_texts.
+PADDLEX_OCR = "(a PaddleX OCR pipeline)"
 #: The tasks that call a model, by the model each calls: a task is left out of a run whose service does
 #: not serve its model (read from /v1/models when the run starts; a service that cannot be read keeps
 #: the tasks of the models every default service has, and the gate says why below).
 TASK_MODELS = {"digits": "digits", "mobilenet": "mobilenet", "mobilenet_v2": "mobilenet",
-               "classify": "classify", "ocr": "ocr"}
+               "classify": "classify", "ocr": "ocr", "paddlex_ocr": PADDLEX_OCR, "invalid": "digits"}
 DEFAULT_MODELS = {"digits", "mobilenet"}
+#: Pages of loadtest/pages.py that PP-OCRv5_mobile reads exactly as drawn, with PaddleX's own pipeline too
+#: (tests/e2e/test_paddlex.py compares the service with it on all 24): the load test checks every
+#: answer's texts against the lines drawn. The smaller sizes, so a request takes a second, not five.
+READ_EXACTLY = (0, 1, 3, 5, 7, 9, 10, 12)
+#: (base64 body, lines drawn) of each, drawn when a run serves a PaddleX OCR pipeline.
+OCR_PAGES: list[tuple[dict, list[str]]] = []
 
 INVALID = [  # (name, body, expected status)
     ("unknown model", {"model": "no-such-model", "inputs": [DIGITS[0]]}, 404),
@@ -230,6 +242,19 @@ class Client(FastHttpUser):
                  or f"lines {result.as_numpy('lines').tolist()}, drawn {drawn}")
 
     @task(1)
+    def paddlex_ocr(self) -> None:
+        body, lines = random.choice(OCR_PAGES)
+        with self.client.post("/ocr", json=body, name="/ocr (PaddleX serving's API)", catch_response=True) as r:
+            if not answered(r, self.host):
+                return
+            if r.status_code != 200:
+                r.failure(f"{r.status_code}: {r.text[:200]}")
+                return
+            texts = r.json()["result"]["ocrResults"][0]["prunedResult"]["rec_texts"]
+            if texts != lines:
+                r.failure(f"read {texts[:3]}..., drawn {lines[:3]}...")
+
+    @task(1)
     def invalid(self) -> None:
         name, body, expected = random.choice(INVALID)
         with self.client.post("/predict", json=body, name=f"invalid: {name}", catch_response=True) as r:
@@ -249,9 +274,18 @@ def _start(environment, **_):
     if environment.parsed_options is None or not environment.host:
         return
     try:
-        served = {m["name"] for m in httpx.get(environment.host + "/v1/models", timeout=10).json()["models"]}
+        models = httpx.get(environment.host + "/v1/models", timeout=10).json()["models"]
+        served = {m["name"] for m in models}
+        paddlex = {m["name"] for m in models if any(o["name"] == "rec_texts" for o in m["outputs"])}
+        if paddlex:  # (one named ocr is not the bundled ocr pipeline)
+            served = (served - paddlex) | {PADDLEX_OCR}
     except (*UNREACHABLE, TypeError):  # the gate says so below; traffic goes to the models every service has
         served = DEFAULT_MODELS
+    if PADDLEX_OCR in served and not OCR_PAGES:
+        for index in READ_EXACTLY:
+            drawn = drawn_pages.page(index)
+            OCR_PAGES.append(({"file": base64.b64encode(drawn.data).decode(), "fileType": 1, "visualize": False},
+                              list(drawn.lines)))
     unserved = {task for task, model in TASK_MODELS.items() if model not in served}
     Client.tasks = [t for t in Client.tasks if t.__name__ not in unserved]  # before any user starts
     if environment.parsed_options.prometheus:

@@ -4,7 +4,7 @@ The pipeline file is PaddleX's (tests/support/ocr_pipeline.yaml, PaddleX 3.7.2's
 PP-OCRv5_mobile det and rec) placed in a repository as ``ocr/pipeline.yaml`` beside the two exports,
 unchanged. The reference is PaddleX's pipeline on the same file and pages, run in a venv of its own
 (tests/support/paddlex_reference.py, made once and cached). On 24 generated pages (fonts, sizes,
-colours, rotation, noise, JPEG: tests/support/pages.py) the service answers PaddleX's texts in
+colours, rotation, noise, JPEG: loadtest/pages.py) the service answers PaddleX's texts in
 PaddleX's order, polygons within 2 px and scores within 0.01, over v2 (HTTP and gRPC) and over PaddleX
 serving's own API, ``POST /ocr``, whose answers PaddleX's own response schema reads.
 """
@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as tg
 import tritonclient.http as th
-from support import ocr_models, pages, paddlex_reference
+from loadtest import pages
+from support import ocr_models, paddlex_reference
 from support.servers import ServiceProcess, free_port
 
 POLY_PX = 2
@@ -145,3 +146,45 @@ def test_a_bad_request_is_a_422_in_paddlexs_error_shape_naming_what_to_send(serv
     found = answer.json()
     assert set(found) == {"logId", "errorCode", "errorMsg"} and found["errorCode"] == 422
     assert says in found["errorMsg"] and len(found["errorMsg"]) < 400
+
+
+def _locust(url: str, csv, seconds: int = 30):
+    """Locust's load test (loadtest/, which drives POST /ocr with real pages when a PaddleX OCR pipeline is
+    served, checking each answer's texts against the lines drawn) and its leak gate; its output."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    ran = subprocess.run(
+        [str(Path(sys.executable).with_name("locust")), "-f", "loadtest/", "--host", url, "-u", "4", "-r", "4",
+         "-t", f"{seconds}s", "--max-failure-ratio", "0", "--csv", str(csv), "--html", f"{csv}.html"],
+        cwd=root, capture_output=True, text=True, timeout=seconds + 180)
+    return ran.returncode, ran.stdout + ran.stderr
+
+
+@pytest.mark.parametrize("isolation", ["on", "off"])
+def test_locust_through_paddlex_servings_api_has_no_leak_and_reads_every_page(repository, tmp_path, isolation):
+    """Locust's users post real pages to /ocr on two devices, the CPU and sim:0 (the exports there, the CPU
+    steps on CPU workers of their own): with isolation every answer reads as drawn and the leak gate passes; the
+    control, stock Paddle (isolation off), makes the place checks see other workers' devices and fails it."""
+    import re
+
+    proc = ServiceProcess(devices="cpu,sim:0", workers_per_device=1, models="ocr", model_repository=repository,
+                          isolation=isolation)
+    try:
+        proc.wait_ready()
+        code, output = _locust(proc.url, tmp_path / "run")
+        leaks = sum(float(v) for v in re.findall(r'^placeenv_device_leaks_total\{[^}]*\} ([0-9.e+]+)$',
+                                                 httpx.get(f"{proc.url}/metrics").text, re.M))
+    finally:
+        proc.stop()
+    found = re.search(r"requests (\d+), failures (\d+)", output)
+    assert found, output[-3000:]
+    requests, failures = int(found.group(1)), int(found.group(2))
+    assert "/ocr (PaddleX serving's API)" in output, output[-3000:]  # the task ran
+    if isolation == "on":
+        assert code == 0 and "leak gate: PASS" in output and failures == 0 and leaks == 0, output[-3000:]
+        assert requests >= 10, output[-3000:]
+    else:
+        assert code != 0 and "leak gate: FAIL" in output and leaks > 0, output[-3000:]

@@ -1,4 +1,4 @@
-"""Generated test pages of known English text and numbers, for the OCR tests (issue 44).
+"""Generated pages of known English text and numbers, for the OCR tests and the load test.
 
 ``pages(count)`` returns ``count`` pages, the same bytes on every call with the same Pillow
 (a seeded ``random.Random`` per page, no clock): each a ``Page`` with the encoded image (PNG or
