@@ -87,6 +87,7 @@ def over_v2(url: str, data: bytes) -> dict:
     return answer
 
 
+@pytest.mark.timeout(900)  # PaddleX's own run on the 24 pages is this test's set-up: a minute, more when busy
 def test_the_pipeline_file_answers_as_paddlex_on_every_page(served, page_set, reference):
     proc, _ = served
     url = proc.url[len("http://"):]

@@ -9,6 +9,7 @@ naive code does, and the place checks see other workers' devices.
 from __future__ import annotations
 
 import collections
+import contextlib
 import concurrent.futures
 import dataclasses
 import functools
@@ -221,7 +222,7 @@ class Worker:
             # The thread's first Paddle call, not during another worker's jit.load: stock Paddle (isolation
             # off) gives a new thread the process-wide Tracer of that moment, and jit.load sets it to None
             # hundreds of times (switch_to_static_graph): a thread born then stays in static mode.
-            with JIT_LOAD_LOCK:
+            with contextlib.nullcontext() if self.isolation else STOCK_BUILDS, JIT_LOAD_LOCK:
                 paddle.set_device(self.device)  # once: placeenv keeps it to this thread
             for entry in self.entries:
                 self._load_entry(entry)

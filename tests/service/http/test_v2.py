@@ -785,7 +785,8 @@ def test_overload_is_503_with_retry_after():
     tritonclient raises, and the answer carries Retry-After (read with httpx, on tritonclient's body).
     Each burst of 24 comes while the worker is held (``gate``): one waits in the queue, 23 are refused,
     then the worker goes on and serves the one."""
-    images = np.random.default_rng(3).uniform(0, 1, (4, 3, 32, 32)).astype(np.float32)
+    # One example a request: one over max_batch_size 1 would be split into jobs that each take a queue place.
+    images = np.random.default_rng(3).uniform(0, 1, (1, 3, 32, 32)).astype(np.float32)
     body, header = triton.InferenceServerClient.generate_request_body([tensor("image", images, binary=True)])
     with ServiceProcess(DEVICES="sim:0", WORKERS_PER_DEVICE=1, QUEUE_CAPACITY=1, MODELS="mobilenet,gate",
                         MAX_BATCH_SIZE=1) as proc:
