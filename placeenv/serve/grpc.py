@@ -29,7 +29,7 @@ from tritonclient.grpc import service_pb2_grpc as rpc
 
 from .protocol import wire
 from .protocol.gateway import Gateway
-from .protocol.request import InferRequest
+from .protocol.request import InferRequest, model_parameters
 from .protocol.errors import InvalidInput, ServiceError, outcome
 from .protocol.wire import prefix
 
@@ -164,6 +164,7 @@ class InferenceServicer(rpc.GRPCInferenceServiceServicer):
                 found.expires = arrived + remaining - min(remaining * EARLY, EARLY_MAX_S)
             if request.parameters:
                 found.timeout, found.priority = (parameter(request.parameters, key) for key in ("timeout", "priority"))
+                found.parameters = model_parameters(_parameters(request.parameters))
             return found
 
         try:

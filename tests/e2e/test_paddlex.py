@@ -136,7 +136,9 @@ def test_grpc_answers_as_http(served, page_set, reference):
     ({"file": base64.b64encode(b"not an image").decode(), "fileType": 1}, "not an image OpenCV can decode"),
     ({"file": "***", "fileType": 1}, "file is not base64"),
     ({"file": base64.b64encode(b"x").decode()}, "File type cannot be determined"),
-    ({"file": base64.b64encode(b"x").decode(), "fileType": 1, "textDetThresh": 0.5}, "textDetThresh"),
+    ({"file": base64.b64encode(b"x").decode(), "fileType": 1, "textDetThresh": 1.5}, "textDetThresh"),
+    ({"file": base64.b64encode(b"x").decode(), "fileType": 1, "textDetLimitType": "wide"}, "textDetLimitType"),
+    ({"file": base64.b64encode(b"x").decode(), "fileType": 1, "textDetLimitSideLen": -1}, "textDetLimitSideLen"),
     ({"file": base64.b64encode(b"x").decode(), "fileType": 1, "useTextlineOrientation": True},
      "text-line orientation is not served"),
 ])
@@ -189,3 +191,76 @@ def test_locust_through_paddlex_servings_api_has_no_leak_and_reads_every_page(re
         assert requests >= 10, output[-3000:]
     else:
         assert code != 0 and "leak gate: FAIL" in output and leaks > 0, output[-3000:]
+
+
+#: Settings other than the pipeline file's, as PaddleX's pipeline file writes them, and as POST /ocr's
+#: per-request fields (PaddleX serving's names) ask for them.
+CHANGED = {"limit_side_len: 64": "limit_side_len: 960", "limit_type: min": "limit_type: max",
+           "box_thresh: 0.6": "box_thresh: 0.7", "unclip_ratio: 1.5": "unclip_ratio: 2.0",
+           "score_thresh: 0.0": "score_thresh: 0.9"}
+ASKED = {"textDetLimitSideLen": 960, "textDetLimitType": "max", "textDetBoxThresh": 0.7, "textDetUnclipRatio": 2.0,
+         "textRecScoreThresh": 0.9}
+CHANGED_PAGES = (0, 3, 5)
+
+
+@pytest.fixture(scope="module")
+def changed_reference(tmp_path_factory, page_set):
+    """PaddleX's own pipeline on a copy of the file with CHANGED's settings, on CHANGED_PAGES."""
+    directory = tmp_path_factory.mktemp("changed")
+    text = paddlex_reference.PIPELINE.read_text()
+    for old, new in CHANGED.items():
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    template = directory / "template" / paddlex_reference.PIPELINE.name
+    template.parent.mkdir()
+    template.write_text(text)
+    yaml = paddlex_reference.pipeline_file(directory, template=template)
+    return paddlex_reference.reference_ocr(yaml, [page_set[i].data for i in CHANGED_PAGES])
+
+
+def test_per_request_settings_answer_as_paddlex_with_them_in_its_file(served, page_set, reference, changed_reference):
+    proc, target = served
+    for index, expected in zip(CHANGED_PAGES, changed_reference):
+        body = {"file": base64.b64encode(page_set[index].data).decode(), "fileType": 1, **ASKED}
+        answer = httpx.post(f"{proc.url}/ocr", json=body, timeout=120)
+        assert answer.status_code == 200, answer.text
+        pruned = answer.json()["result"]["ocrResults"][0]["prunedResult"]
+        assert differences(pruned, expected) == []
+        assert pruned["text_det_params"] == {"limit_side_len": 960, "limit_type": "max", "thresh": 0.3,
+                                             "max_side_limit": 4000, "box_thresh": 0.7, "unclip_ratio": 2.0}
+        assert pruned["text_rec_score_thresh"] == 0.9
+    # The same over gRPC, with PaddleX's pipeline.predict names as the request's parameters.
+    image = tg.InferInput("image", [1], "BYTES")
+    image.set_data_from_numpy(np.array([page_set[CHANGED_PAGES[0]].data], dtype=object))
+    names = {"text_det_limit_side_len": 960, "text_det_limit_type": "max", "text_det_box_thresh": 0.7,
+             "text_det_unclip_ratio": 2.0, "text_rec_score_thresh": 0.9}
+    result = tg.InferenceServerClient(target).infer("ocr", [image], parameters=names)
+    answer = {key: result.as_numpy(key) for key in paddlex_reference.FIELDS}
+    answer["rec_texts"] = [text.decode() for text in answer["rec_texts"]]
+    assert differences(answer, changed_reference[0]) == []
+    # The comparison can fail: the settings change PaddleX's answer on these pages.
+    assert all(differences(c, reference[i]) for i, c in zip(CHANGED_PAGES, changed_reference))
+
+
+def test_a_zero_setting_is_the_files_as_paddlex_takes_it(served, page_set, reference):
+    proc, _ = served
+    body = {"file": base64.b64encode(page_set[1].data).decode(), "fileType": 1, "textDetThresh": 0.0,
+            "textDetBoxThresh": 0, "textDetLimitSideLen": 0}
+    answer = httpx.post(f"{proc.url}/ocr", json=body, timeout=120)
+    assert answer.status_code == 200, answer.text
+    pruned = answer.json()["result"]["ocrResults"][0]["prunedResult"]
+    assert differences(pruned, reference[1]) == []  # run with the file's 0.3, 0.6 and 64
+    # Shown as sent, as PaddleX's text_det_params shows them.
+    assert (pruned["text_det_params"]["thresh"], pruned["text_det_params"]["box_thresh"],
+            pruned["text_det_params"]["limit_side_len"]) == (0.0, 0.0, 0)
+
+
+def test_a_bad_setting_over_v2_is_a_400_naming_it(served, page_set):
+    proc, _ = served
+    image = {"name": "image", "shape": [1], "datatype": "BYTES", "data": ["x"]}
+    for parameters, says in (({"text_det_thresh": "high"}, "text_det_thresh"),
+                             ({"text_rec_score_thresh": 2}, "text_rec_score_thresh"),
+                             ({"text_det_max_side_limit": 0}, "text_det_max_side_limit")):
+        answer = httpx.post(f"{proc.url}/v2/models/ocr/infer", json={"inputs": [image], "parameters": parameters},
+                            timeout=60)
+        assert answer.status_code == 400 and says in answer.json()["error"], answer.text

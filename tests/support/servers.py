@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -334,3 +335,29 @@ class Nginx:
     def stop(self) -> None:
         self.proc.terminate()
         self.proc.wait(20)
+
+
+def batches(url: str, model: str) -> dict[int, int]:
+    """Forward passes ``model`` has run, by their examples (Triton's batch_stats)."""
+    (stats,) = httpx.get(f"{url}/v2/models/{model}/stats", timeout=30).json()["model_stats"]
+    return {b["batch_size"]: b["compute_infer"]["count"] for b in stats["batch_stats"]}
+
+
+def ran(url: str, model: str, before: dict[int, int]) -> dict[int, int]:
+    """The forward passes since ``before`` (``batches``), by size."""
+    now = batches(url, model)
+    return {size: count - before.get(size, 0) for size, count in sorted(now.items()) if count > before.get(size, 0)}
+
+
+def queued_together(service, model: str, bodies: list[dict]) -> list[httpx.Response]:
+    """``bodies`` sent to ``model`` while the one worker is held, answered once it is let go: its queue
+    holds them all when it next looks."""
+    async def send():
+        async with httpx.AsyncClient(base_url=service.url, timeout=60) as http:
+            return await asyncio.gather(*(http.post(f"/v2/models/{model}/infer", json=b) for b in bodies))
+
+    with ThreadPoolExecutor(1) as pool, workers_held(service.url, 1):
+        running = pool.submit(asyncio.run, send())
+        wait_until(lambda: service.total("inference_queue_depth") >= len(bodies), 30,
+                   "the requests did not queue")
+    return running.result(60)

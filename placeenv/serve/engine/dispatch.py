@@ -65,8 +65,10 @@ class Job:
     step: tuple[str, str] | None = None
     chain: tuple[str, ...] = ()  # the models this request is inside of, outermost first (calls: no cycle)
     priority: int = 0  # 1: ahead of every normal job in its queue
-    # Each input's dims after the first (``shape_key``): a batch joins only jobs of one model and one shape.
-    shape: tuple | None = None
+    # Each input's dims after the first (``shape_key``), and its request's parameters if it sent any
+    # (``batch_key``): a batch joins only jobs of one model, one shape and the same parameters.
+    shape: Any = None
+    parameters: dict[str, Any] | None = None  # its request's parameters for the model (Work.parameters)
     parts: tuple[Job, ...] = ()  # the jobs its rows were queued as, past its model's max_batch_size (split)
     device: str = ""
     queue: DeviceQueue | None = None  # where it was queued (a cancelled job leaves it)
@@ -147,6 +149,24 @@ def shape_key(inputs: dict[str, Any], padded: dict[str, tuple[tuple[int, ...], f
             dims = tuple([-1 if i in pads else d for i, d in enumerate(dims, 1)])
         key.append(dims)
     return tuple(key)
+
+
+@dataclass(frozen=True, slots=True)
+class WithParameters:
+    """The batching key of a job whose request sent parameters: its shape and its parameters (each with
+    its type: 1, 1.0 and true are different parameters). Equal only to another such key, never to a
+    plain shape, so a batch never mixes requests of different parameters, nor with and without."""
+
+    shape: Any
+    parameters: tuple
+
+
+def batch_key(shape: Any, parameters: dict[str, Any] | None) -> Any:
+    """What jobs must share to be joined into one batch: ``shape`` (``shape_key``) as it is for a request
+    without parameters (no object made), else with its parameters (``WithParameters``)."""
+    if parameters is None:
+        return shape
+    return WithParameters(shape, tuple([(key, type(value), value) for key, value in sorted(parameters.items())]))
 
 
 class Ticket:

@@ -31,11 +31,11 @@ from placeenv import PlaceEnv
 
 from .. import metrics
 from ..config import Settings
-from .dispatch import DeviceQueue, Dispatcher, Job, Settled, Ticket, shape_key
+from .dispatch import DeviceQueue, Dispatcher, Job, Settled, Ticket, batch_key, shape_key
 from ..protocol.errors import (Cancelled, InvalidInput, ModelFailed, ServiceError, StartupError, Timeout,
                                UnknownModel)
 from ..models import examples
-from ..models.base import InputError, Model, ModelError, host_inputs
+from ..models.base import CALLS, InputError, Model, ModelError, host_inputs
 from ..models.repository import BUNDLED, Entry, Pipeline, Repository, RepositoryError, Version, read
 from ..protocol.request import Catalog, ModelInfo, Result, VersionInfo, Work
 from . import pipeline
@@ -547,8 +547,8 @@ class Engine:
             entry, version, template = self._served(work)
             self.dispatcher.admit(key, bool(step))  # before spending CPU on preprocessing
             if self._preprocess_inline(key, work):
-                return self._enqueue(entry, version, work, self._prepare(key, entry, template, arrays), counted,
-                                     step, ticket)
+                return self._enqueue(entry, version, work, self._prepare(key, entry, template, arrays,
+                                                                       work.parameters), counted, step, ticket)
             ticket = ticket or Ticket()
             asyncio.ensure_future(self._preprocess_then_enqueue(entry, version, template, work, arrays, counted,
                                                                 step, ticket))
@@ -581,21 +581,22 @@ class Engine:
         try:
             loop = asyncio.get_running_loop()
             try:
-                tensors = await loop.run_in_executor(self.preprocess_pool, self._preprocess, template, arrays)
+                tensors = await loop.run_in_executor(self.preprocess_pool, self._preprocess, template, arrays,
+                                                     work.parameters)
             except Exception as exc:
                 raise self._preprocess_error(entry, exc) from None
             self._enqueue(entry, version, work, tensors, settled, step, ticket)
         except Exception as exc:  # a ServiceError (Draining meanwhile, Overloaded), or a bug of ours
             settled(None, None, exc)
 
-    def _prepare(self, key: tuple[str, int], entry: Entry, template: Model, arrays) -> dict:
-        """Preprocess on this thread (``_preprocess_inline``)."""
+    def _prepare(self, key: tuple[str, int], entry: Entry, template: Model, arrays, parameters=None) -> dict:
+        """Preprocess on this thread (``_preprocess_inline``); ``parameters``: the request's."""
         try:
             if not self.own_preprocess[key]:
                 # Nothing runs that could make a tensor, so no PlaceEnv('cpu'), whose two Tracer
                 # switches cost a small request time for nothing.
                 return host_inputs(template.context, arrays)
-            return self._preprocess(template, arrays)
+            return self._preprocess(template, arrays, parameters)
         except Exception as exc:
             raise self._preprocess_error(entry, exc) from None
 
@@ -626,7 +627,8 @@ class Engine:
             model=(entry.name, version.number), inputs=tensors, examples=work.examples,
             batched=limit > 0, loop=loop, future=Settled(answered), arrived=work.arrived,
             deadline=work.deadline, priority=work.priority,
-            shape=shape_key(tensors, version.context.padding) if limit > 0 else None, **step,
+            shape=batch_key(shape_key(tensors, version.context.padding), work.parameters) if limit > 0 else None,
+            parameters=work.parameters, **step,
         )
         if ticket is not None and not ticket.attach(job):
             raise Cancelled("the client cancelled the request")
@@ -664,16 +666,21 @@ class Engine:
         )
 
     @PlaceEnv("cpu")
-    def _preprocess(self, template: Model, arrays: dict[str, np.ndarray]) -> dict:
+    def _preprocess(self, template: Model, arrays: dict[str, np.ndarray], parameters=None) -> dict:
         """The model's preprocess, in input order: host arrays as they are (the worker makes one host
-        tensor per batch of them, not one per request), tensors checked to be on the CPU."""
+        tensor per batch of them, not one per request), tensors checked to be on the CPU. ``parameters``:
+        the request's, which the preprocess reads as ``request_parameters`` (this thread's, as a worker's)."""
         # Arrays read over a binary body or the link's frames are read-only; a model's preprocess may
         # change its inputs in place.
         arrays = {n: a if a.flags.writeable else a.copy() for n, a in arrays.items()}
+        calls = CALLS
+        outer, calls.parameters = calls.parameters, parameters
         try:
             prepared = host_inputs(template.context, template.preprocess(arrays))
         except ModelError as exc:
             raise ModelFailed(str(exc)) from None
+        finally:
+            calls.parameters = outer
         for value in prepared.values():
             if not isinstance(value, np.ndarray):
                 self.check_cpu("preprocess", placeenv.device_name(value.place))

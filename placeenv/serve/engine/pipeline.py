@@ -33,7 +33,7 @@ from .. import metrics
 from ..models.base import Calls, Model
 from ..models.repository import Entry, Pipeline, PipelineStep
 from ..protocol.errors import Cancelled, InvalidInput, ModelFailed, ServiceError, Timeout, UnknownModel
-from ..protocol.request import InputError, Result, TensorSpec, Work
+from ..protocol.request import InputError, Result, TensorSpec, Work, check_parameters
 from ..protocol.wire import datatype_of
 from .dispatch import Job
 from .workers import Answer, Handed, rows_of
@@ -213,7 +213,7 @@ class PipelineRun:
             return
         work = Work(step.model, step.version, examples, list(step.outputs), self.work.arrived, self.work.deadline,
                     sum(_size(v) for v in arrays.values()) <= self.inline_bytes, self.work.priority,
-                    self.work.own_deadline)
+                    self.work.own_deadline, self.work.parameters)
         self.started[step.index] = time.perf_counter()
         self.run(work, arrays, functools.partial(self._settled, planned), self, keep=planned.keep, prefer=prefer,
                  step=(self.plan.pipeline.name, step.label), chain=(self.plan.pipeline.name,))
@@ -288,12 +288,20 @@ class PipelineRun:
 
 
 def call(run: Run, entries: Mapping[str, Entry], name: str, version: int | None, requests: list[dict], outputs,
-         calls: Calls) -> list[dict[str, np.ndarray]]:
+         calls: Calls, parameters: Mapping[str, Any] | None = None) -> list[dict[str, np.ndarray]]:
     """A model's calls to another (``Model.infer``, ``Model.infer_all``), on the caller's worker thread: each
     request queued through the event loop as a step of the caller's request, all at once (they may run
-    on several workers and share forward passes), and waited for within that request's deadline."""
+    on several workers and share forward passes), and waited for within that request's deadline. Each
+    call has the caller's request's parameters, unless ``parameters`` (its own; {}: none) is given."""
     caller = calls.chain[-1]
     where = f"model {caller!r} calling {name!r}"
+    if parameters is None:
+        parameters = calls.parameters
+    else:
+        try:
+            parameters = check_parameters(parameters)
+        except InvalidInput as exc:
+            raise InvalidInput(f"{where}: {exc}") from None
     if name in calls.chain:
         raise ModelFailed(f"{where}: a call cycle ({' -> '.join((*calls.chain, name))}): a model cannot call "
                           "one its request is already inside of")
@@ -309,7 +317,8 @@ def call(run: Run, entries: Mapping[str, Entry], name: str, version: int | None,
         raise InvalidInput(f"{where}: no output {next(n for n in wanted if n not in names)!r}; it gives "
                            f"{', '.join(names)}")
     checked = [_call_arrays(where, entry, chosen, inputs) for inputs in requests]
-    futures = [_queue_call(run, calls, caller, name, chosen.number, wanted, arrays, examples)
+    futures = [_queue_call(run, calls, caller, Work(name, chosen.number, examples, wanted, time.perf_counter(),
+                                                    calls.deadline, False, parameters=parameters), arrays)
                for arrays, examples in checked]
     answered = concurrent.futures.Future()  # the last of them: the worker serves its queue until then
     left = [len(futures)]
@@ -360,10 +369,9 @@ def _call_arrays(where: str, entry: Entry, chosen, inputs: Mapping) -> tuple[dic
         raise InvalidInput(f"{where}: {exc}") from None
 
 
-def _queue_call(run: Run, calls: Calls, caller: str, name: str, number: int, wanted: list[str], arrays: dict,
-                examples: int) -> concurrent.futures.Future:
-    """One call queued from the event loop; its future gets the worker's ``Answer``."""
-    work = Work(name, number, examples, wanted, time.perf_counter(), calls.deadline, False)
+def _queue_call(run: Run, calls: Calls, caller: str, work: Work, arrays: dict) -> concurrent.futures.Future:
+    """One call (``work``) queued from the event loop; its future gets the worker's ``Answer``."""
+    name, number = work.model, work.version
     future: concurrent.futures.Future = concurrent.futures.Future()
 
     def settled(job: Job | None, answer: Answer | None, error: BaseException | None) -> None:

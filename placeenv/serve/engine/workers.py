@@ -388,7 +388,10 @@ class Worker:
         metrics.child(metrics.BATCH_SIZE, context.name).observe(examples)
         keep = frozenset().union(*(job.keep for job in jobs))
         calls = CALLS
-        outer = calls.call, calls.loop, calls.deadline, calls.chain, calls.worker  # (a call it serves meanwhile)
+        # (a call it serves meanwhile)
+        outer = calls.call, calls.loop, calls.deadline, calls.chain, calls.worker, calls.parameters
+        # Every job of a batch has the same parameters (dispatch.batch_key): the model reads the first's.
+        calls.parameters = jobs[0].parameters
         if self.call is not None:  # what Model.infer reaches from this batch: its strictest deadline
             calls.call, calls.loop, calls.worker = self.call, jobs[0].loop, self
             calls.deadline = min(job.deadline for job in jobs)
@@ -399,7 +402,7 @@ class Worker:
             results = forward(replica, [job.inputs for job in jobs], jobs[0].batched, examples, check, keep, stamps)
         finally:
             self.stack.pop()
-            calls.call, calls.loop, calls.deadline, calls.chain, calls.worker = outer
+            calls.call, calls.loop, calls.deadline, calls.chain, calls.worker, calls.parameters = outer
         metrics.child(metrics.COMPUTE_DURATION, context.name, self.device).observe(time.perf_counter() - started)
         joined, executed, answered = stamps[1] - stamps[0], stamps[2] - stamps[1], stamps[3] - stamps[2]
         return results, Batch(examples, int(joined * 1e9), int(executed * 1e9), int(answered * 1e9))
@@ -591,7 +594,7 @@ def split(job: Job, limit: int) -> list[Job]:
         inputs = {name: sliced(value, start, stop) for name, value in job.inputs.items()}
         part = Job(model=job.model, inputs=inputs, examples=stop - start, batched=True, loop=job.loop,
                    future=None, arrived=job.arrived, deadline=job.deadline, prefer=job.prefer, step=job.step,
-                   chain=job.chain, priority=job.priority, shape=job.shape)
+                   chain=job.chain, priority=job.priority, shape=job.shape, parameters=job.parameters)
         part.future = Settled(functools.partial(settled, i, part))  # (it names the part: made first)
         parts.append(part)
     job.parts = tuple(parts)

@@ -7,9 +7,11 @@ first such request), its error shape ``{logId, errorCode, errorMsg}`` with the H
 The request goes through the same gateway as v2 (one BYTES input, the file's bytes), so it is checked,
 counted, batched and answered as any. What differs from PaddleX serving, each a clear 422: a ``file``
 that is a URL is fetched only with ``--fetch-urls`` (else any client could make the service fetch
-addresses); a PDF (``fileType`` 0) is not served (send its pages as images); a per-request setting
-other than the pipeline file's (``textDetThresh`` ...) and the document preprocessor and text-line
-orientation are not served yet. ``visualize`` draws nothing: the answer carries no images.
+addresses); a PDF (``fileType`` 0) is not served (send its pages as images); the document preprocessor,
+text-line orientation and word boxes are not served yet. ``visualize`` draws nothing: the answer carries
+no images. The per-request settings (``textDetThresh`` ...) go to the pipeline as the request's
+parameters of PaddleX's ``pipeline.predict`` names (protocol/paddlex.py), and the answer's
+``text_det_params`` and ``text_rec_score_thresh`` show them as PaddleX's do.
 """
 
 from __future__ import annotations
@@ -25,17 +27,18 @@ from typing import Any
 import numpy as np
 from fastapi import Response
 
+from ..protocol import paddlex as ocr_settings
 from ..protocol.errors import InvalidInput, ServiceError, UnknownModel, outcome
 from ..protocol.gateway import Gateway
 from ..protocol.request import InferRequest
 from .responses import JSON
 from .routes import Call, InferRoute
 
-#: A request's settings PaddleX serving takes per request -> the pipeline file's setting they override.
-PER_REQUEST = {"textDetLimitSideLen": ("detection", "limit_side_len"), "textDetLimitType": ("detection", "limit_type"),
-               "textDetThresh": ("detection", "thresh"), "textDetBoxThresh": ("detection", "box_thresh"),
-               "textDetUnclipRatio": ("detection", "unclip_ratio"),
-               "textRecScoreThresh": ("recognition", "score_thresh")}
+#: A request's settings PaddleX serving takes per request -> the request parameter each is (PaddleX serving
+#: hands them to ``pipeline.predict`` under these names).
+PER_REQUEST = {"textDetLimitSideLen": "text_det_limit_side_len", "textDetLimitType": "text_det_limit_type",
+               "textDetThresh": "text_det_thresh", "textDetBoxThresh": "text_det_box_thresh",
+               "textDetUnclipRatio": "text_det_unclip_ratio", "textRecScoreThresh": "text_rec_score_thresh"}
 #: Modules the served pipelines do not have: a request that turns one on is refused.
 NOT_SERVED = {"useDocOrientationClassify": "the document orientation classifier",
               "useDocUnwarping": "document unwarping", "useTextlineOrientation": "text-line orientation",
@@ -60,14 +63,14 @@ async def ocr(gateway: Gateway, call: Call) -> Response:
         asked["request"] = request = _parse(schemas, call.body)
         asked["log_id"] = request.logId or utils.generate_log_id()
         name, asked["about"] = _pipeline(gateway)
-        _settings_served(request, asked["about"])
+        asked["parameters"] = _settings(request)
         if "data" not in asked:
             asked["data"] = _file(request, gateway.settings)
         return name, None
 
     def read(model, version) -> InferRequest:
         return InferRequest(model.name, None, {"image": np.array([asked["data"]], dtype=object)}, None,
-                            call.arrived, len(call.body))
+                            call.arrived, len(call.body), parameters=asked["parameters"] or None)
 
     try:
         try:
@@ -88,7 +91,8 @@ async def ocr(gateway: Gateway, call: Call) -> Response:
         return JSON(body.model_dump(mode="json"), status_code=body.errorCode, headers=headers)
     width, height = _size(asked["data"])
     answer = models.AIStudioResultResponse[schemas.InferResult](logId=asked["log_id"], result=schemas.InferResult(
-        ocrResults=[schemas.OCRResult(prunedResult=pruned_result(result.outputs, asked["about"]))],
+        ocrResults=[schemas.OCRResult(prunedResult=pruned_result(result.outputs, asked["about"],
+                                                                 asked["parameters"]))],
         dataInfo=models.ImageInfo(width=width, height=height)))
     return JSON(answer.model_dump(mode="json", exclude_none=True))
 
@@ -119,16 +123,23 @@ def _pipeline(gateway: Gateway) -> tuple[str, dict[str, Any]]:
     return found[0]
 
 
-def _settings_served(request, about: dict[str, Any]) -> None:
-    """Refuse what the served pipeline cannot do for this request, naming it and what to send."""
+def _settings(request) -> dict[str, Any]:
+    """The request's settings as the pipeline's parameters, checked (a bad one named by its field);
+    refuse what the served pipeline cannot do for it, naming it and what to send."""
     for key, what in NOT_SERVED.items():
         if getattr(request, key):
             raise InvalidInput(f"{key}: {what} is not served here; send {key}: false or leave it out")
-    for key, (group, setting) in PER_REQUEST.items():
+    found = {}
+    for key, name in PER_REQUEST.items():
         value = getattr(request, key)
-        if value is not None and value != about[group][setting]:
-            raise InvalidInput(f"{key}: a per-request setting is not served here yet; the pipeline file's "
-                               f"{setting} ({about[group][setting]!r}) applies: leave {key} out")
+        if value is None:
+            continue
+        try:
+            ocr_settings.requested({name: value})
+        except InvalidInput as exc:
+            raise InvalidInput(f"{key}: {exc}") from None
+        found[name] = value
+    return found
 
 
 def _is_url(text: str) -> bool:
@@ -188,18 +199,19 @@ def _size(data: bytes) -> tuple[int, int]:
         return 0, 0
 
 
-def pruned_result(outputs: dict[str, np.ndarray], about: dict[str, Any]) -> dict[str, Any]:
-    """PaddleX's ``prunedResult`` of the OCR pipeline, from the served pipeline's outputs and settings."""
-    detection = about["detection"]
+def pruned_result(outputs: dict[str, np.ndarray], about: dict[str, Any],
+                  parameters: dict[str, Any] | None = None) -> dict[str, Any]:
+    """PaddleX's ``prunedResult`` of the OCR pipeline, from the served pipeline's outputs and settings, and
+    the request's ``parameters`` (its settings, shown as PaddleX shows them)."""
+    det_params, score_thresh = ocr_settings.shown(about["detection"], about["recognition"], parameters or {})
     found = len(outputs["dt_polys"])
     return {
         "model_settings": {"use_doc_preprocessor": False, "use_textline_orientation": False},
         "dt_polys": outputs["dt_polys"].tolist(),
-        "text_det_params": {key: detection[key] for key in ("limit_side_len", "limit_type", "thresh",
-                                                            "max_side_limit", "box_thresh", "unclip_ratio")},
+        "text_det_params": det_params,
         "text_type": about["text_type"],
         "textline_orientation_angles": [-1] * found,
-        "text_rec_score_thresh": about["recognition"]["score_thresh"],
+        "text_rec_score_thresh": score_thresh,
         "return_word_box": False,
         "rec_texts": [text.decode("utf-8", "replace") for text in outputs["rec_texts"]],
         "rec_scores": [float(score) for score in outputs["rec_scores"]],

@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ..protocol import wire
 from ..protocol.errors import InvalidInput, TooLarge, UnsupportedMediaType
 from ..protocol.gateway import Gateway
-from ..protocol.request import InferRequest, ModelInfo, Result, VersionInfo
+from ..protocol.request import InferRequest, ModelInfo, Result, VersionInfo, model_parameters
 from ..protocol.wire import prefix
 from .responses import JSON, render_json
 from .routes import Call, InferRoute
@@ -190,8 +190,10 @@ async def infer(gateway: Gateway, call: Call) -> Response:
         parsed, arrays = parse(body, length, {s.name: s.datatype for s in chosen.inputs})
         outputs = [o.name for o in parsed.outputs] if parsed.outputs else None
         found = InferRequest(name, version, arrays, outputs, call.arrived, len(body))
-        if parsed.parameters:  # Triton's "timeout" (microseconds) and "priority", which the gateway checks
-            found.timeout, found.priority = parsed.parameters.get("timeout"), parsed.parameters.get("priority")
+        if parsed.parameters:  # Triton's "timeout" (microseconds) and "priority", the model's: the gateway checks
+            sent = parsed.parameters
+            found.timeout, found.priority = sent.get("timeout"), sent.get("priority")
+            found.parameters = model_parameters(sent)
         return found
 
     result = await gateway.infer(identify, read, name)

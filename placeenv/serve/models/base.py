@@ -23,6 +23,7 @@ import logging
 import threading
 from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -32,7 +33,7 @@ import placeenv
 from placeenv import PlaceEnv, device_name
 from placeenv.tensors import JIT_LOAD_LOCK, host_tensor, move_to
 
-from ..protocol.request import InputError, TensorSpec
+from ..protocol.request import NO_PARAMETERS, InputError, TensorSpec
 from . import inference
 from .inference import Backend, InferenceOptions
 
@@ -49,13 +50,15 @@ class Calls(threading.local):
     """What ``Model.infer`` needs on the worker thread running a batch, which the worker sets for the
     batch: the engine's way in for a call, the event loop the batch's requests came from, their
     strictest deadline, the models they are inside of (a call to one of them is a cycle), and the
-    worker (which serves its own queue while it waits)."""
+    worker (which serves its own queue while it waits). And the batch's request parameters
+    (``Model.request_parameters``), which the engine also sets around a request's preprocess."""
 
     call = None
     loop = None
     deadline = 0.0
     chain: tuple[str, ...] = ()
     worker = None
+    parameters: dict[str, Any] | None = None  # None: the request sent none
 
 
 CALLS = Calls()
@@ -274,8 +277,17 @@ class Model:
         """Host arrays ``[batch, ...]``, one per declared output (an ``execute`` on the host may give them)."""
         return {name: value if isinstance(value, np.ndarray) else value.numpy() for name, value in outputs.items()}
 
+    @property
+    def request_parameters(self) -> Mapping[str, Any]:
+        """The parameters of the request being served (v2's and gRPC's ``parameters``, but those the service
+        reads itself), read-only; empty when it sent none. Valid in ``preprocess`` (that request's),
+        ``execute`` and ``postprocess`` (the batch's: a batch joins only requests of the same parameters).
+        A pipeline's steps and a model's calls get the request's parameters too."""
+        found = CALLS.parameters
+        return NO_PARAMETERS if found is None else MappingProxyType(found)
+
     def infer(self, model: str, inputs: Mapping[str, np.ndarray | paddle.Tensor], outputs: list[str] | None = None,
-              version: int | None = None) -> dict[str, np.ndarray]:
+              version: int | None = None, parameters: Mapping[str, Any] | None = None) -> dict[str, np.ndarray]:
         """Run ``model`` (another of the repository) on ``inputs`` and return its outputs as host arrays:
         from ``execute`` or ``postprocess``, for a chain whose shape depends on the data (one detection,
         N crops, N recognitions), as Triton's BLS does.
@@ -284,11 +296,13 @@ class Model:
         its deadline (``Timeout`` past it, which answers that request 504), and refused if ``model`` is
         one this request is already inside of (a cycle). A tensor input moves only if ``model`` runs
         elsewhere. While it waits, the worker runs jobs from its own queue (the call's among them) of
-        every model it holds but those it is already running, so it never waits for itself."""
-        return self.infer_all(model, [inputs], outputs, version)[0]
+        every model it holds but those it is already running, so it never waits for itself. The call has
+        the served request's ``request_parameters`` unless ``parameters`` gives its own ({}: none)."""
+        return self.infer_all(model, [inputs], outputs, version, parameters)[0]
 
     def infer_all(self, model: str, requests: list[Mapping[str, np.ndarray | paddle.Tensor]],
-                  outputs: list[str] | None = None, version: int | None = None) -> list[dict[str, np.ndarray]]:
+                  outputs: list[str] | None = None, version: int | None = None,
+                  parameters: Mapping[str, Any] | None = None) -> list[dict[str, np.ndarray]]:
         """``infer`` for several requests to ``model`` at once, answered in their order: all are queued
         before any is waited for, so they run on as many workers as serve ``model`` and share forward
         passes with each other's and other requests' jobs of the same shape (Triton's BLS ``async_exec``
@@ -299,7 +313,7 @@ class Model:
                              "serving a request")
         if not requests:
             return []
-        return calls.call(model, version, [dict(inputs) for inputs in requests], outputs, calls)
+        return calls.call(model, version, [dict(inputs) for inputs in requests], outputs, calls, parameters)
 
     def finalize(self) -> None:
         """Drop this replica's network (or Predictor), so its device memory can be reclaimed; what the

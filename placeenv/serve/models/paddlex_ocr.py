@@ -3,7 +3,10 @@ library (``paddlex[ocr-core]``, the service extra): the same resize, normalisati
 sort, crops, recogniser groups and CTC decode as PaddleX's ``OCR`` pipeline, so the answers are PaddleX's.
 Only the networks run elsewhere: the export's models, on the devices, batched across requests.
 
-Each step's settings are its context's ``parameters`` (the pipeline file's, with PaddleX's defaults).
+Each step's settings are its context's ``parameters`` (the pipeline file's, with PaddleX's defaults),
+overridden by the request's parameters of PaddleX's ``pipeline.predict`` names (``text_det_thresh`` ...,
+protocol/paddlex.py): ``Prepare``'s preprocess checks them all, so a bad one is the request's 400 before
+any step runs.
 PaddleX is imported when a step's replica loads (about 1.5 s, once a process): a service that serves no
 PaddleX pipeline never imports it.
 """
@@ -14,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..protocol import paddlex as settings_of
 from .base import InputError, Model, TensorSpec
 
 
@@ -55,6 +59,7 @@ class Prepare(Model):
     def preprocess(self, inputs):
         import cv2
 
+        settings_of.requested(self.request_parameters)  # every OCR setting, Read's too: a bad one is a 400
         data = inputs["image"].reshape(-1)
         if data.size != 1:
             raise InputError(f"input 'image': one encoded image a request, got {data.size}")
@@ -69,7 +74,7 @@ class Prepare(Model):
 
     def execute(self, inputs):
         page = inputs["image"].numpy()[0]
-        settings = self.settings
+        settings, _ = settings_of.used(self.settings, {}, self.request_parameters)
         resized, shapes = self.resize([page], limit_side_len=settings["limit_side_len"],
                                       limit_type=settings["limit_type"], max_side_limit=settings["max_side_limit"])
         x = self.chw(self.normalize(resized))[0]
@@ -115,13 +120,14 @@ class Read(Model):
     def execute(self, inputs):
         maps, page = inputs["maps"].numpy(), inputs["page"].numpy()[0]
         shapes = inputs["shape"].numpy()
-        polys, _ = self.post([maps], shapes, thresh=self.detection["thresh"], box_thresh=self.detection["box_thresh"],
-                             unclip_ratio=self.detection["unclip_ratio"])
+        detection, recognition = settings_of.used(self.detection, self.recognition, self.request_parameters)
+        polys, _ = self.post([maps], shapes, thresh=detection["thresh"], box_thresh=detection["box_thresh"],
+                             unclip_ratio=detection["unclip_ratio"])
         polys = self.sort(polys[0])
         kept = [(crop, poly) for crop, poly in zip(self.crop(page, polys), polys)
                 if crop.size > 0 and crop.shape[0] > 0 and crop.shape[1] > 0]
         read = self._read([crop for crop, _ in kept])
-        threshold = self.recognition["score_thresh"]
+        threshold = recognition["score_thresh"]
         found = [(text, score, poly) for (text, score), (_, poly) in zip(read, kept) if score >= threshold]
         rec_polys = np.asarray([poly for *_, poly in found], dtype=np.int32).reshape(-1, 4, 2)
         return {
@@ -140,7 +146,10 @@ class Read(Model):
         size = self.recognition["batch_size"]
         groups = [order[start:start + size] for start in range(0, len(order), size)]
         batches = [self.rec_batch(self.rec_resize([crops[i] for i in group]))[0] for group in groups]
-        answers = self.infer_all(self.rec_model, [{"x": batch} for batch in batches], outputs=["fetch_name_0"])
+        # The recogniser reads no parameters: called without the request's ({}), its crops share forward
+        # passes with every request's, whatever their settings (a batch joins only equal parameters).
+        answers = self.infer_all(self.rec_model, [{"x": batch} for batch in batches], outputs=["fetch_name_0"],
+                                 parameters={})
         found: dict[int, tuple[str, float]] = {}
         for group, answer in zip(groups, answers):
             texts, scores = self.decode([answer["fetch_name_0"]])

@@ -26,7 +26,7 @@ import numpy as np
 from .. import metrics
 from . import triton
 from .errors import OK_LABEL, OUTCOMES, Cancelled, InvalidInput, ModelFailed, ServiceError, Timeout, outcome
-from .request import Catalog, InferRequest, ModelInfo, Result, VersionInfo, Work, terms
+from .request import Catalog, InferRequest, ModelInfo, Result, VersionInfo, Work, check_parameters, terms
 from .wire import prefix
 
 VERSION = importlib.metadata.version("placeenv")
@@ -81,12 +81,13 @@ class Gateway:
             model, chosen = self.catalog.resolve(name, version)
             request = read(model, chosen)
             deadline = request.arrived + self.timeout_s
-            if request.timeout is None and request.priority is None and request.expires is None:
+            if request.timeout is None and request.priority is None and request.expires is None and \
+                    request.parameters is None:
                 work, arrays = self.catalog.check(request, model, chosen, self.inline_bytes, deadline)
-            else:  # the client's own terms: a deadline, a priority
+            else:  # the client's own terms (a deadline, a priority) and its parameters for the model
                 deadline, own, priority = terms(request, deadline)
                 work, arrays = self.catalog.check(request, model, chosen, self.inline_bytes, deadline, priority,
-                                                  own)
+                                                  own, check_parameters(request.parameters))
             metrics.ON_LOOP.in_flight += 1
             try:
                 result = await self.engine.run(work, arrays)

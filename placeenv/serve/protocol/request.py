@@ -10,8 +10,10 @@ or across a link to the engine process. The answer is a ``Result``, or a ``Servi
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 import msgspec
@@ -20,8 +22,8 @@ import numpy as np
 from .errors import InvalidInput, NotReady, UnknownModel
 from .wire import DATATYPES, datatype_of, prefix
 
-__all__ = ["PRIORITIES", "Catalog", "InferRequest", "ModelInfo", "Result", "TensorSpec", "VersionInfo", "Work",
-           "terms"]
+__all__ = ["NO_PARAMETERS", "PRIORITIES", "RESERVED", "Catalog", "InferRequest", "ModelInfo", "Result", "TensorSpec",
+           "VersionInfo", "Work", "check_parameters", "terms"]
 
 
 class InputError(ValueError):
@@ -83,6 +85,8 @@ class InferRequest:
     timeout: Any = None  # its parameters' "timeout": microseconds, Triton's; 0: the service's limit alone
     priority: Any = None  # its parameters' "priority": 1 high, 0 the default
     expires: float | None = None  # the transport's own deadline (gRPC's), as time.perf_counter() reads it
+    # Its parameters for the model (``RESERVED`` left out), unchecked; None: none sent.
+    parameters: Any = None
 
 
 class Work(msgspec.Struct, array_like=True):
@@ -98,10 +102,65 @@ class Work(msgspec.Struct, array_like=True):
     # Last, with defaults: a Work from an older peer of the link still reads.
     priority: int = 0  # 1: taken before every normal job queued on its device (PRIORITIES)
     own_deadline: bool = False  # the deadline is the client's (its timeout or gRPC deadline), not the service's
+    # The request's parameters for its model (``check_parameters``); None when it sent none, so a request
+    # without them costs no dict here, on the link or in its job.
+    parameters: dict[str, bool | int | float | str] | None = None
 
 
 #: The priority levels a request may ask for, as Triton's two: 0 (or none) the default, 1 high.
 PRIORITIES = (0, 1)
+
+
+#: Request parameters the service reads itself, or that Triton reserves (tritonclient's
+#: ``TRITON_RESERVED_REQUEST_PARAMS``, and every name starting ``triton_``): never handed to a model.
+RESERVED = frozenset({"timeout", "priority", "sequence_id", "sequence_start", "sequence_end", "headers",
+                      "binary_data_output"})
+RESERVED_PREFIX = "triton_"
+
+#: The bounds of a request's parameters: they ride with its every job, step and call, and key its batches.
+MAX_PARAMETERS, MAX_KEY, MAX_TEXT = 32, 64, 256
+INT64 = (-(1 << 63), (1 << 63) - 1)
+
+#: What ``Model.request_parameters`` reads for a request that sent none (one shared, read-only mapping).
+NO_PARAMETERS: Mapping[str, Any] = MappingProxyType({})
+
+
+def model_parameters(sent: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The parameters of ``sent`` (a request's, as its protocol gave them) that go to the model: all but
+    ``RESERVED``; None when none is left."""
+    found = {key: value for key, value in sent.items()
+             if key not in RESERVED and not (isinstance(key, str) and key.startswith(RESERVED_PREFIX))}
+    return found or None
+
+
+def check_parameters(parameters: Any) -> dict[str, bool | int | float | str] | None:
+    """A request's parameters as a model gets them (None: none); ``InvalidInput`` naming the first key
+    that is not what a parameter may be, and what to send."""
+    if not parameters:
+        return None
+    if not isinstance(parameters, Mapping):
+        raise InvalidInput(f"parameters {prefix(parameters)} is not a map; send an object of names to values")
+    if len(parameters) > MAX_PARAMETERS:
+        raise InvalidInput(f"{len(parameters)} parameters; send at most {MAX_PARAMETERS}")
+    for key, value in parameters.items():
+        if not isinstance(key, str) or not key or len(key) > MAX_KEY:
+            raise InvalidInput(f"parameter name {prefix(key)} is not a name; send names of 1 to {MAX_KEY} "
+                               "characters")
+        kind = type(value)
+        if kind is str:
+            if len(value) > MAX_TEXT:
+                raise InvalidInput(f"parameter {key!r} is a string of {len(value)} characters; send at most "
+                                   f"{MAX_TEXT}")
+        elif kind is int:
+            if not INT64[0] <= value <= INT64[1]:
+                raise InvalidInput(f"parameter {key!r} {prefix(value)} is past int64; send a smaller number")
+        elif kind is float:
+            if not math.isfinite(value):
+                raise InvalidInput(f"parameter {key!r} is {value}; send a finite number")
+        elif kind is not bool:
+            raise InvalidInput(f"parameter {key!r} is {prefix(value)}; a parameter is a bool, a whole number, "
+                               "a number or a string (Triton's InferParameter)")
+    return dict(parameters)
 
 
 def terms(request: InferRequest, limit: float) -> tuple[float, bool, int]:
@@ -216,12 +275,15 @@ class Catalog(msgspec.Struct):
         return model, self.version(model, version)
 
     def check(self, request: InferRequest, model: ModelInfo, version: VersionInfo, inline_bytes: int,
-              deadline: float, priority: int = 0, own_deadline: bool = False) -> tuple[Work, dict[str, np.ndarray]]:
+              deadline: float, priority: int = 0, own_deadline: bool = False,
+              parameters: dict[str, Any] | None = None) -> tuple[Work, dict[str, np.ndarray]]:
         """The request to ``version`` of ``model`` (``resolve``) as the engine takes it, and its arrays in
-        the model's input order; ``InvalidInput`` naming what is wrong and what to send."""
+        the model's input order; ``InvalidInput`` naming what is wrong and what to send. ``parameters``:
+        checked (``check_parameters``)."""
         arrays, examples = self._inputs(model, version, request.inputs)
         return Work(model.name, version.number, examples, self._outputs(version, request.outputs),
-                    request.arrived, deadline, request.size <= inline_bytes, priority, own_deadline), arrays
+                    request.arrived, deadline, request.size <= inline_bytes, priority, own_deadline,
+                    parameters), arrays
 
     @staticmethod
     def check_names(model: ModelInfo, version: VersionInfo, names) -> None:

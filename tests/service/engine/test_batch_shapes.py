@@ -14,15 +14,12 @@ padding itself (``workers.padded``): arrays, tensors and a step's rows, each at 
 
 from __future__ import annotations
 
-import asyncio
-from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import numpy as np
 import paddle
 import pytest
-from support import wait_until
-from support.servers import TEST_REPOSITORY, free_port, workers_held
+from support.servers import TEST_REPOSITORY, batches, free_port, queued_together, ran
 
 from placeenv.serve.engine.workers import Handed, padded
 
@@ -45,32 +42,6 @@ def body(x: np.ndarray, name: str = "x") -> dict:
 def outputs(answer: httpx.Response) -> dict[str, np.ndarray]:
     assert answer.status_code == 200, answer.text
     return {o["name"]: np.reshape(o["data"], o["shape"]).astype(np.float32) for o in answer.json()["outputs"]}
-
-
-def batches(url: str, model: str) -> dict[int, int]:
-    """Forward passes ``model`` has run, by their examples (Triton's batch_stats)."""
-    (stats,) = httpx.get(f"{url}/v2/models/{model}/stats", timeout=30).json()["model_stats"]
-    return {b["batch_size"]: b["compute_infer"]["count"] for b in stats["batch_stats"]}
-
-
-def ran(url: str, model: str, before: dict[int, int]) -> dict[int, int]:
-    """The forward passes since ``before`` (``batches``), by size."""
-    now = batches(url, model)
-    return {size: count - before.get(size, 0) for size, count in sorted(now.items()) if count > before.get(size, 0)}
-
-
-def queued_together(service, model: str, bodies: list[dict]) -> list[httpx.Response]:
-    """``bodies`` sent to ``model`` while the one worker is held, answered once it is let go: its queue
-    holds them all when it next looks."""
-    async def send():
-        async with httpx.AsyncClient(base_url=service.url, timeout=60) as http:
-            return await asyncio.gather(*(http.post(f"/v2/models/{model}/infer", json=b) for b in bodies))
-
-    with ThreadPoolExecutor(1) as pool, workers_held(service.url, 1):
-        running = pool.submit(asyncio.run, send())
-        wait_until(lambda: service.total("inference_queue_depth") >= len(bodies), 30,
-                   "the requests did not queue")
-    return running.result(60)
 
 
 def rows(width: int, seed: int) -> np.ndarray:

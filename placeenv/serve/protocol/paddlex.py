@@ -1,0 +1,91 @@
+"""A PaddleX OCR pipeline's per-request settings: their names (those of PaddleX's ``pipeline.predict``),
+their checks, and how a request's value meets the pipeline file's. The OCR steps read them from a
+request's parameters (models/paddlex_ocr.py); ``POST /ocr`` maps PaddleX serving's fields to them and
+shows them in its answer (http/paddlex.py). No Paddle, no PaddleX: a front end checks them too.
+
+PaddleX's quirk, copied: its text detector takes ``value or default``, so a falsy limit side length,
+limit type, threshold, box threshold or unclip ratio (0, "") runs with the pipeline file's value, while
+the answer's ``text_det_params`` shows the value sent. The max side limit and the score threshold are
+taken as sent (PaddleX tests those against None).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from .errors import InvalidInput
+from .wire import prefix
+
+#: Each request parameter -> the pipeline file's group and setting it overrides.
+SETTINGS = {"text_det_limit_side_len": ("detection", "limit_side_len"),
+            "text_det_limit_type": ("detection", "limit_type"),
+            "text_det_max_side_limit": ("detection", "max_side_limit"),
+            "text_det_thresh": ("detection", "thresh"), "text_det_box_thresh": ("detection", "box_thresh"),
+            "text_det_unclip_ratio": ("detection", "unclip_ratio"),
+            "text_rec_score_thresh": ("recognition", "score_thresh")}
+#: The settings PaddleX takes as ``value or default`` (the quirk above).
+OR_DEFAULT = frozenset({"text_det_limit_side_len", "text_det_limit_type", "text_det_thresh",
+                        "text_det_box_thresh", "text_det_unclip_ratio"})
+#: Whole-number settings and their bounds; number settings (an int or a float) and theirs.
+WHOLE = {"text_det_limit_side_len": (0, 100_000), "text_det_max_side_limit": (1, 100_000)}
+NUMBER = {"text_det_thresh": (0.0, 1.0), "text_det_box_thresh": (0.0, 1.0), "text_det_unclip_ratio": (0.0, 10.0),
+          "text_rec_score_thresh": (0.0, 1.0)}
+LIMIT_TYPES = ("min", "max", "resize_long")
+
+
+def _check(key: str, value: Any) -> None:
+    """``InvalidInput`` naming ``key`` unless ``value`` is what PaddleX takes for it."""
+    kind = type(value)
+    if key == "text_det_limit_type":
+        if kind is not str or value not in (*LIMIT_TYPES, ""):
+            raise InvalidInput(f"parameter {key} {prefix(value)}: send one of {', '.join(LIMIT_TYPES)} (\"\": the "
+                               "pipeline file's limit_type)")
+        return
+    low, high = WHOLE.get(key) or NUMBER[key]
+    number = kind is int or (kind is float and key in NUMBER and math.isfinite(value))
+    if not number or not low <= value <= high:
+        what = "a whole number" if key in WHOLE else "a number"
+        default = f" (0: the pipeline file's {SETTINGS[key][1]})" if key in OR_DEFAULT else ""
+        raise InvalidInput(f"parameter {key} {prefix(value)}: send {what} from {low} to {high}{default}")
+
+
+def requested(parameters: Mapping[str, Any]) -> dict[str, Any]:
+    """The OCR settings among a request's ``parameters``, checked (``InvalidInput`` naming the first bad
+    one); the other parameters are not the OCR's, and left alone."""
+    found = {key: value for key, value in parameters.items() if key in SETTINGS}
+    for key, value in found.items():
+        _check(key, value)
+    return found
+
+
+def used(detection: Mapping[str, Any], recognition: Mapping[str, Any],
+         parameters: Mapping[str, Any]) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+    """The detection and recognition settings a request runs with: the pipeline file's (``detection``,
+    ``recognition``) with the request's overrides, as PaddleX takes them (a falsy ``OR_DEFAULT`` value
+    is the file's). A request without them gets the file's own mappings, as they are."""
+    if not parameters:
+        return detection, recognition
+    groups = {"detection": dict(detection), "recognition": dict(recognition)}
+    for key, value in requested(parameters).items():
+        if key in OR_DEFAULT and not value:
+            continue
+        group, setting = SETTINGS[key]
+        groups[group][setting] = value
+    return groups["detection"], groups["recognition"]
+
+
+def shown(detection: Mapping[str, Any], recognition: Mapping[str, Any],
+          parameters: Mapping[str, Any]) -> tuple[dict[str, Any], Any]:
+    """What PaddleX's answer shows of them: ``text_det_params`` and ``text_rec_score_thresh``, each the
+    value sent, else the file's (a falsy ``OR_DEFAULT`` value shown as sent, as PaddleX shows it)."""
+    values = {"detection": dict(detection), "recognition": dict(recognition)}
+    for key, value in parameters.items():
+        if key in SETTINGS and value is not None:
+            group, setting = SETTINGS[key]
+            values[group][setting] = value
+    det = values["detection"]
+    params = {key: det[key] for key in ("limit_side_len", "limit_type", "thresh", "max_side_limit", "box_thresh",
+                                        "unclip_ratio")}
+    return params, values["recognition"]["score_thresh"]
