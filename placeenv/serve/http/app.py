@@ -28,7 +28,7 @@ from . import paddlex, predict, v2
 from .middleware import BodyLimit, QuietStartupFailure
 from .pages import DOCS_URL, add_offline_docs, endpoints
 from .predict import Error
-from .responses import JSON, error_key, refusal, validation_detail
+from .responses import JSON, error_body, refusal, validation_detail
 from .routes import InferRouter, ServiceApp, document
 
 log = logging.getLogger(__name__)
@@ -98,12 +98,12 @@ def create_app(settings: Settings, connect) -> FastAPI:
         path = request.url.path
         if exc.status_code == 405:
             return refusal(method_not_allowed(request, exc), path, settings.retry_after_s)
-        return JSON({error_key(path): exc.detail}, status_code=exc.status_code, headers=exc.headers)
+        return JSON(error_body(path, exc.detail, exc.status_code), status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> Response:
         # A bug of ours still answers in the API's own error shape (uvicorn logs the traceback).
-        return JSON({error_key(request.url.path): f"internal error ({type(exc).__name__}); see the service log"},
+        return JSON(error_body(request.url.path, f"internal error ({type(exc).__name__}); see the service log", 500),
                     status_code=500)
 
     @app.exception_handler(ServiceError)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import uuid
 from typing import Any
 
 import pydantic_core
@@ -58,10 +59,23 @@ def error_key(path: str) -> str:
     return "error" if path.startswith("/v2") else "detail"
 
 
+#: The paths of PaddleX serving's API (http/paddlex.py), whose errors are its shape.
+PADDLEX_PATHS = frozenset({"/ocr"})
+
+
+def error_body(path: str, detail: Any, status: int) -> dict[str, Any]:
+    """Every error answer's body, in its API's shape: ``{key: detail}`` (``error_key``), or for PaddleX
+    serving's paths its ``{logId, errorCode, errorMsg}``, the status as ``errorCode``."""
+    if path in PADDLEX_PATHS:
+        return {"logId": str(uuid.uuid4()), "errorCode": status,
+                "errorMsg": detail if isinstance(detail, str) else json.dumps(jsonable_encoder(detail))}
+    return {error_key(path): detail}
+
+
 def refusal(exc: ServiceError, path: str, retry_after_s: int) -> Response:
     """Every API's answer to a domain error: one table (errors.OUTCOMES), each API's error key."""
     found = outcome(exc)
     headers = {"Retry-After": str(retry_after_s)} if found.retry else None
     if found.allow:
         headers = {**(headers or {}), "Allow": exc.allow}
-    return JSON({error_key(path): exc.detail}, status_code=found.status, headers=headers)
+    return JSON(error_body(path, exc.detail, found.status), status_code=found.status, headers=headers)

@@ -29,7 +29,7 @@ from starlette.routing import compile_path
 from ..protocol.errors import MethodNotAllowed, NotReady, ServiceError
 from ..protocol.request import ARRIVED, arrival
 from .middleware import BodyLimit, header, headers
-from .responses import JSON, error_key, refusal
+from .responses import JSON, error_body, refusal
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,7 +213,7 @@ class InferRouter:
             response = refusal(exc, path, self.retry_after_s)
         except Exception as exc:
             # As FastAPI's handler answers a bug of ours; raised on, uvicorn logs the traceback.
-            await JSON({error_key(path): f"internal error ({type(exc).__name__}); see the service log"},
+            await JSON(error_body(path, f"internal error ({type(exc).__name__}); see the service log", 500),
                        status_code=500)(scope, receive, send)
             raise
         return await response(scope, receive, send)
