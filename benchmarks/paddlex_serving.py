@@ -23,13 +23,16 @@ runs). Each round measures one at a time (the other idle), the order alternating
 requests cycling over the pages at each of ``--clients`` concurrent clients (a thread each with its own
 HTTP session). Every answer's rec_texts is checked against PaddleX's first c=1 answer for that page.
 Our per-stage times come from the statistics of ocr.prepare / ocr.TextDetection / ocr.read /
-ocr.TextRecognition (``/v2/models/<m>/stats``) around the last round's largest concurrency.
+ocr.TextRecognition (``/v2/models/<m>/stats``) around our whole measurement in the last round (c=1 and
+every concurrency). With the defaults a run takes about 10 minutes on an idle 2-core VM (23 under another
+engineer's tests, docs/benchmarks.md, "PaddleX serving").
 
 ``--cpu-scaling`` measures instead how the pipeline's CPU steps scale from 1 to 2 CPU workers
 (``PLACEENV_PADDLEX_CPU_WORKERS``, models/paddlex.py): two services, 1 and 2 workers, interleaved, the
 throughput at the largest ``--clients``; then, in this process, the CPU steps' pure CPU parts (decode,
 det resize/normalise, DB postprocess, sort, crops, rec resize/batch, CTC decode; the networks' outputs
-computed beforehand) over the pages in 1 thread against the same work split over 2 threads.
+computed beforehand) over the pages in 1 thread against the same work split over 2 threads. OpenCV's own
+thread pool (``cv2.getNumThreads()``) stays as it is, as in the service.
 
 Prints a Markdown table: per figure median (min..max) over the rounds and the per-round ratios, with the
 date, the machine and the command; writes results/paddlex_serving.json.
