@@ -19,6 +19,7 @@ and text-line orientation are refused, naming the setting that turns them off.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +37,21 @@ DETECTION_DEFAULTS = {"limit_side_len": 64, "limit_type": "min", "max_side_limit
 RECOGNITION_DEFAULTS = {"batch_size": 6, "score_thresh": 0.0}
 
 #: CPU workers of the pipeline's CPU steps: the OCR page's decode, resize and crops (numpy and OpenCV,
-#: which release the GIL for much of it) on two threads.
+#: which release the GIL for much of it) on two threads. The environment variable
+#: ``PLACEENV_PADDLEX_CPU_WORKERS`` (a whole number, 1 to 64), read when a pipeline file is read, sets
+#: another count, for tuning and ``benchmarks/paddlex_serving.py --cpu-scaling``.
 CPU_WORKERS = 2
+CPU_WORKERS_VARIABLE = "PLACEENV_PADDLEX_CPU_WORKERS"
+
+
+def cpu_workers() -> int:
+    """The CPU steps' worker count: ``PLACEENV_PADDLEX_CPU_WORKERS`` where set, else ``CPU_WORKERS``."""
+    given = os.environ.get(CPU_WORKERS_VARIABLE, "").strip()
+    if not given:
+        return CPU_WORKERS
+    if not given.isdigit() or not 1 <= int(given) <= 64:
+        raise ValueError(f"{CPU_WORKERS_VARIABLE}={given!r}: expected a whole number of CPU workers, 1 to 64")
+    return int(given)
 
 OUTPUTS = (TensorSpec("rec_texts", "BYTES", (-1,)), TensorSpec("rec_scores", "FP32", (-1,)),
            TensorSpec("rec_polys", "INT32", (-1, 4, 2)), TensorSpec("rec_boxes", "INT32", (-1, 4)),
@@ -84,8 +98,12 @@ def read(name: str, path: Path, max_batch_size: int, max_batch_delay_ms: float
 
     settings = {"detection": detection, "recognition": recognition, "det_dir": str(det_dir),
                 "rec_dir": str(rec_dir), "rec_model": names["TextRecognition"], "text_type": raw.get("text_type")}
+    try:
+        workers = cpu_workers()
+    except ValueError as exc:
+        raise refuse(str(exc)) from None
     for step, cls in (("prepare", paddlex_ocr.Prepare), ("read", paddlex_ocr.Read)):
-        entries[names[step]] = _cpu_step(names[step], path.parent, cls, settings, fingerprint)
+        entries[names[step]] = _cpu_step(names[step], path.parent, cls, settings, fingerprint, workers)
     config = ModelConfig(
         description=f"PaddleX's {kind} pipeline ({path.name}): {det.get('model_name')} and "
                     f"{rec.get('model_name')}",
@@ -147,8 +165,8 @@ def _export(name: str, directory: Path, module: dict, batch: int, delay_ms: floa
     return load_entry(name, directory, config, None, batch, delay_ms)
 
 
-def _cpu_step(name: str, directory: Path, cls, settings: dict, fingerprint: str) -> Entry:
+def _cpu_step(name: str, directory: Path, cls, settings: dict, fingerprint: str, workers: int) -> Entry:
     config = ModelConfig(description=cls.__doc__.strip().splitlines()[0], max_batch_size=0, warmup=[],
-                         instance_group=[InstanceGroup(kind="cpu", count=CPU_WORKERS)])
+                         instance_group=[InstanceGroup(kind="cpu", count=workers)])
     context = ModelContext(name, 1, directory, None, cls.inputs, cls.outputs, settings)
     return Entry(name, directory, config, None, {1: Version(cls, context, fingerprint)}, 0, 0.0)
