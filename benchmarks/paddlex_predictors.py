@@ -28,7 +28,7 @@ def _worker(threads: int, pages: list[int], ready, go, out) -> None:
     sys.path.insert(0, str(ROOT))
     from tests.support import paddlex_processors_demo as demo
     from tests.support import paddlex_reference as reference
-    from tests.support import pages as page_maker
+    from loadtest import pages as page_maker
 
     datas = [page_maker.page(i).data for i in pages]
     ocr = demo.OCR(reference.models())

@@ -17,7 +17,7 @@ Needs the PaddleX reference venv (tests/support/paddlex_reference.py: paddlex 3.
              [1], the five outputs binary); ``--api`` picks one
 
 Both start once on 127.0.0.1 (free ports; a deadline for ready) on the same file and the same 24 generated
-pages (tests/support/pages.py); each gets one unrecorded pass over the pages first (its predictors' first
+pages (loadtest/pages.py); each gets one unrecorded pass over the pages first (its predictors' first
 runs). Each round measures one at a time (the other idle), the order alternating per round: c=1 (each page
 ``--passes`` times, one client, sequential: p50 and mean latency), then throughput over ``--requests``
 requests cycling over the pages at each of ``--clients`` concurrent clients (a thread each with its own
@@ -67,7 +67,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_service import save_results  # noqa: E402
 
 from placeenv.testing import free_port  # noqa: E402
-from tests.support import pages as page_maker  # noqa: E402
+from loadtest import pages as page_maker  # noqa: E402
 from tests.support import paddlex_reference as reference  # noqa: E402
 
 logging.getLogger("httpx").setLevel(logging.WARNING)  # importing PaddleX would log every request

@@ -28,6 +28,9 @@ from .inference import InferenceOptions
 from .repository import (Entry, InstanceGroup, ModelConfig, RepositoryError, Step, TensorOverride, Version,
                          config_fingerprint, load_entry)
 
+#: A CPU Predictor's math threads where a module's engine_config does not say: PaddleX's default.
+PADDLEX_CPU_THREADS = 10
+
 #: PaddleX's pipelines served here, and the modules each needs.
 SUPPORTED = {"OCR": ("TextDetection", "TextRecognition")}
 
@@ -152,14 +155,21 @@ def _export(name: str, directory: Path, module: dict, batch: int, delay_ms: floa
             padded: str | None = None) -> Entry:
     """A SubModule's export as a model: a Predictor (oneDNN as the module's ``engine_config.run_mode``
     says: ``paddle`` off, ``mkldnn`` on; else on, and off where it cannot run the program)."""
-    run_mode = (module.get("engine_config") or {}).get("run_mode")
+    engine = module.get("engine_config") or {}
+    run_mode = engine.get("run_mode")
+    # PaddleX's own default for a CPU Predictor's math threads (its PADDLE_PDX_CPU_NUM_THREADS): the runtime
+    # PaddleX's answers and speed come from (docs/benchmarks.md, "PaddleX serving", has 10 against 2 threads).
+    cpu_threads = engine.get("cpu_threads", PADDLEX_CPU_THREADS)
+    if not isinstance(cpu_threads, int) or not 1 <= cpu_threads <= 1024:
+        raise refuse(f"SubModules: {name}: engine_config cpu_threads {cpu_threads!r}: give a whole number from 1 "
+                     "to 1024, or leave it out (PaddleX's default, 10)")
     if run_mode not in (None, "paddle", "mkldnn"):
         raise refuse(f"SubModules: {name}: engine_config run_mode {run_mode!r} is not served here; use paddle "
                      "or mkldnn (on a CPU), or leave it out")
     config = ModelConfig(
         description=f"PaddleX {module.get('module_name')}: {module.get('model_name')} ({directory})",
         max_batch_size=batch, max_batch_delay_ms=delay_ms,
-        inference=InferenceOptions(onednn=run_mode != "paddle"),
+        inference=InferenceOptions(onednn=run_mode != "paddle", cpu_threads=cpu_threads),
         # The recogniser's crops are as wide as their text: padded at the end to join a batch, as PaddleX pads.
         batch_padding={padded: {"dims": [3], "value": 0.0}} if padded else {})
     return load_entry(name, directory, config, None, batch, delay_ms)
