@@ -188,7 +188,7 @@ def test_locust_through_paddlex_servings_api_has_no_leak_and_reads_every_page(re
     assert "/ocr (PaddleX serving's API)" in output, output[-3000:]  # the task ran
     if isolation == "on":
         assert code == 0 and "leak gate: PASS" in output and failures == 0 and leaks == 0, output[-3000:]
-        assert requests >= 10, output[-3000:]
+        assert requests >= 4, output[-3000:]  # 4 users at a page a few seconds each, for 30 s
     else:
         assert code != 0 and "leak gate: FAIL" in output and leaks > 0, output[-3000:]
 
