@@ -264,3 +264,12 @@ def test_a_bad_setting_over_v2_is_a_400_naming_it(served, page_set):
         answer = httpx.post(f"{proc.url}/v2/models/ocr/infer", json={"inputs": [image], "parameters": parameters},
                             timeout=60)
         assert answer.status_code == 400 and says in answer.json()["error"], answer.text
+
+
+def test_each_model_of_the_pipeline_says_what_runs_it(served):
+    """The exports run in Predictors; the CPU steps' forward is PaddleX's processors, Python of their own."""
+    proc, _ = served
+    platforms = {m: httpx.get(f"{proc.url}/v2/models/{m}").json()["platform"]
+                 for m in ("ocr", "ocr.prepare", "ocr.TextDetection", "ocr.read", "ocr.TextRecognition")}
+    assert platforms == {"ocr": "ensemble", "ocr.prepare": "paddle_python", "ocr.TextDetection": "paddle_inference",
+                         "ocr.read": "paddle_python", "ocr.TextRecognition": "paddle_inference"}

@@ -136,12 +136,12 @@ def timings(taken: float, job: Job, answer: Answer) -> dict[str, float]:
 
 
 def platform(version: Version, backends: list[str]) -> str:
-    """The Open Inference Protocol's platform of a version: ``paddle_python`` for a model.py whose forward is
-    its own, else what runs its program on its workers (``backends``, each a ``Model.backend``):
+    """The Open Inference Protocol's platform of a version: ``paddle_python`` where Python code of its own
+    is its forward (no saved program, or an ``execute`` of its own: a model.py, a PaddleX pipeline's CPU
+    step), else what runs its program on its workers (``backends``, each a ``Model.backend``):
     ``paddle_inference`` (a Predictor), ``paddle_jit`` (``paddle.jit.load``), both joined by ``+`` where
     its devices differ."""
-    if version.model_class.__module__.startswith("placeenv_repository") and (
-            version.program is None or version.model_class.execute is not Model.execute):
+    if version.program is None or version.model_class.execute is not Model.execute:
         return "paddle_python"
     found = sorted({"paddle_inference" if b.startswith("inference") else "paddle_jit" for b in backends})
     return "+".join(found) or "paddle_jit"

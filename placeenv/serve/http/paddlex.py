@@ -28,12 +28,13 @@ import numpy as np
 from fastapi import Response
 
 from ..protocol import paddlex as ocr_settings
-from ..protocol.errors import InvalidInput, ServiceError, UnknownModel, outcome
+from ..protocol.errors import InvalidInput, ServiceError, UnknownModel
 from ..protocol.gateway import Gateway
 from ..protocol.request import InferRequest
-from .responses import JSON
+from .responses import JSON, PADDLEX_PATHS, refusal
 from .routes import Call, InferRoute
 
+(ROUTE_PATH,) = PADDLEX_PATHS  # PaddleX serving's OCR endpoint (its INFER_ENDPOINT), "/ocr"
 #: A request's settings PaddleX serving takes per request -> the request parameter each is (PaddleX serving
 #: hands them to ``pipeline.predict`` under these names).
 PER_REQUEST = {"textDetLimitSideLen": "text_det_limit_side_len", "textDetLimitType": "text_det_limit_type",
@@ -81,14 +82,8 @@ async def ocr(gateway: Gateway, call: Call) -> Response:
         if fetched is not None:
             asked["data"] = fetched
         result = await gateway.infer(identify, read)
-    except ServiceError as exc:
-        found = outcome(exc)
-        # PaddleX answers 422 for what it cannot read; the rest keeps its status (503 with Retry-After, 504).
-        body = models.AIStudioNoResultResponse(logId=asked.get("log_id") or utils.generate_log_id(),
-                                               errorCode=422 if found.status == 400 else found.status,
-                                               errorMsg=str(exc.detail))
-        headers = {"Retry-After": str(gateway.settings.retry_after_s)} if found.retry else None
-        return JSON(body.model_dump(mode="json"), status_code=body.errorCode, headers=headers)
+    except ServiceError as exc:  # PaddleX's error shape, with the request's logId where it gave one
+        return refusal(exc, ROUTE_PATH, gateway.settings.retry_after_s, asked.get("log_id"))
     width, height = _size(asked["data"])
     answer = models.AIStudioResultResponse[schemas.InferResult](logId=asked["log_id"], result=schemas.InferResult(
         ocrResults=[schemas.OCRResult(prunedResult=pruned_result(result.outputs, asked["about"],
@@ -221,7 +216,7 @@ def pruned_result(outputs: dict[str, np.ndarray], about: dict[str, Any],
 
 
 ROUTE = InferRoute(
-    "/ocr", ocr, summary="OCR (PaddleX serving's API)",
+    ROUTE_PATH, ocr, summary="OCR (PaddleX serving's API)",
     about='PaddleX serving\'s OCR API for a PaddleX OCR pipeline file the repository serves: a JSON body '
           '{"file": "<base64 image>", "fileType": 1}',
     responses={

@@ -63,19 +63,22 @@ def error_key(path: str) -> str:
 PADDLEX_PATHS = frozenset({"/ocr"})
 
 
-def error_body(path: str, detail: Any, status: int) -> dict[str, Any]:
+def error_body(path: str, detail: Any, status: int, log_id: str | None = None) -> dict[str, Any]:
     """Every error answer's body, in its API's shape: ``{key: detail}`` (``error_key``), or for PaddleX
-    serving's paths its ``{logId, errorCode, errorMsg}``, the status as ``errorCode``."""
+    serving's paths its ``{logId, errorCode, errorMsg}``, the status as ``errorCode`` and ``log_id`` (the
+    request's, where it gave one) as ``logId``."""
     if path in PADDLEX_PATHS:
-        return {"logId": str(uuid.uuid4()), "errorCode": status,
+        return {"logId": log_id or str(uuid.uuid4()), "errorCode": status,
                 "errorMsg": detail if isinstance(detail, str) else json.dumps(jsonable_encoder(detail))}
     return {error_key(path): detail}
 
 
-def refusal(exc: ServiceError, path: str, retry_after_s: int) -> Response:
-    """Every API's answer to a domain error: one table (errors.OUTCOMES), each API's error key."""
+def refusal(exc: ServiceError, path: str, retry_after_s: int, log_id: str | None = None) -> Response:
+    """Every API's answer to a domain error: one table (errors.OUTCOMES), each API's error shape
+    (``error_body``). PaddleX serving answers 422 for what it cannot read, where the table says 400."""
     found = outcome(exc)
+    status = 422 if found.status == 400 and path in PADDLEX_PATHS else found.status
     headers = {"Retry-After": str(retry_after_s)} if found.retry else None
     if found.allow:
         headers = {**(headers or {}), "Allow": exc.allow}
-    return JSON(error_body(path, exc.detail, found.status), status_code=found.status, headers=headers)
+    return JSON(error_body(path, exc.detail, status, log_id), status_code=status, headers=headers)

@@ -56,6 +56,7 @@ def cpu_workers() -> int:
         raise ValueError(f"{CPU_WORKERS_VARIABLE}={given!r}: expected a whole number of CPU workers, 1 to 64")
     return int(given)
 
+
 OUTPUTS = (TensorSpec("rec_texts", "BYTES", (-1,)), TensorSpec("rec_scores", "FP32", (-1,)),
            TensorSpec("rec_polys", "INT32", (-1, 4, 2)), TensorSpec("rec_boxes", "INT32", (-1, 4)),
            TensorSpec("dt_polys", "INT32", (-1, 4, 2)))
