@@ -20,7 +20,7 @@ from placeenv.serve.http.v2 import parse, render
 from placeenv.serve.models import BUNDLED
 from placeenv.serve.models.examples import top_labels
 from placeenv.serve.models.images import decode_all
-from placeenv.serve.models.repository import read_config
+from placeenv.serve.models.configs import read_config
 from placeenv.serve.protocol.request import Result
 
 LABELS = np.array([name.encode() for name in read_config("classify_topk", BUNDLED / "classify_topk")[0]

@@ -171,16 +171,9 @@ class Settings(BaseSettings):
         return [p if p == BUNDLED else p.resolve() for p in paths] or [BUNDLED]
 
     def model_directories(self) -> dict[str, Path]:
-        """Each model directory of the repositories, by name (the first where names repeat; a repository
-        that is not a directory has none): what a load, a poll and the repository index look at.
-        Reading the repository itself (models/repository.py) also reports what this passes over."""
-        found: dict[str, Path] = {}
-        for repository in self.repository_list():
-            if repository.is_dir():
-                for child in sorted(repository.iterdir()):
-                    if child.is_dir() and not child.name.startswith((".", "_")):
-                        found.setdefault(child.name, child)
-        return found
+        """Each model directory of the repositories, by name (the first where names repeat): what a load,
+        a poll and the repository index look at."""
+        return list_model_directories(self.repository_list())[0]
 
     def frontend_count(self) -> int:
         """Front-end processes to start; 'auto': none on a machine of 2 cores or fewer, where one process
@@ -205,6 +198,26 @@ class Settings(BaseSettings):
         if names == ["auto"]:
             return not gpu_present()
         return any(name.split(":")[0].strip() == "sim" for name in names)
+
+
+def list_model_directories(repositories: list[Path]) -> tuple[dict[str, Path], list[tuple[Path, Path]]]:
+    """Each model directory of ``repositories`` by name, the first where names repeat; and each repeat,
+    with the directory whose name it repeats, in the repositories' order. A repository that is not a
+    directory holds none. The one listing of the repositories: reading them (models/repository.py)
+    reports the repeats, and refuses a repository that is not a directory."""
+    found: dict[str, Path] = {}
+    repeats: list[tuple[Path, Path]] = []
+    for repository in repositories:
+        if not repository.is_dir():
+            continue
+        for child in sorted(repository.iterdir()):
+            if child.name.startswith((".", "_")) or not child.is_dir():
+                continue
+            if child.name in found:
+                repeats.append((child, found[child.name]))
+            else:
+                found[child.name] = child
+    return found, repeats
 
 
 def gpu_present() -> bool:

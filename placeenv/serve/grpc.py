@@ -87,8 +87,8 @@ def parameter(parameters, key: str):
 
 
 class InferenceServicer(rpc.GRPCInferenceServiceServicer):
-    def __init__(self, gateway: Gateway, settings) -> None:
-        self.gateway, self.settings = gateway, settings
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
 
     async def _fail(self, context: grpc.aio.ServicerContext, error: ServiceError):
         await context.abort(grpc.StatusCode[outcome(error).grpc], str(error))
@@ -188,7 +188,7 @@ async def start(gateway: Gateway, settings, shared: bool = False) -> grpc.aio.Se
                                       # with another process (gRPC's default SO_REUSEPORT), unless
                                       # the processes sharing it are our own front ends.
                                       ("grpc.so_reuseport", 1 if shared else 0)])
-    rpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(gateway, settings), server)
+    rpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(gateway), server)
     server.add_insecure_port(f"{settings.host}:{settings.grpc_port}")
     await server.start()
     return server

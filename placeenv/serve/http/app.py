@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import metrics
 from ..config import Settings
-from ..protocol.errors import MethodNotAllowed, ServiceError, StartupError, Unprocessable
+from ..protocol.errors import MethodNotAllowed, ServiceError, StartupError, Unprocessable, internal_error
 from . import paddlex, predict, v2
 from .middleware import BodyLimit, QuietStartupFailure
 from .pages import DOCS_URL, add_offline_docs, endpoints
@@ -46,9 +46,41 @@ def create_app(settings: Settings, connect) -> FastAPI:
     ``connect(settings)``: an async context manager giving the ``Gateway`` for the app's life: the
     engine in this process (engine/local.py) or a front end's link to the engine process.
     """
+    otel = settings.opentelemetry
+    app = ServiceApp(
+        # Off, FastAPI skips its per-request look-up of OpenTelemetry providers, a cost on every request
+        # (docs/benchmarks.md, "Figures behind the code's choices").
+        telemetry={"tracing": otel, "metrics": otel, "logs": otel},
+        title="placeenv inference service",
+        version="0.1.0",
+        description="Paddle models from a model repository on several devices from one process; each worker "
+        "thread pins its own device with placeenv, and every request's tensors are checked to be where they "
+        "belong. POST /predict is the simple JSON API; /v2 is the Open Inference Protocol (KServe v2, with "
+        "Triton's binary tensor extension).",
+        lifespan=lifespan(settings, connect),
+        default_response_class=JSON,
+        # Served by add_offline_docs from installed files: FastAPI's own pages load them from a CDN.
+        docs_url=None,
+        redoc_url=None,
+        # Swagger UI's default "validator badge" loads an image from validator.swagger.io.
+        swagger_ui_parameters={"validatorUrl": None},
+    )
+    add_offline_docs(app)
+    app.infer = InferRouter(INFER_ROUTES, settings.max_body_bytes, settings.retry_after_s)
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(QuietStartupFailure)
+    add_error_handlers(app, settings.retry_after_s)
+    document(app, INFER_ROUTES)
+    add_operational_routes(app)
+    app.include_router(v2.router())
+    return app
+
+
+def lifespan(settings: Settings, connect):
+    """The app's life: the gateway ``connect(settings)`` gives, held as ``app.state.gateway``."""
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI):
+    async def life(app: FastAPI):
         try:
             async with connect(settings) as gateway:
                 app.state.gateway = gateway
@@ -63,54 +95,38 @@ def create_app(settings: Settings, connect) -> FastAPI:
             app.state.startup_error = exc
             raise
 
-    otel = settings.opentelemetry
-    app = ServiceApp(
-        # Off, FastAPI skips its per-request look-up of OpenTelemetry providers, a cost on every request
-        # (docs/benchmarks.md, "Figures behind the code's choices").
-        telemetry={"tracing": otel, "metrics": otel, "logs": otel},
-        title="placeenv inference service",
-        version="0.1.0",
-        description="Paddle models from a model repository on several devices from one process; each worker "
-        "thread pins its own device with placeenv, and every request's tensors are checked to be where they "
-        "belong. POST /predict is the simple JSON API; /v2 is the Open Inference Protocol (KServe v2, with "
-        "Triton's binary tensor extension).",
-        lifespan=lifespan,
-        default_response_class=JSON,
-        # Served by add_offline_docs from installed files: FastAPI's own pages load them from a CDN.
-        docs_url=None,
-        redoc_url=None,
-        # Swagger UI's default "validator badge" loads an image from validator.swagger.io.
-        swagger_ui_parameters={"validatorUrl": None},
-    )
-    add_offline_docs(app)
-    app.infer = InferRouter(INFER_ROUTES, settings.max_body_bytes, settings.retry_after_s)
-    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
-    app.add_middleware(QuietStartupFailure)
+    return life
+
+
+def add_error_handlers(app: FastAPI, retry_after_s: int) -> None:
+    """Every error answered in its API's shape (``responses.refusal``): FastAPI's own, a
+    ``ServiceError``, and a bug of ours."""
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> Response:
         # FastAPI's default handler echoes the offending input whole; this one cuts it to a prefix.
-        return refusal(Unprocessable(validation_detail(exc.errors())), request.url.path, settings.retry_after_s)
+        return refusal(Unprocessable(validation_detail(exc.errors())), request.url.path, retry_after_s)
 
     @app.exception_handler(StarletteHTTPException)
     async def routing_error(request: Request, exc: StarletteHTTPException) -> Response:
         # The framework's own answers (404, 405), in each API's shape; a 405 says what to use.
         path = request.url.path
         if exc.status_code == 405:
-            return refusal(method_not_allowed(request, exc), path, settings.retry_after_s)
+            return refusal(method_not_allowed(request, exc), path, retry_after_s)
         return JSON(error_body(path, exc.detail, exc.status_code), status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> Response:
         # A bug of ours still answers in the API's own error shape (uvicorn logs the traceback).
-        return JSON(error_body(request.url.path, f"internal error ({type(exc).__name__}); see the service log", 500),
-                    status_code=500)
+        return refusal(internal_error(exc), request.url.path, retry_after_s)
 
     @app.exception_handler(ServiceError)
     async def refused(request: Request, exc: ServiceError) -> Response:
-        return refusal(exc, request.url.path, settings.retry_after_s)
+        return refusal(exc, request.url.path, retry_after_s)
 
-    document(app, INFER_ROUTES)
+
+def add_operational_routes(app: FastAPI) -> None:
+    """The index, /v1/models, the health checks and the metrics."""
 
     @app.get("/", summary="Index of the endpoints")
     async def index() -> dict[str, Any]:
@@ -136,9 +152,6 @@ def create_app(settings: Settings, connect) -> FastAPI:
     async def prometheus_metrics() -> Response:
         body, content_type = metrics.exposition()
         return Response(body, media_type=content_type)
-
-    app.include_router(v2.router())
-    return app
 
 
 def method_not_allowed(request: Request, exc: StarletteHTTPException) -> MethodNotAllowed:

@@ -26,10 +26,17 @@ from typing import Any
 from fastapi import FastAPI, Response
 from starlette.routing import compile_path
 
-from ..protocol.errors import MethodNotAllowed, NotReady, ServiceError
-from ..protocol.request import ARRIVED, arrival
+from ..protocol.errors import MethodNotAllowed, NotReady, ServiceError, internal_error
 from .middleware import BodyLimit, header, headers
-from .responses import JSON, error_body, refusal
+from .responses import refusal
+
+#: The ASGI scope key of a request's arrival time (``time.perf_counter()``), stamped once by the app.
+ARRIVED = "placeenv.arrived"
+
+
+def arrival(scope) -> float:
+    """When the request arrived: as the app received it (``ServiceApp``)."""
+    return scope.get(ARRIVED) or time.perf_counter()
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,8 +220,7 @@ class InferRouter:
             response = refusal(exc, path, self.retry_after_s)
         except Exception as exc:
             # As FastAPI's handler answers a bug of ours; raised on, uvicorn logs the traceback.
-            await JSON(error_body(path, f"internal error ({type(exc).__name__}); see the service log", 500),
-                       status_code=500)(scope, receive, send)
+            await refusal(internal_error(exc), path, self.retry_after_s)(scope, receive, send)
             raise
         return await response(scope, receive, send)
 

@@ -218,11 +218,17 @@ INFER_ROUTES = tuple(
 def router() -> APIRouter:
     """Every /v2 route but inference (``INFER_ROUTES``): each a few lines over the gateway."""
     api = APIRouter(prefix="/v2", tags=[TAG])
-    failed = _FAILED
+    _add_server_routes(api)
+    _add_model_routes(api)
+    _add_repository_routes(api)
+    return api
 
-    def gateway_of(request: Request) -> Gateway:
-        return request.app.state.gateway
 
+def _gateway(request: Request) -> Gateway:
+    return request.app.state.gateway
+
+
+def _add_server_routes(api: APIRouter) -> None:
     @api.get("", summary="Server metadata")
     async def server_metadata() -> JSON:
         return JSON(Gateway.server_metadata())
@@ -231,60 +237,68 @@ def router() -> APIRouter:
     async def live() -> JSON:
         return JSON({"live": True})
 
-    @api.get("/health/ready", summary="Server readiness", responses={503: failed})
+    @api.get("/health/ready", summary="Server readiness", responses={503: _FAILED})
     async def ready(request: Request) -> JSON:
-        ok = await gateway_of(request).ready()
+        ok = await _gateway(request).ready()
         return JSON({"ready": ok}, 200 if ok else 503)
 
-    async def metadata(request: Request, name: str, version: str | None = None) -> JSON:
-        return JSON(gateway_of(request).model_metadata(name, version))
 
-    async def model_ready(request: Request, name: str, version: str | None = None) -> JSON:
-        model, chosen, ok = await gateway_of(request).model_ready(name, version)
-        return JSON({"name": model.name, "version": str(chosen.number), "ready": ok}, 200 if ok else 503)
+async def metadata(request: Request, name: str, version: str | None = None) -> JSON:
+    return JSON(_gateway(request).model_metadata(name, version))
 
-    async def model_config(request: Request, name: str, version: str | None = None) -> JSON:
-        return JSON(gateway_of(request).model_config(name, version))
 
-    async def statistics(request: Request, name: str, version: str | None = None) -> JSON:
-        return JSON({"model_stats": await gateway_of(request).statistics(name, version)})
+async def model_ready(request: Request, name: str, version: str | None = None) -> JSON:
+    model, chosen, ok = await _gateway(request).model_ready(name, version)
+    return JSON({"name": model.name, "version": str(chosen.number), "ready": ok}, 200 if ok else 503)
+
+
+async def model_config(request: Request, name: str, version: str | None = None) -> JSON:
+    return JSON(_gateway(request).model_config(name, version))
+
+
+async def statistics(request: Request, name: str, version: str | None = None) -> JSON:
+    return JSON({"model_stats": await _gateway(request).statistics(name, version)})
+
+
+def _add_model_routes(api: APIRouter) -> None:
+    """A model's (or one version's) metadata, readiness, config and statistics; every model's statistics."""
 
     # Before /models/{name}, which would take "stats" for a model name: Triton's statistics of every
     # model (what tritonclient's get_inference_statistics() asks for when no model is named).
     @api.get("/models/stats", summary="Statistics of every model")
     async def every_statistics(request: Request) -> JSON:
-        return JSON({"model_stats": await gateway_of(request).statistics()})
+        return JSON({"model_stats": await _gateway(request).statistics()})
 
     for path, suffix in (("/models/{name}", ""), ("/models/{name}/versions/{version}", " (a version)")):
-        api.add_api_route(path, metadata, methods=["GET"], summary="Model metadata" + suffix,
-                          responses={404: failed})
-        api.add_api_route(path + "/ready", model_ready, methods=["GET"], summary="Model readiness" + suffix,
-                          responses={404: failed, 503: failed})
-        api.add_api_route(path + "/config", model_config, methods=["GET"], summary="Model config" + suffix,
-                          responses={404: failed})
-        api.add_api_route(path + "/stats", statistics, methods=["GET"], summary="Statistics" + suffix,
-                          responses={404: failed})
+        for tail, route, summary, codes in (("", metadata, "Model metadata", (404,)),
+                                            ("/ready", model_ready, "Model readiness", (404, 503)),
+                                            ("/config", model_config, "Model config", (404,)),
+                                            ("/stats", statistics, "Statistics", (404,))):
+            api.add_api_route(path + tail, route, methods=["GET"], summary=summary + suffix,
+                              responses={code: _FAILED for code in codes})
+
+
+def _add_repository_routes(api: APIRouter) -> None:
+    """Triton's repository extension: the index, and model control's load and unload."""
 
     @api.post("/repository/index", summary="Repository index")
     async def repository_index(request: Request) -> JSON:
         body = await _control_body(request)
-        return JSON(await gateway_of(request).repository_index(ready_only=body.get("ready") is True))
+        return JSON(await _gateway(request).repository_index(ready_only=body.get("ready") is True))
 
     @api.post("/repository/models/{name}/load", summary="Load a model (--model-control-mode explicit)",
-              responses={400: failed, 404: failed})
+              responses={400: _FAILED, 404: _FAILED})
     async def load(request: Request, name: str) -> JSON:
         body = await _control_body(request)
-        await gateway_of(request).load_model(name, body.get("parameters"))
+        await _gateway(request).load_model(name, body.get("parameters"))
         return JSON({})
 
     @api.post("/repository/models/{name}/unload", summary="Unload a model (--model-control-mode explicit)",
-              responses={400: failed, 404: failed})
+              responses={400: _FAILED, 404: _FAILED})
     async def unload(request: Request, name: str) -> JSON:
         body = await _control_body(request)
-        await gateway_of(request).unload_model(name, body.get("parameters"))
+        await _gateway(request).unload_model(name, body.get("parameters"))
         return JSON({})
-
-    return api
 
 
 async def _control_body(request: Request) -> dict[str, Any]:

@@ -25,8 +25,9 @@ from typing import Any
 
 from .base import ModelContext, TensorSpec
 from .inference import InferenceOptions
-from .repository import (Entry, InstanceGroup, ModelConfig, RepositoryError, Step, TensorOverride, Version,
-                         config_fingerprint, load_entry)
+from .configs import InstanceGroup, ModelConfig, RepositoryError, Step, TensorOverride
+from .entries import Entry, Version
+from .reading import config_fingerprint, load_entry
 
 #: A CPU Predictor's math threads where a module's engine_config does not say: PaddleX's default.
 PADDLEX_CPU_THREADS = 10
@@ -65,7 +66,7 @@ OUTPUTS = (TensorSpec("rec_texts", "BYTES", (-1,)), TensorSpec("rec_scores", "FP
 def read(name: str, path: Path, max_batch_size: int, max_batch_delay_ms: float
          ) -> tuple[dict[str, Entry], ModelConfig, dict[str, Any]]:
     """The models a PaddleX pipeline file makes, by name; the pipeline's config over them (its steps,
-    inputs and outputs), which ``repository.link`` links as any pipeline's; and what PaddleX serving's
+    inputs and outputs), which ``linking.link`` links as any pipeline's; and what PaddleX serving's
     API says of it (its ``pipeline_name`` and settings). ``RepositoryError`` names the file and what is
     wrong or missing."""
 
@@ -73,19 +74,7 @@ def read(name: str, path: Path, max_batch_size: int, max_batch_delay_ms: float
         return RepositoryError(name, path, f"PaddleX pipeline: {problem}")
 
     raw = _load_yaml(name, path)
-    kind = raw.get("pipeline_name")
-    if kind not in SUPPORTED:
-        raise refuse(f"pipeline_name {kind!r} is not served here; served: {', '.join(SUPPORTED)}")
-    for switch, what in (("use_doc_preprocessor", "the document preprocessor (orientation, unwarping)"),
-                         ("use_textline_orientation", "text-line orientation")):
-        if raw.get(switch, False):
-            raise refuse(f"{switch}: {what} is not served here yet; set {switch}: False")
-    modules = raw.get("SubModules") or {}
-    missing = [m for m in SUPPORTED[kind] if not isinstance(modules.get(m), dict)]
-    if missing:
-        raise refuse(f"SubModules has no {', '.join(missing)}: give each its module_name, model_name and "
-                     "model_dir (a PaddleX export directory)")
-    det, rec = modules["TextDetection"], modules["TextRecognition"]
+    kind, det, rec = _modules(refuse, raw)
     det_dir, rec_dir = (_model_dir(refuse, path, m, key) for m, key in ((det, "TextDetection"),
                                                                        (rec, "TextRecognition")))
     detection = {key: det.get(key, value) for key, value in DETECTION_DEFAULTS.items()}
@@ -108,7 +97,32 @@ def read(name: str, path: Path, max_batch_size: int, max_batch_delay_ms: float
         raise refuse(str(exc)) from None
     for step, cls in (("prepare", paddlex_ocr.Prepare), ("read", paddlex_ocr.Read)):
         entries[names[step]] = _cpu_step(names[step], path.parent, cls, settings, fingerprint, workers)
-    config = ModelConfig(
+    about = {"pipeline_name": kind, "text_type": raw.get("text_type", "general"), "detection": detection,
+             "recognition": recognition}
+    return entries, _pipeline_config(kind, path, det, rec, names), about
+
+
+def _modules(refuse, raw: dict[str, Any]) -> tuple[str, dict, dict]:
+    """The file's pipeline kind, and its text detection and recognition SubModules; refused where the
+    kind is not served, a switch asks for a step not served, or a SubModule is missing."""
+    kind = raw.get("pipeline_name")
+    if kind not in SUPPORTED:
+        raise refuse(f"pipeline_name {kind!r} is not served here; served: {', '.join(SUPPORTED)}")
+    for switch, what in (("use_doc_preprocessor", "the document preprocessor (orientation, unwarping)"),
+                         ("use_textline_orientation", "text-line orientation")):
+        if raw.get(switch, False):
+            raise refuse(f"{switch}: {what} is not served here yet; set {switch}: False")
+    modules = raw.get("SubModules") or {}
+    missing = [m for m in SUPPORTED[kind] if not isinstance(modules.get(m), dict)]
+    if missing:
+        raise refuse(f"SubModules has no {', '.join(missing)}: give each its module_name, model_name and "
+                     "model_dir (a PaddleX export directory)")
+    return kind, modules["TextDetection"], modules["TextRecognition"]
+
+
+def _pipeline_config(kind: str, path: Path, det: dict, rec: dict, names: dict[str, str]) -> ModelConfig:
+    """The pipeline's config over its models (``names``, by step): its steps, inputs and outputs."""
+    return ModelConfig(
         description=f"PaddleX's {kind} pipeline ({path.name}): {det.get('model_name')} and "
                     f"{rec.get('model_name')}",
         inputs=[TensorOverride(name="image", datatype="BYTES", shape=[1])],
@@ -120,9 +134,6 @@ def read(name: str, path: Path, max_batch_size: int, max_batch_delay_ms: float
             Step(model=names["read"], inputs={"maps": "maps", "page": "page", "shape": "shape"},
                  outputs={s.name: s.name for s in OUTPUTS}),
         ])
-    about = {"pipeline_name": kind, "text_type": raw.get("text_type", "general"), "detection": detection,
-             "recognition": recognition}
-    return entries, config, about
 
 
 def _load_yaml(name: str, path: Path) -> dict[str, Any]:

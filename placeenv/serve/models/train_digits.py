@@ -11,8 +11,8 @@ import paddle
 
 from placeenv import PlaceEnv
 
+from ..config import BUNDLED
 from .examples import DIGITS_INPUT, save
-from .repository import BUNDLED
 
 VERSION_DIR = BUNDLED / "digits" / "1"
 PIXEL_MAX = 16.0  # load_digits pixels are integers 0..16

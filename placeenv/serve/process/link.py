@@ -41,7 +41,8 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from ..protocol import errors, wire
-from ..protocol.errors import Cancelled, EngineUnavailable, ModelFailed, Overloaded, ServiceError, Timeout
+from ..protocol.errors import (Cancelled, EngineUnavailable, ModelFailed, Overloaded, ServiceError, Timeout,
+                               internal_error)
 from ..protocol.request import Catalog, Result, Work
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,11 @@ _decode_result = msgspec.msgpack.Decoder(ResultHeader).decode
 _decode_error = msgspec.msgpack.Decoder(ErrorHeader).decode
 _decode_query = msgspec.msgpack.Decoder(Query).decode
 _decode_reply = msgspec.msgpack.Decoder(Reply).decode
+
+
+def _error_frames(ident: int, error: ServiceError, device: str = "none") -> list:
+    """The engine's answer ``error`` to request or query ``ident``, as frames."""
+    return [b"e", _encode(ErrorHeader(ident, type(error).__name__, str(error), device))]
 
 #: How long the engine waits for the front ends to acknowledge a new catalog (a front end that is gone
 #: is left out at once; a new one asks for the catalog when it connects).
@@ -519,13 +525,11 @@ class EngineServer:
                                                     result.batched, result.timings, tensors)), *buffers]
             except Exception as exc:  # a result that cannot cross: the request is still answered
                 error = exc
-        if reply is None and isinstance(error, ServiceError):
-            reply = [b"e", _encode(ErrorHeader(ident, type(error).__name__, str(error),
-                                               getattr(error, "device", "none")))]
-        elif reply is None:  # a bug of ours: the request is still answered
+        if reply is None and not isinstance(error, ServiceError):  # a bug of ours: the request is still answered
             log.error("engine: request %d failed", ident, exc_info=error)
-            reply = [b"e", _encode(ErrorHeader(ident, "ModelFailed",
-                                               f"internal error ({type(error).__name__}); see the engine's log", "none"))]
+            error = internal_error(error, "the engine's log")
+        if reply is None:
+            reply = _error_frames(ident, error, error.device)
         if not self._send([peer, *reply]):
             log.error("engine: the answer to request %d could not be sent (its front end is gone or full)", ident)
 
@@ -544,11 +548,10 @@ class EngineServer:
                 await self.engine.unload(query.model, query.dependents)
             reply = [b"l", _encode(Reply(query.id, None))]
         except ServiceError as error:
-            reply = [b"e", _encode(ErrorHeader(query.id, type(error).__name__, str(error), "none"))]
+            reply = _error_frames(query.id, error)
         except Exception as error:  # a bug of ours: still answered
             log.exception("engine: a model control request failed")
-            reply = [b"e", _encode(ErrorHeader(query.id, "ModelFailed", f"internal error ({type(error).__name__}); "
-                                               "see the engine's log", "none"))]
+            reply = _error_frames(query.id, internal_error(error, "the engine's log"))
         self._send([peer, *reply])
 
     def _query(self, peer, kind: bytes, query: Query) -> None:

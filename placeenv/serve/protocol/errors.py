@@ -104,6 +104,12 @@ class ModelFailed(ServiceError):
     """The model raised while serving the request, or its worker died."""
 
 
+def internal_error(exc: BaseException, log: str = "the service log") -> ModelFailed:
+    """The answer to a bug of ours (an exception that is no ``ServiceError``), wherever one is caught: its
+    type but not its message, which may quote anything, and the ``log`` that holds its traceback."""
+    return ModelFailed(f"internal error ({type(exc).__name__}); see {log}")
+
+
 @dataclasses.dataclass(frozen=True)
 class Outcome:
     status: int  # HTTP

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
@@ -28,15 +27,6 @@ __all__ = ["NO_PARAMETERS", "PRIORITIES", "RESERVED", "Catalog", "InferRequest",
 
 class InputError(ValueError):
     """A request's inputs are invalid; the message names the tensor and what was expected."""
-
-
-#: The ASGI scope key of a request's arrival time (``time.perf_counter()``), stamped once by the app.
-ARRIVED = "placeenv.arrived"
-
-
-def arrival(scope) -> float:
-    """When the request arrived: as the app received it (``app.ServiceApp``)."""
-    return scope.get(ARRIVED) or time.perf_counter()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -328,16 +328,6 @@ def bytes_from_elements(elements: list, tensor: str, shape: tuple[int, ...]) -> 
     return array.reshape(shape)
 
 
-def check_text(array: np.ndarray, tensor: str) -> None:
-    """``InvalidInput`` naming the first element of a BYTES tensor that is not UTF-8 text."""
-    for i, element in enumerate(array.flat):
-        try:
-            element.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise InvalidInput(f"tensor {_label(tensor)!r} (BYTES, text): element {i} is not UTF-8 (byte "
-                               f"{exc.start}); send text") from None
-
-
 def bytes_to_binary(array: np.ndarray) -> bytes:
     """A BYTES tensor serialized: each element's 4-byte little-endian length, then its bytes (a ``str``
     element as its UTF-8)."""

@@ -21,7 +21,7 @@ from support.servers import free_port
 
 from placeenv.serve.models import BUNDLED, examples, images
 from placeenv.serve.models.base import softmax
-from placeenv.serve.models.repository import read_config
+from placeenv.serve.models.configs import read_config
 
 LABELS = read_config("classify_topk", BUNDLED / "classify_topk")[0].parameters["labels"]
 

@@ -14,7 +14,7 @@ from placeenv import device_name
 from placeenv.serve.models import BUNDLED, Model as Base, TensorSpec
 from placeenv.serve.models.examples import top_labels
 from placeenv.serve.models.images import decode_all
-from placeenv.serve.models.repository import read_config
+from placeenv.serve.models.configs import read_config
 
 LABELS = np.array([name.encode() for name in read_config("classify_topk", BUNDLED / "classify_topk")[0]
                    .parameters["labels"]], dtype=object)
