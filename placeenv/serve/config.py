@@ -124,6 +124,12 @@ class Settings(BaseSettings):
         "(sys.setswitchinterval; Python's default is 5); shorter turns let a finished worker hand back "
         "its batch sooner",
     )
+    openmp_blocktime_ms: int = Field(
+        1, ge=0, le=1000, description="how long Paddle's OpenMP threads spin for more work after a parallel "
+        "region (KMP_BLOCKTIME; an environment's own KMP_BLOCKTIME wins). Each worker thread has its own team "
+        "of math threads: with OpenMP's default of 200 ms, one team's idle spinning takes the cores from the "
+        "next step's team and from the CPU steps",
+    )
 
     shutdown_delay_s: float = Field(
         0.0, ge=0, description="SIGTERM: readyz answers 503 at once, and requests are still served this "
@@ -188,7 +194,9 @@ class Settings(BaseSettings):
         """What each process of the service (the single one, the supervisor, the engine, a front end)
         takes from the settings for itself: the log's level and format, and the GIL's switch interval
         (process-wide: with Python's default turns, a finished worker waits long for the event loop
-        to let go of the GIL; docs/benchmarks.md, front-end ceiling)."""
+        to let go of the GIL; docs/benchmarks.md, front-end ceiling), and OpenMP's spin after a parallel
+        region (read when Paddle's OpenMP runtime starts, at its first parallel region: so set before)."""
+        os.environ.setdefault("KMP_BLOCKTIME", str(self.openmp_blocktime_ms))
         logging.basicConfig(level=self.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         sys.setswitchinterval(self.gil_switch_interval_ms / 1000)
 

@@ -134,3 +134,32 @@ def test_access_log_logs_each_request():
         assert httpx.get(f"{service.url}/healthz").status_code == 200
         wait_until(lambda: '"GET /healthz HTTP/1.1" 200' in service.output(), 10, "no access log line")
     assert '"GET /healthz HTTP/1.1" 200' in service.output()
+
+
+# A fresh interpreter: the settings of a service process, then Paddle's first parallel region, then what
+# Paddle's OpenMP runtime took (kmp_get_blocktime): the value must be in place before the runtime starts.
+BLOCKTIME_PROGRAM = """
+import ctypes, os, sys
+from placeenv.serve.config import Settings
+if sys.argv[1] == "service":
+    Settings().set_up_process()
+import paddle
+paddle.matmul(paddle.ones([64, 64]), paddle.ones([64, 64]))
+runtime = ctypes.CDLL(os.path.join(os.path.dirname(paddle.__file__), "libs", "libiomp5.so"))
+print("blocktime", runtime.kmp_get_blocktime())
+"""
+
+
+@pytest.mark.parametrize("process, preset, expected", [
+    ("service", None, 1),     # the setting's default
+    ("service", "7", 7),      # the environment's own KMP_BLOCKTIME wins
+    ("plain", None, 200),     # the control: OpenMP's default, in a program that is not the service
+])
+def test_a_service_process_shortens_openmps_spin_before_paddle_starts_it(process, preset, expected):
+    env = {k: v for k, v in _env().items() if k != "KMP_BLOCKTIME"}
+    if preset is not None:
+        env["KMP_BLOCKTIME"] = preset
+    found = subprocess.run([sys.executable, "-c", BLOCKTIME_PROGRAM, process], env=env, capture_output=True,
+                           text=True, timeout=300)
+    assert found.returncode == 0, found.stderr[-2000:]
+    assert f"blocktime {expected}" in found.stdout.splitlines(), found.stdout[-500:]
