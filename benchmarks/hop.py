@@ -107,7 +107,10 @@ def engine_main(endpoint: str, switch_ms: float) -> None:
     link = load_link()
 
     async def serve() -> None:
-        server = link.EngineServer(StubEngine(), endpoint)
+        # The engine's side: link_server.py, or in link.py where an older tree keeps it.
+        serving = link if hasattr(link, "EngineServer") else importlib.import_module(
+            link.__name__.rsplit(".", 1)[0] + ".link_server")
+        server = serving.EngineServer(StubEngine(), endpoint)
         if hasattr(server, "bind"):  # the engine binds before it serves (engine_main.py)
             server.bind()
         await server.serve()

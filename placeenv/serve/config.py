@@ -127,7 +127,7 @@ class Settings(BaseSettings):
     openmp_blocktime_ms: int = Field(
         1, ge=0, le=1000, description="how long Paddle's OpenMP threads spin for more work after a parallel "
         "region (KMP_BLOCKTIME; an environment's own KMP_BLOCKTIME wins). Each worker thread has its own team "
-        "of math threads: with OpenMP's default of 200 ms, one team's idle spinning takes the cores from the "
+        "of math threads: with OpenMP's default, far longer, one team's idle spinning takes the cores from the "
         "next step's team and from the CPU steps",
     )
 

@@ -342,12 +342,12 @@ def calls(source: str, name: str) -> list[str]:
 
 
 def test_every_request_enters_the_engine_one_way_and_is_counted_in_one_place():
-    """The single process (engine/local.py) and the engine process (process/link.py) call the same
+    """The single process (engine/local.py) and the engine process (process/link_server.py) call the same
     ``Engine.submit``; every adapter hands its request to ``Gateway.infer`` and counts nothing; only
     the gateway counts answers, and only the dispatcher refuses for overload or stopping."""
     sources = {relative(path): path.read_text() for path in SERVE.rglob("*.py")}
     submitters = {path for path, source in sources.items() if "self.engine" in calls(source, "submit")}
-    assert submitters == {"placeenv/serve/engine/local.py", "placeenv/serve/process/link.py"}
+    assert submitters == {"placeenv/serve/engine/local.py", "placeenv/serve/process/link_server.py"}
     engine = next(node for node in ast.walk(ast.parse(sources["placeenv/serve/engine/engine.py"]))
                   if isinstance(node, ast.ClassDef) and node.name == "Engine")
     public = {f.name for f in engine.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))

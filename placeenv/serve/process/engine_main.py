@@ -68,7 +68,8 @@ def _take_signals(stopped: list | None = None) -> list:
 
 async def serve(engine, flags: runtime.ReadyFlags, beats: runtime.Heartbeats, run, stopped: list) -> int:
     """Answer the front ends until told to stop (0), or until serving fails (1: the supervisor restarts us)."""
-    from .link import EngineServer, endpoint
+    from .link import endpoint
+    from .link_server import EngineServer
 
     server = EngineServer(engine, endpoint(str(run)))
     stop = asyncio.Event()
