@@ -424,3 +424,107 @@ def test_the_mirror_rule_sees_a_stray_folder_a_missing_room_and_a_loose_file(tmp
     (tmp_path / "test_loose.py").unlink()
     (tmp_path / "grpc").mkdir()
     assert off_the_rooms(tmp_path, {"http", "engine", "grpc"}, {"conftest.py"}) == []
+
+
+# -- a test skips for a missing program only through support.tools, which fails under CI --------------
+
+#: The helper: the one place that looks a program up and skips (or, under CI, fails) without it.
+TOOL_HELPER = "tests/support/tools.py"
+#: The skips that are not for a missing program, by file: how many, and why each may skip in CI too.
+#: A new skip in one of these files raises its count and fails the rule until it is reviewed here.
+SKIPS_NOT_FOR_A_TOOL = {
+    # A Paddle build's features: pinned memory and the CUDA/XPU builds, and dtypes Paddle cannot cast to.
+    "tests/library/test_seeds.py": 3,
+    # Paddle warns of a missing ccache only where ccache is missing: a machine with it has nothing to check.
+    "tests/service/process/test_startup_messages.py": 1,
+    # perf_analyzer is built for Linux x86_64 only: no package brings it elsewhere.
+    "tests/e2e/test_perf_analyzer.py": 1,
+    # A private read-only mount of / needs root, which CI has; unshare itself comes through the helper.
+    "tests/e2e/test_k8s.py": 1,
+}
+#: Files that look a program up themselves: only to skip where it is present (ccache, above).
+WHICH_ALLOWED = {"tests/service/process/test_startup_messages.py"}
+SKIP_CALLS = {"skip", "skipif", "importorskip"}
+WHICH = re.compile(r"\bshutil\.which\(|^\s*from\s+shutil\s+import\s+[^\n]*\bwhich\b", re.MULTILINE)
+
+
+def skips(source: str) -> list[int]:
+    """The lines of every pytest skip in ``source``: ``pytest.skip(...)``, ``pytest.importorskip(...)``,
+    ``pytest.mark.skipif(...)`` and ``@pytest.mark.skip``, and a ``skip``/``skipif`` imported from pytest."""
+    tree = ast.parse(source)
+    imported = {alias.asname or alias.name for node in ast.walk(tree)
+                if isinstance(node, ast.ImportFrom) and node.module in ("pytest", "pytest.mark")
+                for alias in node.names if alias.name in SKIP_CALLS}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in SKIP_CALLS \
+                and ast.unparse(node.value) in ("pytest", "pytest.mark", "mark"):
+            found.append(node.lineno)
+        elif isinstance(node, ast.Name) and node.id in imported and isinstance(node.ctx, ast.Load):
+            found.append(node.lineno)
+    return sorted(found)
+
+
+def skips_for_a_tool(path: str, source: str) -> list[str]:
+    """What breaks the rule in one test file: a program looked up outside the helper, or more skips
+    than ``SKIPS_NOT_FOR_A_TOOL`` allows the file."""
+    if path == TOOL_HELPER:
+        return []
+    bad = []
+    if path not in WHICH_ALLOWED and WHICH.search(source):
+        bad.append("looks a program up: use support.tools.need_tool (or find_tool)")
+    found = skips(source)
+    if len(found) > SKIPS_NOT_FOR_A_TOOL.get(path, 0):
+        bad.append(f"skips at lines {found}: for a program, use support.tools.need_tool")
+    return bad
+
+
+def test_no_test_skips_for_a_missing_program_but_through_the_helper():
+    offenders = {}
+    for path in python_files("tests"):
+        if path != SELF:
+            bad = skips_for_a_tool(relative(path), path.read_text())
+            if bad:
+                offenders[relative(path)] = bad
+    assert offenders == {}
+
+
+def test_each_allowed_skip_is_still_there():
+    """The allowance shrinks with its file: a count above what the file has hides a new skip."""
+    assert {path: len(skips((ROOT / path).read_text())) for path in SKIPS_NOT_FOR_A_TOOL} == SKIPS_NOT_FOR_A_TOOL
+
+
+@pytest.mark.parametrize("source", [
+    'KUBECTL = shutil.which("kubectl")\nneeds = pytest.mark.skipif(KUBECTL is None, reason="needs kubectl")\n',
+    'def test_render():\n    if not os.path.exists("/usr/bin/kubectl"):\n        pytest.skip("needs kubectl")\n',
+    'validate = pytest.importorskip("kubernetes_validate")\n',
+    '@pytest.mark.skip(reason="no promtool here")\ndef test_rules():\n    pass\n',
+    'from pytest import skip\n\ndef test_x():\n    skip("no nginx")\n',
+    'from pytest import mark\n\n@mark.skipif(True, reason="no nginx")\ndef test_x():\n    pass\n',
+])
+def test_the_tool_skip_scanner_catches_them(source):
+    """Negative control: each way a test file could skip, or look a program up, is seen."""
+    assert skips_for_a_tool("tests/e2e/test_sample.py", source)
+
+
+def test_the_tool_skip_scanner_passes_the_helper():
+    source = ('from support.tools import need_tool\n\ndef test_render():\n'
+              '    kubectl = need_tool("kubectl")\n    assert kubectl\n')
+    assert skips_for_a_tool("tests/e2e/test_sample.py", source) == []
+
+
+def test_ci_installs_every_program_the_helper_knows():
+    """.ci/run checks each program of ``support.tools.TOOLS`` and installs its package where it is missing."""
+    from support.tools import TOOLS
+
+    assert unchecked_tools((ROOT / ".ci" / "run").read_text(), TOOLS) == []
+
+
+def unchecked_tools(script: str, tools) -> list[str]:
+    """The programs of ``tools`` that ``script`` never looks for with ``command -v``."""
+    return [name for name in tools if not re.search(rf"\bcommand -v {re.escape(name)}(?![\w-])", script)]
+
+
+def test_the_ci_tool_check_sees_a_program_not_installed():
+    script = "command -v docker-compose >/dev/null || need+=(docker-compose)\n"
+    assert unchecked_tools(script, ["docker-compose", "docker", "kubectl"]) == ["docker", "kubectl"]
