@@ -147,7 +147,8 @@ def test_a_killed_front_end_is_replaced_while_the_other_serves():
 
 
 def test_a_killed_engine_answers_its_requests_in_flight_at_once_and_comes_back():
-    with ServiceProcess(**SETTINGS, REQUEST_TIMEOUT_S=60) as proc, ThreadPoolExecutor(4) as pool:
+    timeout_s = 60
+    with ServiceProcess(**SETTINGS, REQUEST_TIMEOUT_S=timeout_s) as proc, ThreadPoolExecutor(4) as pool:
         (engine,) = children(proc.proc.pid)["engine"]
         with workers_held(proc.url, 2) as held:
             queued = [pool.submit(predict, proc.url, 120) for _ in range(4)]
@@ -156,10 +157,11 @@ def test_a_killed_engine_answers_its_requests_in_flight_at_once_and_comes_back()
             os.kill(engine, signal.SIGKILL)
             codes = [f.result().status_code for f in [*held, *queued]]
             waited = time.monotonic() - started
-        # Answered by the front ends at once (503, retry later), not left to the 60 s request timeout.
+        # Answered by the front ends at once (503, retry later), not left to the request timeout.
         # The control is the stalled engine below: stopped, not dead, the link stays up and the same
-        # requests wait for their deadline; only the engine's death answers them at once.
-        assert codes == [503] * 6 and waited < 10, (codes, waited)
+        # requests wait for their deadline; only the engine's death answers them at once. The bound
+        # is the deadline's, not this machine's: well before it, however slow the machine.
+        assert codes == [503] * 6 and waited < timeout_s / 2, (codes, waited)
         assert httpx.get(proc.url + "/readyz", timeout=5).status_code == 503 or children(proc.proc.pid)["engine"]
         wait_until(lambda: children(proc.proc.pid)["engine"] not in ([], [engine]), 30, "no new engine")
         proc.wait_ready(120)
