@@ -5,6 +5,11 @@
   contract, so a Paddle upgrade is reviewed in one file.
 * Comments and docstrings in ``placeenv/`` say why, never a measured figure:
   figures live in docs/benchmarks.md.
+* Tests wait for conditions, never a fixed time: no ``time.sleep`` outside the poll helpers, no
+  ``join(1.0)`` whose end goes unchecked, no ``asyncio.sleep(0.01)`` as a pace.
+* A test skips for a missing program only through ``support.tools.need_tool``, which fails under
+  ``CI=true``, and ``.ci/run`` installs every program it knows.
+* The service's rooms import only the rooms below them, and ``placeenv/`` has no import circle.
 
 Each rule is a scanner run over the tree, plus a negative control showing the
 scanner catches what it forbids. The contract is read as text (ast), not
