@@ -206,8 +206,8 @@ def test_plain_prometheus_scrape_config_passes_promtool(tmp_path):
     del job["kubernetes_sd_configs"]
     path = tmp_path / "prometheus.yml"
     path.write_text(yaml.safe_dump(config))
-    result = subprocess.run([need_tool("promtool"), "check", "config", str(path)], capture_output=True, text=True,
-                            timeout=60, check=False)
+    result = subprocess.run([need_tool("promtool"), "check", "config", str(path)], capture_output=True,
+                            text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -353,8 +353,8 @@ def test_the_adapter_query_is_valid_promql(tmp_path):
     rules = tmp_path / "rules.yml"
     rules.write_text(yaml.safe_dump({"groups": [{"name": "adapter", "rules": [
         {"record": "adapter:query", "expr": query}]}]}))
-    result = subprocess.run([need_tool("promtool"), "check", "rules", str(rules)], capture_output=True, text=True,
-                            timeout=60, check=False)
+    result = subprocess.run([need_tool("promtool"), "check", "rules", str(rules)], capture_output=True,
+                            text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -381,7 +381,8 @@ def test_requests_limits_and_devices():
         assert resources["requests"]["cpu"] and resources["requests"]["memory"] and resources["limits"]["memory"]
         for value in [*resources["requests"].values(), *resources["limits"].values()]:
             assert QUANTITY.fullmatch(str(value)), value
-    cpu, gpu = (by_kind(render(o), "Deployment")["spec"]["template"]["spec"]["containers"][0] for o in OVERLAYS)
+    cpu, gpu = (by_kind(render(o), "Deployment")["spec"]["template"]["spec"]["containers"][0]
+                for o in OVERLAYS)
     assert "nvidia.com/gpu" not in cpu["resources"]["limits"] and cpu["image"].endswith(":cpu")
     assert gpu["resources"]["limits"]["nvidia.com/gpu"] == "1" and gpu["image"].endswith(":gpu")
     assert env_of(gpu)["PLACEENV_DEVICES"] == "auto" and env_of(cpu)["PLACEENV_SIM_DEVICES"] == "2"
@@ -450,7 +451,8 @@ def test_the_dashboard_configmap_is_the_compose_dashboard():
             "copy deploy/grafana/dashboards/placeenv.json to deploy/k8s/base/grafana-dashboard.json"
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root for a private read-only mount of / (CI runs as root)")
+@pytest.mark.skipif(os.geteuid() != 0,
+                    reason="needs root for a private read-only mount of / (CI runs as root)")
 @pytest.mark.parametrize("scratch", [SCRATCH, []], ids=["with the emptyDirs", "without (the control)"])
 def test_the_service_runs_on_a_read_only_root(scratch):
     """The service in a mount namespace where / is read-only and only the manifests' emptyDir

@@ -270,7 +270,8 @@ def fixed_waits(source: str) -> list[tuple[int, str]]:
         if isinstance(node, ast.Assert) and isinstance(node.test, ast.UnaryOp) \
                 and isinstance(node.test.op, ast.Not) and isinstance(node.test.operand, ast.Call):
             call = node.test.operand
-            if isinstance(call.func, ast.Attribute) and call.func.attr == "wait" and _number(_timeout_arg(call)):
+            if isinstance(call.func, ast.Attribute) and call.func.attr == "wait" \
+                    and _number(_timeout_arg(call)):
                 found.append((node.lineno, ast.unparse(node.test)))
     for statements in _statement_lists(tree):
         for statement, following in zip(statements, statements[1:]):
@@ -587,12 +588,15 @@ def test_no_test_skips_for_a_missing_program_but_through_the_helper():
 
 def test_each_allowed_skip_is_still_there():
     """The allowance shrinks with its file: a count above what the file has hides a new skip."""
-    assert {path: len(skips((ROOT / path).read_text())) for path in SKIPS_NOT_FOR_A_TOOL} == SKIPS_NOT_FOR_A_TOOL
+    counts = {path: len(skips((ROOT / path).read_text())) for path in SKIPS_NOT_FOR_A_TOOL}
+    assert counts == SKIPS_NOT_FOR_A_TOOL
 
 
 @pytest.mark.parametrize("source", [
-    'KUBECTL = shutil.which("kubectl")\nneeds = pytest.mark.skipif(KUBECTL is None, reason="needs kubectl")\n',
-    'def test_render():\n    if not os.path.exists("/usr/bin/kubectl"):\n        pytest.skip("needs kubectl")\n',
+    'KUBECTL = shutil.which("kubectl")\n'
+    'needs = pytest.mark.skipif(KUBECTL is None, reason="needs kubectl")\n',
+    'def test_render():\n    if not os.path.exists("/usr/bin/kubectl"):\n'
+    '        pytest.skip("needs kubectl")\n',
     'validate = pytest.importorskip("kubernetes_validate")\n',
     '@pytest.mark.skip(reason="no promtool here")\ndef test_rules():\n    pass\n',
     'from pytest import skip\n\ndef test_x():\n    skip("no nginx")\n',
@@ -729,7 +733,8 @@ def test_no_import_circle_in_the_package_but_the_known_ones():
 
 def test_the_circle_finder_sees_a_circle_and_passes_layers():
     """Negative control: a circle of three, a pair, and the layers beside them that are no circle."""
-    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"f", "d"}, "f": {"e"}, "g": {"a", "d"}}
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(),
+             "e": {"f", "d"}, "f": {"e"}, "g": {"a", "d"}}
     assert circles(graph) == {("a", "b", "c"), ("e", "f")}
     assert circles({"a": {"b"}, "b": {"c"}, "c": set(), "d": {"a", "c"}}) == set()
 

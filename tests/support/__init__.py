@@ -12,5 +12,5 @@ from .clock import ManualClock
 from .polling import WaitTimeout, wait_until, wait_until_async
 from .threads import DEVICES, THREAD_DEVICES, blocked_at, expect, on_each_device, run_threads, where
 
-__all__ = ["DEVICES", "THREAD_DEVICES", "ManualClock", "WaitTimeout", "blocked_at", "expect", "on_each_device",
-           "run_threads", "wait_until", "wait_until_async", "where"]
+__all__ = ["DEVICES", "THREAD_DEVICES", "ManualClock", "WaitTimeout", "blocked_at", "expect",
+           "on_each_device", "run_threads", "wait_until", "wait_until_async", "where"]

@@ -154,8 +154,8 @@ def admitted_wait_bound(capacity: float, single: float, refused_p99: float) -> f
 
 
 def test_sustained_overload_sheds_load_and_recovers():
-    proc = ServiceProcess(DEVICES="sim:0,sim:1", WORKERS_PER_DEVICE=1, QUEUE_CAPACITY=QUEUE, MODELS="mobilenet",
-                          MAX_BATCH_SIZE=1, REQUEST_TIMEOUT_S=TIMEOUT_S)
+    proc = ServiceProcess(DEVICES="sim:0,sim:1", WORKERS_PER_DEVICE=1, QUEUE_CAPACITY=QUEUE,
+                          MODELS="mobilenet", MAX_BATCH_SIZE=1, REQUEST_TIMEOUT_S=TIMEOUT_S)
     with proc:
         pid = proc.proc.pid
         content = _mobilenet_body()
@@ -245,7 +245,8 @@ def test_sustained_overload_sheds_load_and_recovers():
     shed_p50, shed_p99 = percentile([r[1] for r in shed], 50), percentile([r[1] for r in shed], 99)
     peak = max(s for _, s in rss_samples)
     report = (
-        f"capacity {capacity:.1f}/s, front end {front_rate:.0f}/s, offered {rate:.1f}/s for {OVERLOAD_SECONDS:g}s: "
+        f"capacity {capacity:.1f}/s, front end {front_rate:.0f}/s, "
+        f"offered {rate:.1f}/s for {OVERLOAD_SECONDS:g}s: "
         f"{len(results)} requests, {len(ok)} ok, {len(shed)} shed; "
         f"accepted p50 {percentile([r[1] for r in ok], 50) * 1000:.0f} p99 {accepted_p99 * 1000:.0f} ms; "
         f"shed p50 {shed_p50 * 1000:.0f} p99 {shed_p99 * 1000:.0f} ms; client lag {lag:.2f}s; "
