@@ -213,6 +213,12 @@ def test_a_stalled_engine_bounds_what_a_front_end_holds_and_every_request_is_ans
             started = time.monotonic()
             return predict(proc.url, 30).status_code, time.monotonic() - started
 
+        # What the same burst of 60 costs on this machine, the engine running: served up to the bound,
+        # refused past it; the last answer when the burst is through.
+        served = list(pool.map(timed, range(60)))
+        codes = [code for code, _ in served]
+        assert set(codes) <= {200, 503} and 200 in codes, served
+        burst_s = max(took for _, took in served)
         os.kill(engine, signal.SIGSTOP)
         try:
             answers = list(pool.map(timed, range(60)))
@@ -225,7 +231,14 @@ def test_a_stalled_engine_bounds_what_a_front_end_holds_and_every_request_is_ans
         # first 18 expired, and those wait in their place).
         assert len(expired) >= 18 and len(refused) >= 60 - 2 * 18, answers
         # Each answered by its deadline (2 s, and the front end's 1 s margin), not the client's 30 s.
-        assert max(expired) < 3 + 2 and max(refused) < 3 + 2, answers
+        # A refusal comes as soon as the front end reads it: within what the served burst took, doubled
+        # for a busy machine's stalls. An expired request waits that long at most, besides its deadline.
+        deadline_s = 2 + 1
+        report = (f"served burst {burst_s:.2f} s; refused {len(refused)} in at most {max(refused):.2f} s, "
+                  f"expired {len(expired)} in {min(expired):.2f} to {max(expired):.2f} s")
+        print(report)
+        assert max(refused) < 2 * burst_s, report
+        assert max(expired) < deadline_s + 2 * burst_s, report
         proc.wait_ready(30)
         assert predict(proc.url).status_code == 200  # the engine, resumed, serves again
 
