@@ -30,6 +30,7 @@ import yaml
 from support.dashboards import dashboard_exprs
 from support import wait_until
 from support.servers import free_port, prometheus_query, scrape, total
+from support.tools import find_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA_ROOT = Path("/var/lib/placeenv-ci-docker")  # images survive between runs on one machine
@@ -71,7 +72,7 @@ def _extra_ca_certs() -> str:
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     """A dockerd of our own (its socket, data root and exec root), stopped at the end whatever happens."""
-    missing = [tool for tool in ("dockerd", "docker", "docker-compose", "debootstrap") if not shutil.which(tool)]
+    missing = [tool for tool in ("dockerd", "docker", "docker-compose", "debootstrap") if not find_tool(tool)]
     assert not missing, f"the engine tests need {missing}: apt-get install docker.io docker-compose debootstrap"
     assert os.geteuid() == 0, "dockerd needs root"
     # A short path: the socket's name must fit in sun_path.

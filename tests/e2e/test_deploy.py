@@ -13,7 +13,6 @@ import json
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import threading
@@ -25,6 +24,7 @@ import yaml
 from support.dashboards import (
     DASHBOARD_DIR, dashboard_exprs, dashboard_files, dashboard_targets, iter_panels, load_dashboard,
 )
+from support.tools import need_tool
 from placeenv.serve import metrics as service_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,16 +36,6 @@ PROMETHEUS_CONFIG = DEPLOY / "prometheus" / "prometheus.yml"
 DATASOURCES = DEPLOY / "grafana" / "provisioning" / "datasources" / "prometheus.yml"
 DASHBOARD_PROVIDERS = DEPLOY / "grafana" / "provisioning" / "dashboards" / "dashboards.yml"
 MAIN_DASHBOARD = DASHBOARD_DIR / "placeenv.json"
-
-DOCKER_COMPOSE = shutil.which("docker-compose")
-PROMTOOL = shutil.which("promtool")
-needs_compose = pytest.mark.skipif(
-    DOCKER_COMPOSE is None,
-    reason="needs the docker-compose binary (Debian package docker-compose; .ci/run installs it)",
-)
-needs_promtool = pytest.mark.skipif(
-    PROMTOOL is None, reason="needs promtool (Debian package prometheus; .ci/run installs it)"
-)
 
 
 def _yaml(path: Path) -> dict:
@@ -81,7 +71,7 @@ def _compose_config(*files: Path) -> dict:
 
 
 def _compose_config_args(*options: str, env: dict | None = None) -> dict:
-    args = [DOCKER_COMPOSE, *options]
+    args = [need_tool("docker-compose"), *options]
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("PLACEENV_")}, **(env or {})}  # the defaults
     result = subprocess.run(args + ["config"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
@@ -91,7 +81,6 @@ def _compose_config_args(*options: str, env: dict | None = None) -> dict:
 # --------------------------------------------------------------------------- compose
 
 
-@needs_compose
 def test_compose_file_validates():
     config = _compose_config(COMPOSE)
     assert {"api", "prometheus", "grafana", "locust"} <= set(config["services"])
@@ -101,7 +90,6 @@ def test_compose_file_validates():
     assert any(str(p.get("target")) == "8000" and str(p.get("published")) == "8000" for p in api["ports"])
 
 
-@needs_compose
 def test_compose_gpu_override_validates_and_reserves_nvidia_gpus():
     api = _compose_config(COMPOSE, COMPOSE_GPU)["services"]["api"]
     assert _env(api)["PLACEENV_DEVICES"] == "auto"
@@ -185,7 +173,6 @@ def test_compose_gpu_override_file():
     assert COMPOSE_GPU.read_text().startswith("#"), "the usage comment at the top"
 
 
-@needs_compose
 def test_compose_scale_profile_validates():
     config = _compose_config_args("--profile", "scale")
     services = config["services"]
@@ -380,9 +367,8 @@ def test_prometheus_scrapes_every_api_replica_every_5s():
     assert api_job.get("metrics_path", "/metrics") == "/metrics"
 
 
-@needs_promtool
 def test_promtool_check_config():
-    command = [PROMTOOL, "check", "config", str(PROMETHEUS_CONFIG)]
+    command = [need_tool("promtool"), "check", "config", str(PROMETHEUS_CONFIG)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -601,7 +587,6 @@ def test_dashboard_exprs_helper_substitutes_grafana_intervals():
     assert any("[5m]" in e for e in dashboard_exprs("5m"))
 
 
-@needs_promtool
 def test_dashboard_exprs_parse_with_promtool(tmp_path):
     """promtool parses every expression, as the body of a recording rule (no server needed)."""
     exprs = dashboard_exprs()
@@ -610,7 +595,7 @@ def test_dashboard_exprs_parse_with_promtool(tmp_path):
     ]}]}
     path = tmp_path / "dashboard-rules.yml"
     path.write_text(yaml.safe_dump(rules, sort_keys=False))
-    command = [PROMTOOL, "check", "rules", str(path)]
+    command = [need_tool("promtool"), "check", "rules", str(path)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"{len(exprs)} rules found" in result.stdout

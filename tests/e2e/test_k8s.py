@@ -30,6 +30,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from support.servers import ServiceProcess
+from support.tools import need_tool
 
 import placeenv.sim as placeenv_sim
 from placeenv.serve import metrics as service_metrics
@@ -39,8 +40,6 @@ K8S = ROOT / "deploy" / "k8s"
 SCHEMAS = K8S / "schemas"
 #: The Kubernetes version whose schemas the manifests must meet.
 KUBERNETES_VERSION = "1.32"
-KUBECTL = shutil.which("kubectl")
-PROMTOOL = shutil.which("promtool")
 OVERLAYS = ["cpu", "gpu"]
 #: Where the service writes at run time: the emptyDirs (test_the_service_runs_on_a_read_only_root).
 SCRATCH = ["/tmp"]
@@ -49,7 +48,6 @@ CRDS = {
     ("serving.kserve.io/v1beta1", "InferenceService"): "inferenceservice.v1beta1.json.gz",
     ("serving.kserve.io/v1alpha1", "ServingRuntime"): "servingruntime.v1alpha1.json.gz",
 }
-needs_kubectl = pytest.mark.skipif(KUBECTL is None, reason="needs kubectl (with its built-in kustomize) on PATH")
 
 
 def _load(path: Path) -> list[dict]:
@@ -62,9 +60,9 @@ def base_objects() -> list[dict]:
 
 
 def render(overlay: str | Path) -> list[dict]:
-    """An overlay by name, or any kustomization folder."""
+    """An overlay by name, or any kustomization folder, as ``kubectl kustomize`` renders it."""
     folder = overlay if isinstance(overlay, Path) else K8S / "overlays" / overlay
-    result = subprocess.run([KUBECTL, "kustomize", str(folder)], capture_output=True, text=True,
+    result = subprocess.run([need_tool("kubectl"), "kustomize", str(folder)], capture_output=True, text=True,
                             timeout=120, check=False)
     assert result.returncode == 0, result.stderr
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
@@ -132,7 +130,6 @@ def test_base_objects_validate():
         validate(obj)
 
 
-@needs_kubectl
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_overlay_renders_and_validates(overlay):
     objects = render(overlay)
@@ -200,7 +197,6 @@ def test_plain_prometheus_scrape_config_validates():
         prometheus_config_validator().validate(config)
 
 
-@pytest.mark.skipif(PROMTOOL is None, reason="needs promtool (Debian package prometheus; .ci/run installs it)")
 def test_plain_prometheus_scrape_config_passes_promtool(tmp_path):
     """Prometheus's own parser on the rest of the job (relabelling, regexes): Debian's build
     has no Kubernetes discovery, so the copy it checks discovers from a static list instead."""
@@ -210,8 +206,8 @@ def test_plain_prometheus_scrape_config_passes_promtool(tmp_path):
     del job["kubernetes_sd_configs"]
     path = tmp_path / "prometheus.yml"
     path.write_text(yaml.safe_dump(config))
-    result = subprocess.run([PROMTOOL, "check", "config", str(path)], capture_output=True, text=True,
-                            timeout=60, check=False)
+    result = subprocess.run([need_tool("promtool"), "check", "config", str(path)], capture_output=True,
+                            text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -246,8 +242,7 @@ def routes() -> set[str]:
 
 def deployments() -> list[dict]:
     found = [by_kind(base_objects(), "Deployment")]
-    if KUBECTL:
-        found += [by_kind(render(o), "Deployment") for o in OVERLAYS]
+    found += [by_kind(render(o), "Deployment") for o in OVERLAYS]
     return found
 
 
@@ -333,22 +328,21 @@ def test_the_hpa_metric_is_exported_and_served_by_the_adapter_rule():
     assert rule["name"]["as"] == name and re.fullmatch(rule["name"]["matches"], name)
     assert rule["seriesQuery"].startswith(name + "{")
     assert rule["resources"]["overrides"] == {"namespace": {"resource": "namespace"}, "pod": {"resource": "pod"}}
-    if KUBECTL:  # each overlay keeps the metric; its target is 3/4 of its pods' saturation
-        from placeenv.serve.config import Settings
+    # Each overlay keeps the metric; its target is 3/4 of its pods' saturation
+    from placeenv.serve.config import Settings
 
-        batch = Settings(_cli_parse_args=[]).max_batch_size
-        for overlay in OVERLAYS:
-            objects = render(overlay)
-            (metric,) = by_kind(objects, "HorizontalPodAutoscaler")["spec"]["metrics"]
-            (container,) = by_kind(objects, "Deployment")["spec"]["template"]["spec"]["containers"]
-            env = env_of(container)
-            devices = int(container["resources"]["limits"].get("nvidia.com/gpu") or env["PLACEENV_SIM_DEVICES"])
-            saturation = devices * int(env["PLACEENV_WORKERS_PER_DEVICE"]) * batch
-            assert metric["pods"]["metric"]["name"] == name
-            assert int(metric["pods"]["target"]["averageValue"]) == saturation * 3 // 4, overlay
+    batch = Settings(_cli_parse_args=[]).max_batch_size
+    for overlay in OVERLAYS:
+        objects = render(overlay)
+        (metric,) = by_kind(objects, "HorizontalPodAutoscaler")["spec"]["metrics"]
+        (container,) = by_kind(objects, "Deployment")["spec"]["template"]["spec"]["containers"]
+        env = env_of(container)
+        devices = int(container["resources"]["limits"].get("nvidia.com/gpu") or env["PLACEENV_SIM_DEVICES"])
+        saturation = devices * int(env["PLACEENV_WORKERS_PER_DEVICE"]) * batch
+        assert metric["pods"]["metric"]["name"] == name
+        assert int(metric["pods"]["target"]["averageValue"]) == saturation * 3 // 4, overlay
 
 
-@pytest.mark.skipif(PROMTOOL is None, reason="needs promtool (Debian package prometheus; .ci/run installs it)")
 def test_the_adapter_query_is_valid_promql(tmp_path):
     """The rule's metricsQuery as the adapter renders it for two pods, parsed by promtool."""
     (rule,) = adapter_config()["rules"]
@@ -359,8 +353,8 @@ def test_the_adapter_query_is_valid_promql(tmp_path):
     rules = tmp_path / "rules.yml"
     rules.write_text(yaml.safe_dump({"groups": [{"name": "adapter", "rules": [
         {"record": "adapter:query", "expr": query}]}]}))
-    result = subprocess.run([PROMTOOL, "check", "rules", str(rules)], capture_output=True, text=True,
-                            timeout=60, check=False)
+    result = subprocess.run([need_tool("promtool"), "check", "rules", str(rules)], capture_output=True,
+                            text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -387,11 +381,11 @@ def test_requests_limits_and_devices():
         assert resources["requests"]["cpu"] and resources["requests"]["memory"] and resources["limits"]["memory"]
         for value in [*resources["requests"].values(), *resources["limits"].values()]:
             assert QUANTITY.fullmatch(str(value)), value
-    if KUBECTL:
-        cpu, gpu = (by_kind(render(o), "Deployment")["spec"]["template"]["spec"]["containers"][0] for o in OVERLAYS)
-        assert "nvidia.com/gpu" not in cpu["resources"]["limits"] and cpu["image"].endswith(":cpu")
-        assert gpu["resources"]["limits"]["nvidia.com/gpu"] == "1" and gpu["image"].endswith(":gpu")
-        assert env_of(gpu)["PLACEENV_DEVICES"] == "auto" and env_of(cpu)["PLACEENV_SIM_DEVICES"] == "2"
+    cpu, gpu = (by_kind(render(o), "Deployment")["spec"]["template"]["spec"]["containers"][0]
+                for o in OVERLAYS)
+    assert "nvidia.com/gpu" not in cpu["resources"]["limits"] and cpu["image"].endswith(":cpu")
+    assert gpu["resources"]["limits"]["nvidia.com/gpu"] == "1" and gpu["image"].endswith(":gpu")
+    assert env_of(gpu)["PLACEENV_DEVICES"] == "auto" and env_of(cpu)["PLACEENV_SIM_DEVICES"] == "2"
 
 
 def test_kserve_predictor_is_scaled_and_scraped_like_the_deployment():
@@ -428,7 +422,6 @@ def test_kserve_runtime_matches_the_inference_service():
     assert "containers" in predictor and "protocolVersion" not in predictor
 
 
-@needs_kubectl
 def test_the_model_repository_component(tmp_path):
     """An overlay with components/model-repository: the claim mounted read-only where
     PLACEENV_MODEL_REPOSITORY points, the same claim and folder as KServe's storageUri."""
@@ -449,7 +442,6 @@ def test_the_model_repository_component(tmp_path):
     assert uri == f"pvc://{volume['persistentVolumeClaim']['claimName']}/{mount['subPath']}"
 
 
-@needs_kubectl
 def test_the_dashboard_configmap_is_the_compose_dashboard():
     for overlay in OVERLAYS:
         configmap = by_kind(render(overlay), "ConfigMap")
@@ -459,15 +451,13 @@ def test_the_dashboard_configmap_is_the_compose_dashboard():
             "copy deploy/grafana/dashboards/placeenv.json to deploy/k8s/base/grafana-dashboard.json"
 
 
-UNSHARE = shutil.which("unshare")
-
-
-@pytest.mark.skipif(UNSHARE is None or os.geteuid() != 0,
-                    reason="needs root and unshare(1) for a private read-only mount of /")
+@pytest.mark.skipif(os.geteuid() != 0,
+                    reason="needs root for a private read-only mount of / (CI runs as root)")
 @pytest.mark.parametrize("scratch", [SCRATCH, []], ids=["with the emptyDirs", "without (the control)"])
 def test_the_service_runs_on_a_read_only_root(scratch):
     """The service in a mount namespace where / is read-only and only the manifests' emptyDir
     paths are writable, as with readOnlyRootFilesystem; without them it cannot start."""
+    unshare = need_tool("unshare")
     sim_cache = str(placeenv_sim.cache_root())  # built outside /tmp, readable in the namespace
     subprocess.run([sys.executable, "-m", "placeenv.sim", "build"], check=True, capture_output=True,
                    env={**os.environ, "PLACEENV_SIM_CACHE": sim_cache}, timeout=300)
@@ -477,7 +467,7 @@ def test_the_service_runs_on_a_read_only_root(scratch):
     setup = " && ".join(["mount --bind / /", *(f"mount --bind {path} {path}" for path in scratch),
                          "mount -o remount,ro,bind /"])
     proc = ServiceProcess(
-        wrap=[UNSHARE, "--mount", "--propagation", "private", "sh", "-c", setup + ' && exec "$@"', "sh"],
+        wrap=[unshare, "--mount", "--propagation", "private", "sh", "-c", setup + ' && exec "$@"', "sh"],
         extra_env={"HOME": home, "PYTHONDONTWRITEBYTECODE": "1", "PLACEENV_SIM_CACHE": sim_cache},
         DEVICES="sim:0", WORKERS_PER_DEVICE=1, MODELS="digits",
     )

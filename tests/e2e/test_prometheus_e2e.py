@@ -9,9 +9,7 @@ with ``PLACEENV_ISOLATION=off``, in the pipelines' steps too.
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -21,15 +19,16 @@ import pytest
 from support import wait_until
 from support.dashboards import dashboard_exprs
 from support.servers import Prometheus, ServiceProcess, free_port
+from support.tools import need_tool
 
 ROOT = Path(__file__).resolve().parents[2]
-PROMETHEUS = shutil.which("prometheus")
 LOCUST = str(Path(sys.executable).with_name("locust"))
 
-pytestmark = pytest.mark.skipif(
-    PROMETHEUS is None and not os.environ.get("CI"),
-    reason="needs Debian's prometheus package (.ci/run installs it)",
-)
+
+@pytest.fixture(scope="module", autouse=True)
+def tools():
+    """Debian's prometheus, before anything of the module starts."""
+    need_tool("prometheus")
 
 
 #: The bundled examples and pipelines (mobilenet among classify's steps; ocr_rec, which ocr_read calls).
@@ -57,7 +56,6 @@ def wait_for_scrapes(prom: Prometheus, job: str, since: float, timeout: float = 
 
 
 def test_dashboards_have_data_no_leaks_and_the_gate_can_fire(tmp_path):
-    assert PROMETHEUS, "prometheus is not installed"
     exprs = dashboard_exprs()
     assert len(exprs) >= 6
     on_port, off_port = free_port(), free_port()

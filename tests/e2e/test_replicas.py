@@ -12,9 +12,7 @@ and with isolation off on one replica, the same gate fails (the negative control
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -25,7 +23,8 @@ import httpx
 import pytest
 from support.dashboards import dashboard_exprs
 from support import wait_until
-from support.servers import NGINX, Nginx, Prometheus, ReplicaSet
+from support.servers import Nginx, Prometheus, ReplicaSet
+from support.tools import need_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCUST = str(Path(sys.executable).with_name("locust"))
@@ -46,10 +45,12 @@ STEADY_PER_DEVICE = 40
 #: How long a scenario step may take: what nginx and a replica need, on a machine several times slower.
 STEP_S = 120
 
-pytestmark = pytest.mark.skipif(
-    (NGINX is None or shutil.which("prometheus") is None) and not os.environ.get("CI"),
-    reason="needs Debian's nginx and prometheus packages (.ci/run installs them)",
-)
+
+@pytest.fixture(scope="module", autouse=True)
+def tools():
+    """Debian's nginx and prometheus, before anything of the module starts."""
+    need_tool("nginx")
+    need_tool("prometheus")
 
 
 class Stack:

@@ -5,6 +5,11 @@
   contract, so a Paddle upgrade is reviewed in one file.
 * Comments and docstrings in ``placeenv/`` say why, never a measured figure:
   figures live in docs/benchmarks.md.
+* Tests wait for conditions, never a fixed time: no ``time.sleep`` outside the poll helpers, no
+  ``join(1.0)`` whose end goes unchecked, no ``asyncio.sleep(0.01)`` as a pace.
+* A test skips for a missing program only through ``support.tools.need_tool``, which fails under
+  ``CI=true``, and ``.ci/run`` installs every program it knows.
+* The service's rooms import only the rooms below them, and ``placeenv/`` has no import circle.
 
 Each rule is a scanner run over the tree, plus a negative control showing the
 scanner catches what it forbids. The contract is read as text (ast), not
@@ -220,6 +225,98 @@ def test_the_sleep_scanner_catches_them(source):
     assert TIME_SLEEP.search(source)
 
 
+def _number(node: ast.AST | None) -> bool:
+    """Whether ``node`` is a literal number (``1.0``, ``-1``): a time fixed in the source."""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        node = node.operand
+    return isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) \
+        and not isinstance(node.value, bool)
+
+
+def _timeout_arg(call: ast.Call) -> ast.AST | None:
+    return call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "timeout"), None)
+
+
+def _statement_lists(tree: ast.AST):
+    for node in ast.walk(tree):
+        for field in ("body", "orelse", "finalbody"):
+            statements = getattr(node, field, None)
+            if isinstance(statements, list) and statements and isinstance(statements[0], ast.stmt):
+                yield statements
+
+
+def fixed_waits(source: str) -> list[tuple[int, str]]:
+    """The fixed waits of ``source`` that are not ``time.sleep``, with their lines:
+
+    * ``t.join(1.0)`` followed by an assertion that is not ``assert not t.is_alive()``: the assertion
+      reads a thread that may still run, or (``assert t.is_alive()``) waits the whole second to see
+      that something did not happen. A join with a deadline is a wait for the thread's end only
+      when the next line checks that it ended.
+    * ``assert not event.wait(1.0)``: the same second spent to see that something did not happen.
+    * ``await asyncio.sleep(0.01)``: a pace of fixed time; ``asyncio.sleep(0)`` (a yield to the
+      loop) and a computed delay (a load's schedule) are not fixed.
+    """
+    tree = ast.parse(source)
+    found = []
+    sleeps = {alias.asname or alias.name for node in ast.walk(tree)
+              if isinstance(node, ast.ImportFrom) and node.module == "asyncio"
+              for alias in node.names if alias.name == "sleep"}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and (ast.unparse(node.func) == "asyncio.sleep"
+                                           or (isinstance(node.func, ast.Name) and node.func.id in sleeps)):
+            delay = node.args[0] if node.args else None
+            if _number(delay) and ast.literal_eval(delay) != 0:
+                found.append((node.lineno, ast.unparse(node)))
+        if isinstance(node, ast.Assert) and isinstance(node.test, ast.UnaryOp) \
+                and isinstance(node.test.op, ast.Not) and isinstance(node.test.operand, ast.Call):
+            call = node.test.operand
+            if isinstance(call.func, ast.Attribute) and call.func.attr == "wait" \
+                    and _number(_timeout_arg(call)):
+                found.append((node.lineno, ast.unparse(node.test)))
+    for statements in _statement_lists(tree):
+        for statement, following in zip(statements, statements[1:]):
+            call = statement.value if isinstance(statement, ast.Expr) else None
+            if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+                    and call.func.attr == "join" and _number(_timeout_arg(call))):
+                continue
+            ended = f"not {ast.unparse(call.func.value)}.is_alive()"
+            if isinstance(following, ast.Assert) and not ast.unparse(following.test).startswith(ended):
+                found.append((statement.lineno, ast.unparse(call)))
+    return sorted(found)
+
+
+def test_no_test_waits_a_fixed_time_another_way():
+    offenders = {relative(path): hits for path in python_files("tests")
+                 if relative(path) not in SLEEPERS and path != SELF
+                 for hits in [fixed_waits(path.read_text())] if hits}
+    assert offenders == {}
+
+
+@pytest.mark.parametrize("source", [
+    "same.join(1.0)\nassert same.is_alive(), 'two kernels ran at once'\n",
+    "thread.join(30)\nassert not errors\n",
+    "worker.join(timeout=0.5)\nassert seen == ['a']\n",
+    "def f():\n    if x:\n        t.join(2)\n        assert done\n",
+    "async def pace():\n    await asyncio.sleep(0.01)\n",
+    "from asyncio import sleep\n\nasync def f():\n    await sleep(1)\n",
+    "assert not stopped.wait(0.5), 'stopped too early'\n",
+])
+def test_the_fixed_wait_scanner_catches_them(source):
+    assert fixed_waits(source)
+
+
+@pytest.mark.parametrize("source", [
+    "thread.join(30)\nassert not thread.is_alive(), 'did not finish'\n",
+    "t.join(120)\nassert not t.is_alive() and not errors\n",
+    "thread.join()\nassert not errors\n",  # no timeout: it ends when the thread does
+    "self._thread.join(10)\n",  # a clean-up, read by nothing
+    "async def f():\n    await asyncio.sleep(0)\n    await asyncio.sleep(delay)\n",
+    "assert ready.wait(30), 'never ready'\n",  # a deadline: it returns when the event is set
+])
+def test_the_fixed_wait_scanner_passes_deadlines(source):
+    assert fixed_waits(source) == []
+
+
 # -- the service's rooms: each imports only the rooms below it (docs/architecture.md) -------------
 
 SERVE = ROOT / "placeenv" / "serve"
@@ -424,3 +521,236 @@ def test_the_mirror_rule_sees_a_stray_folder_a_missing_room_and_a_loose_file(tmp
     (tmp_path / "test_loose.py").unlink()
     (tmp_path / "grpc").mkdir()
     assert off_the_rooms(tmp_path, {"http", "engine", "grpc"}, {"conftest.py"}) == []
+
+
+# -- a test skips for a missing program only through support.tools, which fails under CI --------------
+
+#: The helper: the one place that looks a program up and skips (or, under CI, fails) without it.
+TOOL_HELPER = "tests/support/tools.py"
+#: The skips that are not for a missing program, by file: how many, and why each may skip in CI too.
+#: A new skip in one of these files raises its count and fails the rule until it is reviewed here.
+SKIPS_NOT_FOR_A_TOOL = {
+    # A Paddle build's features: pinned memory and the CUDA/XPU builds, and dtypes Paddle cannot cast to.
+    "tests/library/test_seeds.py": 3,
+    # Paddle warns of a missing ccache only where ccache is missing: a machine with it has nothing to check.
+    "tests/service/process/test_startup_messages.py": 1,
+    # perf_analyzer is built for Linux x86_64 only: no package brings it elsewhere.
+    "tests/e2e/test_perf_analyzer.py": 1,
+    # A private read-only mount of / needs root, which CI has; unshare itself comes through the helper.
+    "tests/e2e/test_k8s.py": 1,
+}
+#: Files that look a program up themselves: only to skip where it is present (ccache, above).
+WHICH_ALLOWED = {"tests/service/process/test_startup_messages.py"}
+SKIP_CALLS = {"skip", "skipif", "importorskip"}
+WHICH = re.compile(r"\bshutil\.which\(|^\s*from\s+shutil\s+import\s+[^\n]*\bwhich\b", re.MULTILINE)
+
+
+def skips(source: str) -> list[int]:
+    """The lines of every pytest skip in ``source``: ``pytest.skip(...)``, ``pytest.importorskip(...)``,
+    ``pytest.mark.skipif(...)`` and ``@pytest.mark.skip``, and a ``skip``/``skipif`` imported from pytest."""
+    tree = ast.parse(source)
+    imported = {alias.asname or alias.name for node in ast.walk(tree)
+                if isinstance(node, ast.ImportFrom) and node.module in ("pytest", "pytest.mark")
+                for alias in node.names if alias.name in SKIP_CALLS}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in SKIP_CALLS \
+                and ast.unparse(node.value) in ("pytest", "pytest.mark", "mark"):
+            found.append(node.lineno)
+        elif isinstance(node, ast.Name) and node.id in imported and isinstance(node.ctx, ast.Load):
+            found.append(node.lineno)
+    return sorted(found)
+
+
+def skips_for_a_tool(path: str, source: str) -> list[str]:
+    """What breaks the rule in one test file: a program looked up outside the helper, or more skips
+    than ``SKIPS_NOT_FOR_A_TOOL`` allows the file."""
+    if path == TOOL_HELPER:
+        return []
+    bad = []
+    if path not in WHICH_ALLOWED and WHICH.search(source):
+        bad.append("looks a program up: use support.tools.need_tool (or find_tool)")
+    found = skips(source)
+    if len(found) > SKIPS_NOT_FOR_A_TOOL.get(path, 0):
+        bad.append(f"skips at lines {found}: for a program, use support.tools.need_tool")
+    return bad
+
+
+def test_no_test_skips_for_a_missing_program_but_through_the_helper():
+    offenders = {}
+    for path in python_files("tests"):
+        if path != SELF:
+            bad = skips_for_a_tool(relative(path), path.read_text())
+            if bad:
+                offenders[relative(path)] = bad
+    assert offenders == {}
+
+
+def test_each_allowed_skip_is_still_there():
+    """The allowance shrinks with its file: a count above what the file has hides a new skip."""
+    counts = {path: len(skips((ROOT / path).read_text())) for path in SKIPS_NOT_FOR_A_TOOL}
+    assert counts == SKIPS_NOT_FOR_A_TOOL
+
+
+@pytest.mark.parametrize("source", [
+    'KUBECTL = shutil.which("kubectl")\n'
+    'needs = pytest.mark.skipif(KUBECTL is None, reason="needs kubectl")\n',
+    'def test_render():\n    if not os.path.exists("/usr/bin/kubectl"):\n'
+    '        pytest.skip("needs kubectl")\n',
+    'validate = pytest.importorskip("kubernetes_validate")\n',
+    '@pytest.mark.skip(reason="no promtool here")\ndef test_rules():\n    pass\n',
+    'from pytest import skip\n\ndef test_x():\n    skip("no nginx")\n',
+    'from pytest import mark\n\n@mark.skipif(True, reason="no nginx")\ndef test_x():\n    pass\n',
+])
+def test_the_tool_skip_scanner_catches_them(source):
+    """Negative control: each way a test file could skip, or look a program up, is seen."""
+    assert skips_for_a_tool("tests/e2e/test_sample.py", source)
+
+
+def test_the_tool_skip_scanner_passes_the_helper():
+    source = ('from support.tools import need_tool\n\ndef test_render():\n'
+              '    kubectl = need_tool("kubectl")\n    assert kubectl\n')
+    assert skips_for_a_tool("tests/e2e/test_sample.py", source) == []
+
+
+def test_ci_installs_every_program_the_helper_knows():
+    """.ci/run checks each program of ``support.tools.TOOLS`` and installs its package where it is missing."""
+    from support.tools import TOOLS
+
+    assert unchecked_tools((ROOT / ".ci" / "run").read_text(), TOOLS) == []
+
+
+def unchecked_tools(script: str, tools) -> list[str]:
+    """The programs of ``tools`` that ``script`` never looks for with ``command -v``."""
+    return [name for name in tools if not re.search(rf"\bcommand -v {re.escape(name)}(?![\w-])", script)]
+
+
+def test_the_ci_tool_check_sees_a_program_not_installed():
+    script = "command -v docker-compose >/dev/null || need+=(docker-compose)\n"
+    assert unchecked_tools(script, ["docker-compose", "docker", "kubectl"]) == ["docker", "kubectl"]
+
+
+# -- no import circle in placeenv/: its modules read bottom-up ----------------------------------------
+#
+# Every import counts: at module level, inside a function (a lazy import that dodges a circle at run
+# time leaves it for the reader), and under ``if TYPE_CHECKING:`` (a module that names another's type
+# is read after it). ``from package import name`` is an edge to ``package.name`` where that is a module,
+# else to the package.
+
+#: Circles that are known and being taken apart, each as its sorted modules. The rule tolerates these
+#: and fails once one is gone, so the entry goes with its fix:
+#: - engine/control.py calls the Engine it names (under TYPE_CHECKING), and engine.py imports it
+#:   (issue 45: control through public operations only);
+#: - models/repository.py reads a PaddleX pipeline with paddlex.py (a lazy import), which builds the
+#:   repository's entries (issue 45: repository.py split along its seams).
+KNOWN_CIRCLES = {
+    ("placeenv.serve.engine.control", "placeenv.serve.engine.engine"),
+    ("placeenv.serve.models.paddlex", "placeenv.serve.models.repository"),
+}
+
+
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def module_imports(source: str, module: str, is_package: bool, modules) -> set[str]:
+    """The modules of ``modules`` that ``source`` (module ``module``) imports, anywhere in it."""
+    package = module if is_package else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name in modules}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                origin = ".".join(base[:len(base) - node.level + 1] + ([node.module] if node.module else []))
+            else:
+                origin = node.module or ""
+            for alias in node.names:
+                target = f"{origin}.{alias.name}"
+                if target in modules:
+                    found.add(target)
+                elif origin in modules:
+                    found.add(origin)
+    return found - {module}
+
+
+def import_graph(root: Path, package: str = "placeenv") -> dict[str, set[str]]:
+    paths = {module_name(path, root): path for path in (root / package).rglob("*.py")}
+    return {module: module_imports(path.read_text(), module, path.name == "__init__.py", paths)
+            for module, path in paths.items()}
+
+
+def circles(graph: dict[str, set[str]]) -> set[tuple[str, ...]]:
+    """Each set of modules that import one another round a circle (a strongly connected component of
+    two or more), as its sorted names (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = set()
+    for start in graph:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, targets = work[-1]
+            target = next(targets, None)
+            if target is not None:
+                if target not in index:
+                    index[target] = low[target] = len(index)
+                    stack.append(target)
+                    on_stack.add(target)
+                    work.append((target, iter(sorted(graph.get(target, ())))))
+                elif target in on_stack:
+                    low[node] = min(low[node], index[target])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.add(tuple(sorted(component)))
+    return found
+
+
+def test_no_import_circle_in_the_package_but_the_known_ones():
+    found = circles(import_graph(ROOT))
+    assert found - KNOWN_CIRCLES == set(), "a new import circle"
+    assert KNOWN_CIRCLES - found == set(), "a known circle is gone: remove it from KNOWN_CIRCLES"
+
+
+def test_the_circle_finder_sees_a_circle_and_passes_layers():
+    """Negative control: a circle of three, a pair, and the layers beside them that are no circle."""
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(),
+             "e": {"f", "d"}, "f": {"e"}, "g": {"a", "d"}}
+    assert circles(graph) == {("a", "b", "c"), ("e", "f")}
+    assert circles({"a": {"b"}, "b": {"c"}, "c": set(), "d": {"a", "c"}}) == set()
+
+
+def test_the_import_graph_counts_every_kind_of_import(tmp_path):
+    """Negative control on files: a circle closed by a lazy import, and one closed under TYPE_CHECKING,
+    are circles; ``from package import name`` reaches the module ``name``."""
+    package = tmp_path / "placeenv"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "sub" / "__init__.py").write_text("")
+    (package / "cli.py").write_text("def main():\n    from .server import serve\n")
+    (package / "server.py").write_text("from .cli import ready_message\n")
+    (package / "control.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                        "    from .sub.engine import Engine\n")
+    (package / "sub" / "engine.py").write_text("from .. import control\n")
+    (package / "low.py").write_text("import placeenv.sub\n")
+    assert circles(import_graph(tmp_path)) == {("placeenv.cli", "placeenv.server"),
+                                               ("placeenv.control", "placeenv.sub.engine")}

@@ -180,6 +180,7 @@ def test_scope_left_open_across_uninstall_exits_cleanly(reinstall):
     paddle.set_device("sim:3")  # stock: the global device and the shared Tracer
     moved.set()
     thread.join(30)
+    assert not thread.is_alive(), "the thread did not finish"
     assert not errors, errors
     assert seen["inside"] == "sim:2"
     assert seen["after"] == ("sim:3",) * 3
@@ -237,6 +238,7 @@ def test_uninstall_with_threads_on_private_tracers():
     placeenv.uninstall()
     go.set()
     thread.join(30)
+    assert not thread.is_alive(), "the thread did not finish"
     assert done.is_set(), seen
     assert seen["own"] == ("sim:2", "sim:2")
     assert seen["released"] == ("sim:0",) * 3

@@ -112,7 +112,8 @@ def test_async_function_holds_across_awaits_not_in_caller():
     async def body():
         first = both_levels()
         await asyncio.sleep(0)
-        await asyncio.sleep(0.001)
+        # A real suspension: the task resumes when another thread's call returns, not at its next turn.
+        await asyncio.get_running_loop().run_in_executor(None, threading.get_ident)
         return first, both_levels()
 
     async def caller():

@@ -107,9 +107,12 @@ def test_two_devices_run_in_parallel(timed):
 
 
 def test_a_wait_on_one_device_does_not_delay_another(timed):
-    assert timed["queueing"] < 2 * T, "asynchronous copies return before their device time"
+    # One transfer as this machine runs it, T and the host's own cost: the copies of "one thread",
+    # one after another, measured in the same run.
+    transfer = timed["one thread"] / 3
+    assert timed["queueing"] < 2 * transfer, "asynchronous copies return before their device time"
     # sim:0 holds 5 T of queued work; a copy to sim:1 waits for its own transfer only.
-    assert T * 0.99 <= timed["sim:1 behind sim:0's queue"] < 2.5 * T, timed
+    assert T * 0.99 <= timed["sim:1 behind sim:0's queue"] < 2.5 * transfer, timed
     # ...and sim:0's work was still queued: its synchronize waits for the rest of it.
     assert timed["sim:0 synchronize"] >= 5 * T - timed["queueing"] - timed["sim:1 behind sim:0's queue"] - T
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from support import blocked_at, wait_until
 from support.servers import ServiceProcess
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -125,7 +126,9 @@ def test_null_model_device_runs_one_sleep_at_a_time(tmp_path):
         elsewhere.start()
         elsewhere.join(10)
         assert not elsewhere.is_alive(), "another device's sleep waited for sim:0's"
-        same.join(1.0)  # 1,000 times its sleep: without the engine it has returned long before
+        # The same device's call waits at the engine's lock, or, without the lock, ends after its sleep.
+        wait_until(lambda: blocked_at(same, "with self.engine:") or not same.is_alive(), 60,
+                   "the same-device call neither waited for the engine nor ended")
         assert same.is_alive(), "two kernels ran on sim:0 at once"
     same.join(10)
     assert not same.is_alive() and not failures, failures

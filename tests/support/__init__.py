@@ -10,7 +10,7 @@ imports), so every test folder imports this package the same way.
 
 from .clock import ManualClock
 from .polling import WaitTimeout, wait_until, wait_until_async
-from .threads import DEVICES, THREAD_DEVICES, expect, on_each_device, run_threads, where
+from .threads import DEVICES, THREAD_DEVICES, blocked_at, expect, on_each_device, run_threads, where
 
-__all__ = ["DEVICES", "THREAD_DEVICES", "ManualClock", "WaitTimeout", "expect", "on_each_device",
-           "run_threads", "wait_until", "wait_until_async", "where"]
+__all__ = ["DEVICES", "THREAD_DEVICES", "ManualClock", "WaitTimeout", "blocked_at", "expect",
+           "on_each_device", "run_threads", "wait_until", "wait_until_async", "where"]

@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -25,6 +24,7 @@ from placeenv.serve.config import BUNDLED
 from placeenv.testing import free_port
 
 from .polling import WaitTimeout, wait_until
+from .tools import need_tool
 
 if TYPE_CHECKING:
     from typing import Self  # Python 3.11; annotations are not evaluated (PEP 563)
@@ -246,7 +246,7 @@ class Prometheus:
             f"global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n{scrape}"
         )
         self.proc = subprocess.Popen(
-            [shutil.which("prometheus") or "prometheus", f"--config.file={config}",
+            [need_tool("prometheus"), f"--config.file={config}",
              f"--storage.tsdb.path={tmp / 'prometheus-data'}", f"--web.listen-address=127.0.0.1:{self.port}",
              "--log.level=warn"],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
@@ -279,8 +279,6 @@ class Prometheus:
         self.proc.wait(30)
 
 
-#: Debian's nginx (in /usr/sbin, which a user's PATH may lack).
-NGINX = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.path.exists(p)), None)
 #: The nginx configuration shipped for the compose scale profile.
 NGINX_CONFIG = Path(__file__).resolve().parents[2] / "deploy" / "nginx" / "placeenv.conf"
 _UPSTREAM = re.compile(r"^(\s*)server api:8000( [^;]*)?;$", re.MULTILINE)
@@ -318,7 +316,7 @@ class Nginx:
         )
         self.root = root
         self.proc = subprocess.Popen(
-            [NGINX or "nginx", "-c", str(root / "nginx.conf"), "-p", str(root)],
+            [need_tool("nginx"), "-c", str(root / "nginx.conf"), "-p", str(root)],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )
         wait_until(self._listening, 20, "nginx did not start", interval=0.1)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import linecache
+import sys
 import threading
 
 import paddle
@@ -31,6 +33,13 @@ def run_threads(*targets, timeout: float = 120):
         assert not t.is_alive(), "thread did not finish"
     if errors:
         raise errors[0]
+
+
+def blocked_at(thread: threading.Thread, line: str) -> bool:
+    """Whether ``thread`` is now at a source line that reads ``line`` (stripped), such as a ``with lock:``
+    it waits on: a condition to wait for, where a fixed wait would only hope the thread got there."""
+    frame = sys._current_frames().get(thread.ident)
+    return frame is not None and linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip() == line
 
 
 def where(tensor) -> str:

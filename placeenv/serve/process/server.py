@@ -22,7 +22,7 @@ from ..http.app import create_app
 from ..protocol.errors import StartupError
 from ..protocol.gateway import Gateway
 from . import runtime
-from .cli import ready_message
+from .listening import ready_message
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ class UvicornServer(uvicorn.Server):
         if self.told:
             self.handle_exit(signal.SIGTERM, None, True)
         if self.started and sockets and not self.supervised:
-            # uvicorn names no address for sockets it is handed (bound early: cli.bind()), so say it here.
+            # uvicorn names no address for sockets it is handed (bound early: listening.bind()): say it here.
             print(ready_message(sockets[0], self.settings), flush=True)
 
     def handle_exit(self, sig, frame, told: bool = False) -> None:

@@ -147,7 +147,8 @@ def test_a_killed_front_end_is_replaced_while_the_other_serves():
 
 
 def test_a_killed_engine_answers_its_requests_in_flight_at_once_and_comes_back():
-    with ServiceProcess(**SETTINGS, REQUEST_TIMEOUT_S=60) as proc, ThreadPoolExecutor(4) as pool:
+    timeout_s = 60
+    with ServiceProcess(**SETTINGS, REQUEST_TIMEOUT_S=timeout_s) as proc, ThreadPoolExecutor(4) as pool:
         (engine,) = children(proc.proc.pid)["engine"]
         with workers_held(proc.url, 2) as held:
             queued = [pool.submit(predict, proc.url, 120) for _ in range(4)]
@@ -156,10 +157,11 @@ def test_a_killed_engine_answers_its_requests_in_flight_at_once_and_comes_back()
             os.kill(engine, signal.SIGKILL)
             codes = [f.result().status_code for f in [*held, *queued]]
             waited = time.monotonic() - started
-        # Answered by the front ends at once (503, retry later), not left to the 60 s request timeout.
+        # Answered by the front ends at once (503, retry later), not left to the request timeout.
         # The control is the stalled engine below: stopped, not dead, the link stays up and the same
-        # requests wait for their deadline; only the engine's death answers them at once.
-        assert codes == [503] * 6 and waited < 10, (codes, waited)
+        # requests wait for their deadline; only the engine's death answers them at once. The bound
+        # is the deadline's, not this machine's: well before it, however slow the machine.
+        assert codes == [503] * 6 and waited < timeout_s / 2, (codes, waited)
         assert httpx.get(proc.url + "/readyz", timeout=5).status_code == 503 or children(proc.proc.pid)["engine"]
         wait_until(lambda: children(proc.proc.pid)["engine"] not in ([], [engine]), 30, "no new engine")
         proc.wait_ready(120)
@@ -211,6 +213,12 @@ def test_a_stalled_engine_bounds_what_a_front_end_holds_and_every_request_is_ans
             started = time.monotonic()
             return predict(proc.url, 30).status_code, time.monotonic() - started
 
+        # What the same burst of 60 costs on this machine, the engine running: served up to the bound,
+        # refused past it; the last answer when the burst is through.
+        served = list(pool.map(timed, range(60)))
+        codes = [code for code, _ in served]
+        assert set(codes) <= {200, 503} and 200 in codes, served
+        burst_s = max(took for _, took in served)
         os.kill(engine, signal.SIGSTOP)
         try:
             answers = list(pool.map(timed, range(60)))
@@ -223,7 +231,14 @@ def test_a_stalled_engine_bounds_what_a_front_end_holds_and_every_request_is_ans
         # first 18 expired, and those wait in their place).
         assert len(expired) >= 18 and len(refused) >= 60 - 2 * 18, answers
         # Each answered by its deadline (2 s, and the front end's 1 s margin), not the client's 30 s.
-        assert max(expired) < 3 + 2 and max(refused) < 3 + 2, answers
+        # A refusal comes as soon as the front end reads it: within what the served burst took, doubled
+        # for a busy machine's stalls. An expired request waits that long at most, besides its deadline.
+        deadline_s = 2 + 1
+        report = (f"served burst {burst_s:.2f} s; refused {len(refused)} in at most {max(refused):.2f} s, "
+                  f"expired {len(expired)} in {min(expired):.2f} to {max(expired):.2f} s")
+        print(report)
+        assert max(refused) < 2 * burst_s, report
+        assert max(expired) < deadline_s + 2 * burst_s, report
         proc.wait_ready(30)
         assert predict(proc.url).status_code == 200  # the engine, resumed, serves again
 
