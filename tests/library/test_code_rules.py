@@ -640,12 +640,9 @@ def test_the_ci_tool_check_sees_a_program_not_installed():
 #: Circles that are known and being taken apart, each as its sorted modules. The rule tolerates these
 #: and fails once one is gone, so the entry goes with its fix:
 #: - engine/control.py calls the Engine it names (under TYPE_CHECKING), and engine.py imports it
-#:   (issue 45: control through public operations only);
-#: - models/repository.py reads a PaddleX pipeline with paddlex.py (a lazy import), which builds the
-#:   repository's entries (issue 45: repository.py split along its seams).
+#:   (issue 45: control through public operations only).
 KNOWN_CIRCLES = {
     ("placeenv.serve.engine.control", "placeenv.serve.engine.engine"),
-    ("placeenv.serve.models.paddlex", "placeenv.serve.models.repository"),
 }
 
 
