@@ -56,7 +56,8 @@ class Control:
 
     def __init__(self, settings, pool: WorkerPool, dispatcher: Dispatcher, served: Served,
                  catalog: Callable[[], Catalog], seen: dict[str, str] | None = None) -> None:
-        self.settings, self.pool, self.dispatcher, self.served, self.catalog = settings, pool, dispatcher, served, catalog
+        self.settings, self.pool, self.dispatcher = settings, pool, dispatcher
+        self.served, self.catalog = served, catalog
         self.lock: asyncio.Lock | None = None  # made on the loop that serves (the first change's)
         self.seen: dict[str, str] = dict(seen or {})  # poll: each model directory's fingerprint at the last look
 

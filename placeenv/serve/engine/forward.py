@@ -90,22 +90,7 @@ def forward(replica: Model, inputs: list[dict], batched: bool, examples: int, ch
     if stamps is not None:
         stamps.append(time.perf_counter())
     context = replica.context
-    on_host = placeenv.device_name(replica.place) == "cpu"  # a CPU worker: its host tensors are in place
-    moved = {}
-    padding = context.padding
-    for spec in context.inputs:
-        parts = [request[spec.name] for request in inputs]
-        handed = any(isinstance(part, Handed) for part in parts)  # (a padded one is a tensor where it was)
-        if padding and len(parts) > 1 and spec.name in padding:
-            parts = padded(parts, *padding[spec.name])
-        if handed:
-            tensor = _joined(parts, replica.place)
-        else:
-            host = batch_tensor(parts)
-            check("preprocess", placeenv.device_name(host.place), "cpu")
-            tensor = host if on_host else move_to(host, replica.place)
-        moved[spec.name] = tensor
-        check("batch", placeenv.device_name(tensor.place))
+    moved = _inputs_on(replica, inputs, check)
     if stamps is not None:
         stamps.append(time.perf_counter())
     out = replica.execute(moved)
@@ -133,6 +118,30 @@ def forward(replica: Model, inputs: list[dict], batched: bool, examples: int, ch
     if stamps is not None:
         stamps.append(time.perf_counter())
     return found
+
+
+def _inputs_on(replica: Model, inputs: list[dict], check) -> dict:
+    """Each input of the batch's requests as one tensor on ``replica``'s place: host arrays joined into
+    one host tensor and moved, a step's ``Handed`` tensors joined where they are (``_joined``), the dims
+    its model pads padded first."""
+    context = replica.context
+    on_host = placeenv.device_name(replica.place) == "cpu"  # a CPU worker: its host tensors are in place
+    moved = {}
+    padding = context.padding
+    for spec in context.inputs:
+        parts = [request[spec.name] for request in inputs]
+        handed = any(isinstance(part, Handed) for part in parts)  # (a padded one is a tensor where it was)
+        if padding and len(parts) > 1 and spec.name in padding:
+            parts = padded(parts, *padding[spec.name])
+        if handed:
+            tensor = _joined(parts, replica.place)
+        else:
+            host = batch_tensor(parts)
+            check("preprocess", placeenv.device_name(host.place), "cpu")
+            tensor = host if on_host else move_to(host, replica.place)
+        moved[spec.name] = tensor
+        check("batch", placeenv.device_name(tensor.place))
+    return moved
 
 
 def rows_of(value) -> int | None:

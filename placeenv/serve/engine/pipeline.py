@@ -5,9 +5,10 @@ request they serve.
 A pipeline (``models.repository.Pipeline``) is a graph of steps, each a model of the repository,
 linked by named tensors. ``PipelineRun`` carries one request through it on the event loop thread: a
 step starts as soon as the tensors it reads are there, as a job of its model through the engine's
-one path (path.py's ``RequestPath.run``), under the generation its request was admitted under: the dispatcher, that model's batches with its other jobs, a worker on a
-device, or on the CPU under ``PlaceEnv('cpu')`` for a model whose instance_group is the CPU. Every
-step keeps the request's deadline, and each worker's place checks count a leak for the step too.
+one path (path.py's ``RequestPath.run``), under the generation its request was admitted under: the
+dispatcher, that model's batches with its other jobs, a worker on a device, or on the CPU under
+``PlaceEnv('cpu')`` for a model whose instance_group is the CPU. Every step keeps the request's
+deadline, and each worker's place checks count a leak for the step too.
 
 Between two steps a tensor stays the one ``execute`` made (``Handed``), on the device that made it,
 when its model's postprocess is the default and every step that reads it takes tensors (its model
