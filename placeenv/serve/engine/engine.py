@@ -130,7 +130,8 @@ class Engine:
         # What a poll compares its first look with: the files as they were before they were read.
         seen = control.look(settings) if settings.model_control_mode == "poll" else {}
         found, skipped = read_repository(settings)
-        self.repository: Repository = found  # as read; what serves is the generation ``start`` builds
+        # As read, until ``start`` has built the generation that serves what of it loaded.
+        self.repository: Repository | None = found
         self.devices = resolve_devices(settings)
         queues, listed_only = device_queues(settings, self.devices, found.entries)
         self.dispatcher = Dispatcher(queues)
@@ -149,6 +150,7 @@ class Engine:
         self.pool.start()
         entries, pipelines = self._settle_failures()
         self.served.swap(self.served.generation.next(entries, pipelines, self.pool.workers))
+        self.repository = None  # (a version unloaded later is not kept by it)
         hold(self.dispatcher.queues.values(), self.pool.workers, self.served.generation.versions)
         # Paddle, FastAPI and the models leave many long-lived objects that a full collection
         # walks with the GIL held, a latency spike for every request in flight; frozen, they are skipped.
