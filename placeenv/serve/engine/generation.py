@@ -138,7 +138,8 @@ class Generation:
 
     async def drained(self, timeout: float) -> bool:
         """Wait until no work admitted under this generation is unanswered; False when ``timeout`` passes
-        first (each is still answered, by its deadline at the latest)."""
+        first (each is still answered, by its deadline at the latest). One waiter at a time: the control's,
+        which makes one change at a time."""
         if self.admitted == 0:
             return True
         self._zero = asyncio.Event()

@@ -39,7 +39,7 @@ class Stats:
         self.queue_ns += int((answer.compute_started - job.enqueued) * 1e9)
         self.inferences += job.examples
         self.last_inference_ms = int(time.time() * 1000)
-        for batch in answer.batches:  # (more than one for a job run as parts: workers.split)
+        for batch in answer.batches:  # (more than one for a job run as parts: forward.split)
             self.input_ns += batch.input_ns
             self.infer_ns += batch.infer_ns
             self.output_ns += batch.output_ns
