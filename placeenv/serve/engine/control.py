@@ -88,7 +88,7 @@ class Control:
             current = self.served.generation
             if name in current.pipelines:
                 pipelines = {n: p for n, p in current.pipeline_definitions().items() if n != name}
-                self._swap(current.next(pipelines=pipelines, workers=self.pool.workers))
+                self._swap(current.next(pipelines=pipelines, workers=self.pool.workers), retiring=False)
                 await self._publish()  # (a pipeline holds no replica: nothing to free)
                 return
             if name not in current.entries:
@@ -224,10 +224,11 @@ class Control:
 
     # -- the swap and the old generation's retirement ----------------------------------------------
 
-    def _swap(self, generation: Generation) -> Generation:
-        """Serve ``generation`` from now on; the queues take the versions of both until the old one retires."""
+    def _swap(self, generation: Generation, retiring: bool = True) -> Generation:
+        """Serve ``generation`` from now on; the queues take the versions of both until the old one retires
+        (a request that names a version only the old one serves is admitted under it until then)."""
         self.pool.entries = dict(generation.entries)  # a new dict: the pool's replacer thread reads it
-        old = self.served.swap(generation)
+        old = self.served.swap(generation, retiring)
         hold(self.dispatcher.queues.values(), self.pool.workers, {*old.versions, *generation.versions})
         return old
 
@@ -241,6 +242,7 @@ class Control:
         if (gone or replaced) and not await old.drained(self.settings.shutdown_grace_s):
             log.error("model control: requests for %s still in flight after the shutdown grace; dropping them",
                       sorted(gone) or "a replaced version")
+        self.served.retired(old)
         hold(self.dispatcher.queues.values(), self.pool.workers, current.versions)  # (without ``gone`` from here)
         futures = [w.do(functools.partial(w.drop, gone, replaced.get(w))) for w in self.pool.workers
                    if gone & w.held.keys() or replaced.get(w)]

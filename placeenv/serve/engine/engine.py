@@ -149,7 +149,7 @@ class Engine:
     def start(self) -> None:
         self.pool.start()
         entries, pipelines = self._settle_failures()
-        self.served.swap(self.served.generation.next(entries, pipelines, self.pool.workers))
+        self.served.swap(self.served.generation.next(entries, pipelines, self.pool.workers), retiring=False)
         self.repository = None  # (a version unloaded later is not kept by it)
         hold(self.dispatcher.queues.values(), self.pool.workers, self.served.generation.versions)
         # Paddle, FastAPI and the models leave many long-lived objects that a full collection

@@ -140,15 +140,16 @@ class Generation:
         """Wait until no work admitted under this generation is unanswered; False when ``timeout`` passes
         first (each is still answered, by its deadline at the latest). One waiter at a time: the control's,
         which makes one change at a time."""
-        if self.admitted == 0:
-            return True
-        self._zero = asyncio.Event()
-        try:
-            await asyncio.wait_for(self._zero.wait(), timeout)
-        except asyncio.TimeoutError:
-            return self.admitted == 0
-        finally:
-            self._zero = None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self.admitted:  # (work may be admitted between the zero and this task's next turn)
+            self._zero = asyncio.Event()
+            try:
+                await asyncio.wait_for(self._zero.wait(), max(0.0, deadline - loop.time()))
+            except asyncio.TimeoutError:
+                return self.admitted == 0
+            finally:
+                self._zero = None
         return True
 
     # -- what the protocols read ---------------------------------------------------------------
@@ -206,14 +207,29 @@ class Served:
 
     def __init__(self, generation: Generation, skipped: dict[str, str]) -> None:
         self.generation = generation
+        self.retiring: list[Generation] = []  # swapped out, not retired yet (control.py)
         self.skipped = skipped
         self.load_errors: dict[str, str] = {}
         self.publishers: list[Callable[[Catalog], Any]] = []
 
-    def swap(self, generation: Generation) -> Generation:
-        """Serve ``generation`` from now on (one assignment: no request sees half of a change); the old one."""
+    def swap(self, generation: Generation, retiring: bool = True) -> Generation:
+        """Serve ``generation`` from now on (one assignment: no request sees half of a change); the old one,
+        which is ``retiring`` until ``retired`` unless told otherwise."""
         old, self.generation = self.generation, generation
+        if retiring:
+            self.retiring.append(old)
         return old
+
+    def retired(self, old: Generation) -> None:
+        """``old`` admits nothing more."""
+        if old in self.retiring:
+            self.retiring.remove(old)
+
+    def admitting(self, key: Key) -> Generation | None:
+        """For a request naming ``key``, which the current generation does not serve: a generation still
+        retiring that serves it (a front end's catalog may be one change behind until the change reaches
+        it); None."""
+        return next((g for g in reversed(self.retiring) if key in g.versions), None)
 
     async def publish(self, catalog: Catalog) -> None:
         """Hand ``catalog`` to everyone who answers from it; wait for those who say when they have it."""

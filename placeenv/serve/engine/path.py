@@ -197,6 +197,9 @@ class RequestPath:
         key = (work.model, work.version)
         served = generation.versions.get(key)
         step = options.step is not None
+        if served is None and not step and self.served.retiring:  # out of the catalog, still served
+            generation = self.served.admitting(key) or generation
+            served = generation.versions.get(key)
         completion = Completion(generation, then, served.stats if served is not None else None,
                                 time.perf_counter() if step else work.arrived)
         try:

@@ -7,7 +7,8 @@ directly.
 * a load swaps generations under concurrent requests: each is answered, by the version of its own
   generation, and the old generation retires only once its count is zero;
 * a model's call made under a retired generation still runs the model that generation served (the
-  negative control: the same call under the new generation finds no such model);
+  negative control: the same call under the new generation finds no such model), as does a request
+  from a catalog one change behind, until the old generation has retired;
 * the count reaching zero is what a retirement waits for (a held request keeps it above zero).
 """
 
@@ -209,10 +210,15 @@ def test_a_call_under_a_retired_generation_runs_what_that_generation_served(engi
         wait_until(lambda: "affine" not in engine.on_loop(lambda: engine.engine.catalog().models), WAIT_S,
                    "the catalog still has affine")
         assert not unload.done() and old.admitted >= 1  # draining the held request
+        # A request naming affine from a catalog one change behind (a front end's, until the change
+        # reaches it): admitted under the retiring generation, which serves it.
+        assert np.allclose(engine.submit("affine", X).result(WAIT_S).outputs["y"], X * 2 + 1)
     answer = held.result(WAIT_S)  # its call ran after the swap
     assert np.allclose(answer.outputs["y"], X * 2 + 1)
     unload.result(WAIT_S)
     assert old.admitted == 0
+    with pytest.raises(UnknownModel):  # retired: nothing serves it now
+        engine.submit("affine", X).result(WAIT_S)
     assert all(("affine", 1) not in w.held for w in engine.on_loop(lambda: list(engine.engine.pool.workers)))
     refused = engine.submit("hold_call", X)
     connection, _ = gate.accept()
