@@ -10,8 +10,9 @@ One change at a time, on the event loop thread, each building the next generatio
    thread (``Worker.stage``: initialize, place check, warm-up), beside what it serves.
 3. **Swap** in one turn of the loop once every worker holds its replica (``Worker.install``, then the
    next generation in place of the current one), then hand the catalog to every front end, and wait
-   until each has it. New requests are admitted under the new generation (a version it does not
-   serve: 404).
+   until each has it. New requests are admitted under the new generation; one naming a version only
+   the old generation serves (a front end's catalog a change behind) under the old one until it
+   retires, and after that 404.
 4. **Retire** the old generation: wait until the work admitted under it is answered (its count reaches
    zero: a request, its pipeline's steps, its model's calls, all looked up in the old generation), then
    each worker drops the replicas only the old generation held, the pool the weights its workers
