@@ -17,7 +17,7 @@ import paddle
 from placeenv import PlaceEnv
 from placeenv.serve.models import InputError
 from placeenv.serve.engine.standalone import Standalone
-from placeenv.serve.engine.workers import forward
+from placeenv.serve.engine.forward import forward
 from placeenv.serve.models.base import host_inputs
 
 

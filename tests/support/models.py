@@ -1,5 +1,5 @@
 """Repository models run as the service runs them: one worker's replica, and the workers' own forward
-pass (``engine/workers.py``'s ``forward``, through ``engine/standalone.py``), so a test checks a
+pass (``engine/forward.py``'s ``forward``, through ``engine/standalone.py``), so a test checks a
 model against the code that serves it; and the reference it is checked against: a saved program
 run by hand on the CPU (``run_locally``), digits' with its pre- and post-processing written out
 (``digits_locally``)."""

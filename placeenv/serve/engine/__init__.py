@@ -1,8 +1,19 @@
 """The engine room: models, devices, queues and workers (imports Paddle).
 
-    engine.py      ``Engine``: the one way in (``submit``), preprocessing, statistics, start and stop
+    engine.py      ``Engine``: the facade the service holds (``submit``, start and stop, the catalog,
+                   statistics, load and unload), and ``running``, how the service runs it
+    generation.py  what is served, as one immutable ``Generation`` swapped whole; the requests admitted
+                   under it, counted
+    path.py        the request path: a request admitted, preprocessed, queued and answered once
+                   (``RequestPath``, ``Completion``)
+    pipeline.py    a request through a pipeline's steps, and a model's call to another (``Model.infer``)
+    control.py     model control: a load or an unload builds the next generation, swaps it, retires the old
     dispatch.py    jobs, per-device bounded queues, batching, and the ``Dispatcher`` that admits them
-    workers.py     worker threads, each pinned to one device; the one ``forward`` pass
+    stats.py       each served version's statistics (Triton's), a request's timings
+    worker.py      a worker thread, pinned to one device, serving batches
+    replica.py     a worker's replica of a version: built, shared weights, warmed up, finalized
+    forward.py     the one ``forward`` pass over a batch, and what it joins (step tensors, padding, parts)
+    workers.py     the worker pool: every worker, and the thread that replaces a dead one
     local.py       the engine in this process, as a gateway's ``EngineHandle``
     standalone.py  a repository model run without the service, as a worker runs it
 

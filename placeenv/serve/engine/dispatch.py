@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 
 class Settled:
-    """A job's answer handed to a callback instead of a future (``Engine.submit``).
+    """A job's answer handed to a callback instead of a future (a part of a job run as parts: ``split``).
 
     Set on the event loop thread as a future is, it calls ``callback(value, None)`` or
     ``callback(None, error)`` at once: no waiting task to wake, and no turn of the loop between
@@ -46,6 +46,22 @@ class Settled:
         callback(None, error)
 
 
+@dataclass(frozen=True, slots=True)
+class StepOptions:
+    """What a pipeline's step or a model's call adds to its job (pipeline.py): the outputs a next step
+    takes as tensors (``Handed``), the device its tensors are on, (pipeline or calling model, step) for
+    the metrics, and the models its request is inside of, outermost first (a call: no cycle). A
+    request's own job has none of them (``REQUEST``)."""
+
+    keep: frozenset[str] = frozenset()
+    prefer: str = ""
+    step: tuple[str, str] | None = None
+    chain: tuple[str, ...] = ()
+
+
+REQUEST = StepOptions()
+
+
 @dataclass(eq=False)
 class Job:
     """One accepted request. ``resolve``/``fail`` answer it; the first answer wins."""
@@ -55,11 +71,10 @@ class Job:
     examples: int  # n; 1 for a model that does not batch
     batched: bool  # the model batches along the first dimension (its outputs are split by rows)
     loop: asyncio.AbstractEventLoop
-    future: asyncio.Future | Settled
+    future: Any  # set once, on the loop thread, as a future is: the engine's ``Completion``, or a ``Settled``
     arrived: float
     deadline: float
-    # A pipeline's step or a model's call (pipeline.py): the outputs a next step takes as tensors
-    # (Handed), the device its tensors are on, and (pipeline or calling model, step) for the metrics.
+    # A pipeline's step or a model's call: its ``StepOptions``, one by one.
     keep: frozenset[str] = frozenset()
     prefer: str = ""
     step: tuple[str, str] | None = None
@@ -69,6 +84,7 @@ class Job:
     # (``batch_key``): a batch joins only jobs of one model, one shape and the same parameters.
     shape: Any = None
     parameters: dict[str, Any] | None = None  # its request's parameters for the model (Work.parameters)
+    generation: Any = None  # what it was admitted under (engine/generation.py): what its calls are looked up in
     parts: tuple[Job, ...] = ()  # the jobs its rows were queued as, past its model's max_batch_size (split)
     device: str = ""
     queue: DeviceQueue | None = None  # where it was queued (a cancelled job leaves it)
@@ -167,32 +183,6 @@ def batch_key(shape: Any, parameters: dict[str, Any] | None) -> Any:
     if parameters is None:
         return shape
     return WithParameters(shape, tuple([(key, type(value), value) for key, value in sorted(parameters.items())]))
-
-
-class Ticket:
-    """A request's handle while its job is not made yet (preprocessing on the pool's threads): what
-    ``Engine.submit`` gives back to cancel it. A request preprocessed at once is handed its ``Job``."""
-
-    __slots__ = ("job", "cancelled")
-
-    def __init__(self) -> None:
-        self.job: Job | None = None
-        self.cancelled = False
-
-    def attach(self, job: Job) -> bool:
-        """Its job, once made; False when the request was cancelled meanwhile (not to be queued)."""
-        if self.cancelled:
-            return False
-        self.job = job
-        return True
-
-    def cancel(self) -> bool:
-        if self.job is not None:
-            return self.job.cancel()
-        if self.cancelled:
-            return False
-        self.cancelled = True
-        return True
 
 
 def _settle(future: asyncio.Future, setter: str, value) -> None:

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..protocol.gateway import Gateway
 from ..protocol.request import Catalog, Result, Work
-from .engine import Engine
+from .engine import Engine, running
 
 
 class LocalEngine:
@@ -63,13 +63,5 @@ class LocalEngine:
 @asynccontextmanager
 async def local_gateway(settings):
     """The models, devices and workers in this process, and the gateway over them, for the app's life."""
-    engine = Engine(settings)
-    await asyncio.to_thread(engine.start)
-    handle = LocalEngine(engine)
-    polling = asyncio.ensure_future(engine.control.poll()) if settings.model_control_mode == "poll" else None
-    try:
-        yield Gateway(settings, handle)
-    finally:
-        if polling is not None:
-            polling.cancel()
-        await asyncio.to_thread(engine.stop)
+    async with running(settings) as engine:
+        yield Gateway(settings, LocalEngine(engine))

@@ -5,9 +5,10 @@ request they serve.
 A pipeline (``models.repository.Pipeline``) is a graph of steps, each a model of the repository,
 linked by named tensors. ``PipelineRun`` carries one request through it on the event loop thread: a
 step starts as soon as the tensors it reads are there, as a job of its model through the engine's
-one path (``Engine._run``): the dispatcher, that model's batches with its other jobs, a worker on a
-device, or on the CPU under ``PlaceEnv('cpu')`` for a model whose instance_group is the CPU. Every
-step keeps the request's deadline, and each worker's place checks count a leak for the step too.
+one path (path.py's ``RequestPath.run``), under the generation its request was admitted under: the
+dispatcher, that model's batches with its other jobs, a worker on a device, or on the CPU under
+``PlaceEnv('cpu')`` for a model whose instance_group is the CPU. Every step keeps the request's
+deadline, and each worker's place checks count a leak for the step too.
 
 Between two steps a tensor stays the one ``execute`` made (``Handed``), on the device that made it,
 when its model's postprocess is the default and every step that reads it takes tensors (its model
@@ -35,12 +36,12 @@ from ..models.repository import Entry, Pipeline, PipelineStep
 from ..protocol.errors import Cancelled, InvalidInput, ModelFailed, ServiceError, Timeout, UnknownModel
 from ..protocol.request import InputError, Result, TensorSpec, Work, check_parameters
 from ..protocol.wire import datatype_of
-from .dispatch import Job
-from .workers import Answer, Handed, rows_of
+from .dispatch import Job, StepOptions
+from .forward import Answer, Handed, rows_of
 
-#: ``Engine._run``: queue one model's work; ``settled(job, answer, error)`` once, on the loop thread.
-Run = Callable[..., None]
-Settled = Callable[[Job | None, Answer | None, BaseException | None], None]
+#: ``RequestPath.run`` (path.py): ``run(generation, work, arrays, then, options, ticket)`` queues one model's
+#: work under ``generation``; ``then(job, answer, error)`` once, on the loop thread.
+Run = Callable[..., Any]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,11 +136,13 @@ def step_metrics(pipeline: str, step: str, job: Job, answer: Answer, handed: lis
 
 
 class PipelineRun:
-    """One request through a pipeline, on the event loop thread; ``answer(result, error)`` once."""
+    """One request through a pipeline, on the event loop thread; ``answer(run, result, error)`` once.
+    Counted in its ``generation`` (``Generation.admit``) until answered; its steps are run under it."""
 
-    def __init__(self, run: Run, plan_: Plan, work: Work, arrays: Mapping[str, np.ndarray], inline_bytes: int,
-                 answer: Callable[[Result | None, BaseException | None], None]) -> None:
-        self.run, self.plan, self.work, self.answer = run, plan_, work, answer
+    def __init__(self, run: Run, generation, plan_: Plan, work: Work, arrays: Mapping[str, np.ndarray],
+                 inline_bytes: int, answer: Callable[[PipelineRun, Result | None, BaseException | None], None]) -> None:
+        self.run, self.generation, self.plan, self.work, self.answer = run, generation, plan_, work, answer
+        generation.admit()
         self.inline_bytes = inline_bytes
         self.values: dict[str, Any] = dict(arrays)  # tensor name -> host array or Handed
         self.pending = list(plan_.steps)  # steps not started yet
@@ -156,7 +159,7 @@ class PipelineRun:
     def start(self) -> None:
         self._advance()
 
-    # -- as its request's handle (Engine.submit), and its steps' ticket (Engine._run) ----------------
+    # -- as its request's handle (Engine.submit), and its steps' ticket (RequestPath.run) -------------
 
     def attach(self, job: Job) -> bool:
         """A step's job, once made; False once the run has ended (the step is not queued)."""
@@ -215,8 +218,8 @@ class PipelineRun:
                     sum(_size(v) for v in arrays.values()) <= self.inline_bytes, self.work.priority,
                     self.work.own_deadline, self.work.parameters)
         self.started[step.index] = time.perf_counter()
-        self.run(work, arrays, functools.partial(self._settled, planned), self, keep=planned.keep, prefer=prefer,
-                 step=(self.plan.pipeline.name, step.label), chain=(self.plan.pipeline.name,))
+        options = StepOptions(planned.keep, prefer, (self.plan.pipeline.name, step.label), (self.plan.pipeline.name,))
+        self.run(self.generation, work, arrays, functools.partial(self._settled, planned), options, self)
 
     def _settled(self, planned: StepPlan, job: Job | None, answer: Answer | None,
                  error: BaseException | None) -> None:
@@ -233,7 +236,8 @@ class PipelineRun:
         if self.answered:
             return
         self.answered = self.done = True
-        self.answer(result, error)
+        self.generation.release()
+        self.answer(self, result, error)
 
     def _take(self, planned: StepPlan, job: Job | None, answer: Answer | None, error: BaseException | None) -> None:
         """A step's answer: the tensors it made, and the steps they let start; or the request's error."""
@@ -287,24 +291,45 @@ class PipelineRun:
         ), None)
 
 
-def call(run: Run, entries: Mapping[str, Entry], name: str, version: int | None, requests: list[dict], outputs,
-         calls: Calls, parameters: Mapping[str, Any] | None = None) -> list[dict[str, np.ndarray]]:
+def call(run: Run, generation, name: str, version: int | None, requests: list[dict], outputs, calls: Calls,
+         parameters: Mapping[str, Any] | None = None) -> list[dict[str, np.ndarray]]:
     """A model's calls to another (``Model.infer``, ``Model.infer_all``), on the caller's worker thread: each
-    request queued through the event loop as a step of the caller's request, all at once (they may run
-    on several workers and share forward passes), and waited for within that request's deadline. Each
-    call has the caller's request's parameters, unless ``parameters`` (its own; {}: none) is given."""
+    request queued through the event loop as a step of the caller's request, under the ``generation`` that
+    request was admitted under, all at once (they may run on several workers and share forward passes),
+    and waited for within that request's deadline. Each call has the caller's request's parameters,
+    unless ``parameters`` (its own; {}: none) is given."""
     caller = calls.chain[-1]
     where = f"model {caller!r} calling {name!r}"
-    if parameters is None:
-        parameters = calls.parameters
-    else:
-        try:
-            parameters = check_parameters(parameters)
-        except InvalidInput as exc:
-            raise InvalidInput(f"{where}: {exc}") from None
+    parameters = calls.parameters if parameters is None else _call_parameters(where, parameters)
     if name in calls.chain:
         raise ModelFailed(f"{where}: a call cycle ({' -> '.join((*calls.chain, name))}): a model cannot call "
                           "one its request is already inside of")
+    entry, chosen, wanted = _called(where, generation.entries, name, version, outputs)
+    checked = [_call_arrays(where, entry, chosen, inputs) for inputs in requests]
+    futures = [_queue_call(run, generation, calls, caller, Work(name, chosen.number, examples, wanted,
+                                                                time.perf_counter(), calls.deadline, False,
+                                                                parameters=parameters), arrays)
+               for arrays, examples in checked]
+    calls.worker.serve_until(_last_of(futures), calls.deadline)
+    answers = []
+    for future in futures:
+        try:
+            answer = future.result(timeout=max(0.0, calls.deadline - time.perf_counter()))
+        except concurrent.futures.TimeoutError:
+            raise Timeout(f"{where}: no answer within the request's deadline") from None
+        answers.append({n: answer.outputs[n] for n in wanted})
+    return answers
+
+
+def _call_parameters(where: str, parameters: Mapping[str, Any]) -> dict[str, Any] | None:
+    try:
+        return check_parameters(parameters)
+    except InvalidInput as exc:
+        raise InvalidInput(f"{where}: {exc}") from None
+
+
+def _called(where: str, entries: Mapping[str, Entry], name: str, version: int | None, outputs):
+    """The called model's entry, version and the outputs wanted of it; ``UnknownModel`` or ``InvalidInput``."""
     entry = entries.get(name)
     if entry is None:
         raise UnknownModel(f"{where}: no such model; calls run the models served: {', '.join(entries)}")
@@ -316,11 +341,12 @@ def call(run: Run, entries: Mapping[str, Entry], name: str, version: int | None,
     if any(n not in names for n in wanted):
         raise InvalidInput(f"{where}: no output {next(n for n in wanted if n not in names)!r}; it gives "
                            f"{', '.join(names)}")
-    checked = [_call_arrays(where, entry, chosen, inputs) for inputs in requests]
-    futures = [_queue_call(run, calls, caller, Work(name, chosen.number, examples, wanted, time.perf_counter(),
-                                                    calls.deadline, False, parameters=parameters), arrays)
-               for arrays, examples in checked]
-    answered = concurrent.futures.Future()  # the last of them: the worker serves its queue until then
+    return entry, chosen, wanted
+
+
+def _last_of(futures: list[concurrent.futures.Future]) -> concurrent.futures.Future:
+    """A future done once each of ``futures`` is: the calling worker serves its queue until then."""
+    answered: concurrent.futures.Future = concurrent.futures.Future()
     left = [len(futures)]
 
     def one_done(_) -> None:
@@ -330,15 +356,7 @@ def call(run: Run, entries: Mapping[str, Entry], name: str, version: int | None,
 
     for future in futures:
         future.add_done_callback(one_done)
-    calls.worker.serve_until(answered, calls.deadline)
-    answers = []
-    for future in futures:
-        try:
-            answer = future.result(timeout=max(0.0, calls.deadline - time.perf_counter()))
-        except concurrent.futures.TimeoutError:
-            raise Timeout(f"{where}: no answer within the request's deadline") from None
-        answers.append({n: answer.outputs[n] for n in wanted})
-    return answers
+    return answered
 
 
 def _call_arrays(where: str, entry: Entry, chosen, inputs: Mapping) -> tuple[dict, int]:
@@ -369,7 +387,8 @@ def _call_arrays(where: str, entry: Entry, chosen, inputs: Mapping) -> tuple[dic
         raise InvalidInput(f"{where}: {exc}") from None
 
 
-def _queue_call(run: Run, calls: Calls, caller: str, work: Work, arrays: dict) -> concurrent.futures.Future:
+def _queue_call(run: Run, generation, calls: Calls, caller: str, work: Work,
+                arrays: dict) -> concurrent.futures.Future:
     """One call (``work``) queued from the event loop; its future gets the worker's ``Answer``."""
     name, number = work.model, work.version
     future: concurrent.futures.Future = concurrent.futures.Future()
@@ -385,6 +404,6 @@ def _queue_call(run: Run, calls: Calls, caller: str, work: Work, arrays: dict) -
     # Where its tensors are; else on the caller's own device, which serves it while it waits.
     prefer = next((v.device for v in arrays.values() if isinstance(v, Handed)),
                   worker.device if (name, number) in worker.held else "")
-    calls.loop.call_soon_threadsafe(functools.partial(run, work, arrays, settled, prefer=prefer,
-                                                      step=(caller, name), chain=calls.chain))
+    options = StepOptions(prefer=prefer, step=(caller, name), chain=calls.chain)
+    calls.loop.call_soon_threadsafe(functools.partial(run, generation, work, arrays, settled, options))
     return future

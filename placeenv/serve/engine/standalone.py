@@ -1,7 +1,7 @@
 """A repository model run in the calling thread, as a worker runs it, without the service.
 
 For benchmarks' bare loops and for testing a ``model.py``: ``preprocess`` on the host under
-``PlaceEnv('cpu')``, then the workers' own ``forward`` (workers.py) on one request. No queue, no
+``PlaceEnv('cpu')``, then the workers' own ``forward`` (forward.py) on one request. No queue, no
 batching across calls; place checks only when asked for.
 """
 
@@ -15,8 +15,9 @@ from placeenv import PlaceEnv
 
 from ..models.base import Model, host_inputs
 from ..models.repository import BUNDLED, Entry, scan
-from .workers import forward as worker_forward
-from .workers import warm_up
+from .forward import forward as worker_forward
+from .forward import unchecked
+from .replica import warm_up
 
 
 def replica(entry: Entry, place, version: int | None = None) -> Model:
@@ -36,9 +37,7 @@ def forward(model: Model, inputs: dict[str, np.ndarray], preprocess: Model | Non
     ``check(stage, device, expected=None)``: told where each tensor is, as a worker's place checks are."""
     with PlaceEnv("cpu"):
         host = host_inputs(model.context, (preprocess or model).preprocess(dict(inputs)))
-    if check is None:
-        return worker_forward(model, [host], batched=False, examples=1)
-    return worker_forward(model, [host], batched=False, examples=1, check=check)
+    return worker_forward(model, [host], batched=False, examples=1, check=check or unchecked)
 
 
 class Standalone:

@@ -110,7 +110,7 @@ def _batch_size(refuse, config: ModelConfig, steps: list[PipelineStep], entries:
     if config.max_batch_size is not None and config.max_batch_size > 0 and not batchable:
         raise refuse(f"max_batch_size {config.max_batch_size} needs every input's first dimension dynamic (-1)")
     # At most each batching step's: what it says it takes, every step takes in one forward pass (a job of
-    # more rows is queued as parts, engine/workers.py split).
+    # more rows is queued as parts, engine/forward.py split).
     smallest = min(((entries[s.model].max_batch_size, s) for s in steps if entries[s.model].max_batch_size > 0),
                    default=None, key=lambda found: found[0])
     if config.max_batch_size is not None and smallest is not None and config.max_batch_size > smallest[0]:

@@ -36,19 +36,10 @@ def main(argv: list[str] | None = None) -> int:
         import placeenv.sim
 
         placeenv.sim.prepare(settings.sim_devices)
-    from ..engine.engine import Engine  # imports Paddle, which sets its own SIGTERM handler (a fatal error)
-    from ..protocol.errors import StartupError
+    from ..engine.engine import running  # imports Paddle, which sets its own SIGTERM handler (a fatal error)
 
     _take_signals(stopped)  # ours again
-    try:
-        engine = Engine(settings)
-        engine.start()
-    except StartupError as exc:
-        log.error("cannot start: %s", exc)
-        return runtime.CANNOT_START
-    log.info("engine: serving %s on %s (isolation %s)", ", ".join(engine.entries), ", ".join(engine.devices),
-             settings.isolation)
-    return asyncio.run(serve(engine, flags, beats, run, stopped))
+    return asyncio.run(serve(running(settings), flags, beats, run, stopped))
 
 
 def _take_signals(stopped: list | None = None) -> list:
@@ -66,8 +57,33 @@ def _take_signals(stopped: list | None = None) -> list:
     return stopped
 
 
-async def serve(engine, flags: runtime.ReadyFlags, beats: runtime.Heartbeats, run, stopped: list) -> int:
-    """Answer the front ends until told to stop (0), or until serving fails (1: the supervisor restarts us)."""
+async def serve(engine_running, flags: runtime.ReadyFlags, beats: runtime.Heartbeats, run, stopped: list) -> int:
+    """Start the engine (``engine_running``: ``engine.running(settings)``), then answer the front ends until
+    told to stop (0), or until serving fails (1: the supervisor restarts us); ``CANNOT_START`` when the
+    engine cannot start."""
+    from ..protocol.errors import StartupError
+
+    closing: list = []  # what answers the front ends: let go of once the engine has stopped
+    try:
+        # At the end of ``async with``, requests in flight finish and are answered (the link still sends
+        # their answers); new ones get 503 Draining.
+        async with engine_running as engine:
+            catalog = engine.catalog()
+            log.info("engine: serving %s on %s (isolation %s)", ", ".join(catalog.models),
+                     ", ".join(catalog.devices), engine.settings.isolation)
+            return await answer_front_ends(engine, flags, beats, run, stopped, closing)
+    except StartupError as exc:
+        log.error("cannot start: %s", exc)
+        return runtime.CANNOT_START
+    finally:
+        for close in closing:
+            close()
+
+
+async def answer_front_ends(engine, flags: runtime.ReadyFlags, beats: runtime.Heartbeats, run, stopped: list,
+                            closing: list) -> int:
+    """Serve the link until told to stop (0) or until serving fails (1); ``closing`` gets what ends the
+    link's tasks and closes it, for after the engine has stopped."""
     from .link import endpoint
     from .link_server import EngineServer
 
@@ -82,24 +98,14 @@ async def serve(engine, flags: runtime.ReadyFlags, beats: runtime.Heartbeats, ru
     beating = asyncio.ensure_future(runtime.beating(beats, 0))
     flags.set(0, True)
     serving = asyncio.ensure_future(server.serve())
-    polling = asyncio.ensure_future(engine.control.poll()) if engine.settings.model_control_mode == "poll" else None
     told = asyncio.ensure_future(stop.wait())
+    closing += [serving.cancel, told.cancel, beating.cancel, server.close]
     await asyncio.wait([serving, told], return_when=asyncio.FIRST_COMPLETED)
     flags.set(0, False)
-    code = 0
     if serving.done():
         log.error("engine: serving the front ends failed: %r", serving.exception())
-        code = 1
-    log.info("engine: stopping; %d requests received, %d answered", engine.received, engine.answered)
-    if polling is not None:
-        polling.cancel()
-    # Requests in flight finish and are answered; new ones get 503 Draining.
-    await asyncio.to_thread(engine.stop)
-    serving.cancel()
-    told.cancel()
-    beating.cancel()
-    server.close()
-    return code
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ the same model with ``batch_padding`` on the width; ``call_split`` calls ``affin
   forward passes of at most that many, its answer the same; a part that fails fails it once.
 
 Forward passes are counted by Triton's statistics (``/v2/models/m/stats``: ``batch_stats``). And the
-padding itself (``workers.padded``): arrays, tensors and a step's rows, each at the end of the dims named.
+padding itself (``forward.padded``): arrays, tensors and a step's rows, each at the end of the dims named.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import paddle
 import pytest
 from support.servers import TEST_REPOSITORY, batches, free_port, queued_together, ran
 
-from placeenv.serve.engine.workers import Handed, padded
+from placeenv.serve.engine.forward import Handed, padded
 
 
 MODELS = "gate,widths,widths_padded,affine,call_split,faulty"

@@ -18,7 +18,7 @@ import pytest
 from support import ManualClock, wait_until
 
 from placeenv.serve.engine.dispatch import DeviceQueue, Job, Settled, shape_key
-from placeenv.serve.engine.workers import Handed
+from placeenv.serve.engine.forward import Handed
 
 
 def _job(loop, model: tuple[str, int] = ("m", 1), shape: tuple | None = None) -> Job:

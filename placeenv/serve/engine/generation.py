@@ -1,0 +1,239 @@
+"""What the engine serves, as one immutable generation swapped whole.
+
+A ``Generation`` holds every served version (``ServedVersion``: its entry, its preprocessing
+template, its outputs' datatypes, where it preprocesses, its statistics, the workers that hold it)
+and every served pipeline (``ServedPipeline``: its plan and statistics), and counts the work
+admitted under it and not yet answered: requests, pipeline runs, and each of their steps and calls.
+The catalog derives from it.
+
+The engine holds one generation at a time (``Served.generation``). A request is admitted under the
+generation of its moment, and everything it leads to (a pipeline's steps, a model's call to
+another) is looked up in that one, never in a later one. A load or an unload (control.py) builds
+the next generation, stages its replicas on the workers, swaps the reference, then waits for the
+old generation's count to reach zero before it frees what only the old one held.
+
+Everything here is read and written on the event loop thread; a worker reads a generation only
+through the job it runs (``Job.generation``), which it does not change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from ..models.base import Model
+from ..models.repository import Entry, Pipeline, Version
+from ..protocol.request import Catalog, ModelInfo, VersionInfo
+from .dispatch import DeviceQueue
+from .pipeline import Plan, plan
+from .stats import Stats
+
+#: A served version: (model, version).
+Key = tuple[str, int]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ServedVersion:
+    """Everything one served version needs on the request path."""
+
+    entry: Entry
+    version: Version
+    template: Model  # the CPU-side instance that preprocesses: a context, never a network
+    # Whether its model.py has a preprocess of its own: only such a version runs code that could make a
+    # tensor, so only it needs PlaceEnv('cpu') (two Tracer switches) and may go to the pool's threads.
+    own_preprocess: bool
+    datatypes: dict[str, str]  # each output's
+    stats: Stats  # the same object from one generation to the next while the version is served
+    holders: tuple[str, ...] = ()  # the workers (by name) that hold a replica of it
+
+    @property
+    def key(self) -> Key:
+        return (self.entry.name, self.version.number)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ServedPipeline:
+    """A served pipeline: how it runs on its generation's models, and its statistics."""
+
+    pipeline: Pipeline
+    plan: Plan
+    stats: Stats
+
+
+def serve_version(entry: Entry, version: Version, previous: ServedVersion | None,
+                  holders: tuple[str, ...]) -> ServedVersion:
+    """``version`` as a generation serves it; what ``previous`` (the same key's, in the generation before)
+    had is kept: its statistics, and its template when it is the same version (not loaded again)."""
+    if previous is not None and previous.version is version:
+        template = previous.template
+    else:
+        template = version.model_class()
+        template.context = version.context
+    return ServedVersion(entry, version, template, type(template).preprocess is not Model.preprocess,
+                         {s.name: s.datatype for s in version.outputs},
+                         previous.stats if previous is not None else Stats(), holders)
+
+
+class Generation:
+    """The served versions and pipelines, and the work admitted under them not yet answered."""
+
+    def __init__(self, entries: Mapping[str, Entry], versions: Mapping[Key, ServedVersion],
+                 pipelines: Mapping[str, ServedPipeline]) -> None:
+        self.entries: Mapping[str, Entry] = dict(entries)
+        self.versions: Mapping[Key, ServedVersion] = dict(versions)
+        self.pipelines: Mapping[str, ServedPipeline] = dict(pipelines)
+        self.admitted = 0  # work admitted under it and not yet answered (the loop thread's)
+        self._zero: asyncio.Event | None = None  # set when ``admitted`` reaches zero, while waited for
+
+    @classmethod
+    def build(cls, entries: Mapping[str, Entry], pipelines: Mapping[str, Pipeline], workers: Iterable = (),
+              previous: Generation | None = None) -> Generation:
+        """The generation serving ``entries`` and ``pipelines`` (linked against them), with the ``workers``
+        that hold each version (each has ``name`` and ``held``); ``previous``: the one it follows."""
+        workers = list(workers)
+        before = previous.versions if previous is not None else {}
+        versions = {}
+        for entry in entries.values():
+            for number, version in entry.versions.items():
+                key = (entry.name, number)
+                holders = tuple(w.name for w in workers if key in w.held)
+                versions[key] = serve_version(entry, version, before.get(key), holders)
+        old = previous.pipelines if previous is not None else {}
+        served = {name: ServedPipeline(found, plan(found, entries),
+                                       old[name].stats if name in old else Stats())
+                  for name, found in pipelines.items()}
+        return cls(entries, versions, served)
+
+    def next(self, entries: Mapping[str, Entry] | None = None, pipelines: Mapping[str, Pipeline] | None = None,
+             workers: Iterable = ()) -> Generation:
+        """The generation after this one: ``entries`` and ``pipelines`` where given, else this one's."""
+        return Generation.build(self.entries if entries is None else entries,
+                                self.pipeline_definitions() if pipelines is None else pipelines, workers, self)
+
+    def pipeline_definitions(self) -> dict[str, Pipeline]:
+        return {name: served.pipeline for name, served in self.pipelines.items()}
+
+    def users(self, model: str) -> list[str]:
+        """The pipelines that run ``model`` as one of their steps."""
+        return [name for name, served in self.pipelines.items()
+                if any(step.model == model for step in served.pipeline.steps)]
+
+    def names(self) -> list[str]:
+        """Every model and pipeline served, sorted."""
+        return sorted([*self.entries, *self.pipelines])
+
+    # -- the count ---------------------------------------------------------------------------
+
+    def admit(self) -> None:
+        """One more piece of work admitted under this generation (on the loop thread)."""
+        self.admitted += 1
+
+    def release(self) -> None:
+        """One piece of work answered (on the loop thread)."""
+        self.admitted -= 1
+        if self.admitted == 0 and self._zero is not None:
+            self._zero.set()
+
+    async def drained(self, timeout: float) -> bool:
+        """Wait until no work admitted under this generation is unanswered; False when ``timeout`` passes
+        first (each is still answered, by its deadline at the latest). One waiter at a time: the control's,
+        which makes one change at a time."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self.admitted:  # (work may be admitted between the zero and this task's next turn)
+            self._zero = asyncio.Event()
+            try:
+                await asyncio.wait_for(self._zero.wait(), max(0.0, deadline - loop.time()))
+            except asyncio.TimeoutError:
+                return self.admitted == 0
+            finally:
+                self._zero = None
+        return True
+
+    # -- what the protocols read ---------------------------------------------------------------
+
+    def models(self, backends: Callable[[Key], list[tuple[str, str]]]) -> dict[str, ModelInfo]:
+        """The catalog's models: each pipeline and model served, with ``backends(key)``: what runs the
+        version on each worker that holds it, as (its device, its ``Model.backend``)."""
+        models = {}
+        for name, served in self.pipelines.items():
+            found = served.pipeline
+            config = found.config.model_dump(mode="json", include={"description", "max_batch_size", "pipeline"})
+            if found.paddlex is not None:  # what PaddleX serving's API (http/paddlex.py) answers with
+                config["paddlex"] = found.paddlex
+            models[name] = ModelInfo(name, {found.version: VersionInfo(found.version, found.inputs, found.outputs,
+                                                                        "ensemble")},
+                                     found.max_batch_size, 0.0, found.config.description, config)
+        for entry in self.entries.values():
+            versions = {n: VersionInfo(n, v.inputs, v.outputs, platform(v, [b for _, b in backends((entry.name, n))]))
+                        for n, v in entry.versions.items()}
+            # What runs the default version on each device: the backend auto chose, or why it fell back.
+            by_device = dict(backends((entry.name, entry.default.number)))
+            models[entry.name] = ModelInfo(
+                entry.name, versions, entry.max_batch_size, entry.max_batch_delay_ms, entry.config.description,
+                {**entry.config.model_dump(mode="json", exclude={"inputs", "outputs"}), "backends": by_device})
+        return models
+
+
+def platform(version: Version, backends: list[str]) -> str:
+    """The Open Inference Protocol's platform of a version: ``paddle_python`` where Python code of its own
+    is its forward (no saved program, or an ``execute`` of its own: a model.py, a PaddleX pipeline's CPU
+    step), else what runs its program on its workers (``backends``, each a ``Model.backend``):
+    ``paddle_inference`` (a Predictor), ``paddle_jit`` (``paddle.jit.load``), both joined by ``+`` where
+    its devices differ."""
+    if version.program is None or version.model_class.execute is not Model.execute:
+        return "paddle_python"
+    found = sorted({"paddle_inference" if b.startswith("inference") else "paddle_jit" for b in backends})
+    return "+".join(found) or "paddle_jit"
+
+
+def hold(queues: Iterable[DeviceQueue], workers: list, keys: Iterable[Key]) -> None:
+    """Each queue's models: what its workers hold of ``keys`` (the versions of the generations still
+    serving), at start and at each swap and retirement."""
+    live = set(keys)
+    for queue in queues:
+        held = [{k for k in w.held if k in live} for w in workers if w.queue is queue]
+        queue.models = set().union(*held)
+        queue.uniform = all(h == held[0] for h in held)
+
+
+class Served:
+    """What the engine serves now: its one generation, what it could not serve (``skipped`` at start,
+    ``load_errors`` of the last failed loads, whose old versions serve on), and who hears of a new
+    catalog (``publishers``, in the order added; one may be a coroutine function: the engine
+    process's front ends, which it waits for)."""
+
+    def __init__(self, generation: Generation, skipped: dict[str, str]) -> None:
+        self.generation = generation
+        self.retiring: list[Generation] = []  # swapped out, not retired yet (control.py)
+        self.skipped = skipped
+        self.load_errors: dict[str, str] = {}
+        self.publishers: list[Callable[[Catalog], Any]] = []
+
+    def swap(self, generation: Generation, retiring: bool = True) -> Generation:
+        """Serve ``generation`` from now on (one assignment: no request sees half of a change); the old one,
+        which is ``retiring`` until ``retired`` unless told otherwise."""
+        old, self.generation = self.generation, generation
+        if retiring:
+            self.retiring.append(old)
+        return old
+
+    def retired(self, old: Generation) -> None:
+        """``old`` admits nothing more."""
+        if old in self.retiring:
+            self.retiring.remove(old)
+
+    def admitting(self, key: Key) -> Generation | None:
+        """For a request naming ``key``, which the current generation does not serve: a generation still
+        retiring that serves it (a front end's catalog may be one change behind until the change reaches
+        it); None."""
+        return next((g for g in reversed(self.retiring) if key in g.versions), None)
+
+    async def publish(self, catalog: Catalog) -> None:
+        """Hand ``catalog`` to everyone who answers from it; wait for those who say when they have it."""
+        for publish in self.publishers:
+            done = publish(catalog)
+            if asyncio.iscoroutine(done):
+                await done

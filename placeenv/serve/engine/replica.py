@@ -1,0 +1,128 @@
+"""A worker's replica of a model version: built on the worker's own thread, on its device, with the
+weights its device's workers share, place-checked and warmed up before it serves; finalized when it
+leaves.
+
+The worker (worker.py) calls ``build`` for each version it is to serve, at its start and for a load
+(``Worker.stage``), and ``finalize`` for each it lets go of.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+
+from placeenv import PlaceEnv
+
+from ..models.base import DeviceShare, Model, host_inputs
+from ..models.repository import Entry
+from .forward import forward, rows_of, unchecked
+
+log = logging.getLogger(__name__)
+
+#: Held around each replica's build and warm-up with isolation off (``build``), and around a worker's
+#: first ``set_device`` (``Worker``).
+STOCK_BUILDS = threading.Lock()
+
+
+class WarmUpFailed(RuntimeError):
+    """A warm-up request failed: which (``label``), and the ``problem`` as the model raised it."""
+
+    def __init__(self, label: str, problem: str) -> None:
+        super().__init__(f"{label} failed: {problem}")
+        self.problem = problem
+
+
+@dataclasses.dataclass(frozen=True)
+class Slot:
+    """Where a replica is built: its worker's name, device and place, the worker's place checker, whether
+    placeenv isolates the thread, the process's accelerators, and the weights its device's workers share
+    (None: each replica loads its own)."""
+
+    name: str
+    device: str
+    place: object
+    check: object
+    isolation: bool
+    accelerators: int = 1
+    shares: Shares | None = None
+
+
+def build(slot: Slot, entry: Entry, version) -> Model:
+    """``version``'s replica on ``slot``'s device, on this thread (the worker's): initialized, its weights'
+    places checked, warmed up; finalized again when any of that fails."""
+    if slot.isolation:
+        return _build(slot, entry, version)
+    # Stock Paddle (isolation off) has one Tracer for all threads, which jit.load switches to static
+    # mode while it builds: another worker's warm-up forward then breaks the load. One at a time.
+    with STOCK_BUILDS:
+        return _build(slot, entry, version)
+
+
+def _build(slot: Slot, entry: Entry, version) -> Model:
+    replica = version.model_class()
+    # The replica decides whether it takes the share (its config's share_weights, its own code).
+    share = (slot.shares.get(slot.device, entry.name, version.number, version.fingerprint)
+             if slot.shares is not None else None)
+    replica.initialize(slot.place, dataclasses.replace(version.context, accelerators=slot.accelerators, share=share))
+    stray = {k: d for k, d in replica.parameter_devices().items() if d != slot.device}
+    slot.check("load", next(iter(stray.values()), slot.device))
+    if stray and slot.isolation:
+        finalize(replica, slot.name)
+        raise RuntimeError(f"weights not on {slot.device} after initialize: {dict(list(stray.items())[:3])}")
+    try:
+        warm_up(replica, entry, version, slot.check)
+    except Exception:
+        finalize(replica, slot.name)
+        raise
+    return replica
+
+
+def warm_up(replica: Model, entry: Entry, version, check=None) -> None:
+    """Run the version's warm-up requests (its config's ``warmup``, or the default one) through ``replica``
+    as a batch runs: preprocess on the host, forward, postprocess. A Predictor builds and allocates at its
+    first run: this is that run, before the worker (or a load) says the version is ready. A Predictor that
+    built but fails it is rebuilt as it can be (``Model.rebuild``: oneDNN off, or jit) and warmed again."""
+    while True:
+        try:
+            for label, arrays in version.warmup:
+                try:
+                    with PlaceEnv("cpu"):
+                        prepared = host_inputs(replica.context, replica.preprocess(
+                            {name: array.copy() for name, array in arrays.items()}))
+                    examples = rows_of(next(iter(arrays.values()))) if entry.max_batch_size > 0 else 1
+                    forward(replica, [prepared], entry.max_batch_size > 0, examples, check or unchecked)
+                except Exception as exc:
+                    raise WarmUpFailed(label, f"{type(exc).__name__}: {str(exc)[:400]}") from None
+            return
+        except WarmUpFailed as exc:
+            if not replica.rebuild(exc.problem):
+                raise
+
+
+def finalize(replica: Model, worker: str) -> None:
+    """``replica.finalize()``; a failure is logged (the replica is let go of either way)."""
+    try:
+        replica.finalize()
+    except Exception:
+        log.exception("worker %s: finalize failed", worker)
+
+
+class Shares:
+    """One ``DeviceShare`` for each (device, model, version, its files' fingerprint): what its workers
+    share while it is served, so a replacement worker takes the same copy of the weights, and a version
+    loaded again from changed files does not."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._shares: dict[tuple[str, str, int, str], DeviceShare] = {}
+
+    def get(self, device: str, model: str, version: int, fingerprint: str = "") -> DeviceShare:
+        with self._lock:
+            return self._shares.setdefault((device, model, version, fingerprint), DeviceShare())
+
+    def forget(self, model: str, version: int, fingerprint: str) -> None:
+        """Let go of a version's weights (unloaded, or loaded again from changed files)."""
+        with self._lock:
+            for key in [k for k in self._shares if k[1:] == (model, version, fingerprint)]:
+                del self._shares[key]
