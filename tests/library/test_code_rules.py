@@ -637,13 +637,6 @@ def test_the_ci_tool_check_sees_a_program_not_installed():
 # is read after it). ``from package import name`` is an edge to ``package.name`` where that is a module,
 # else to the package.
 
-#: Circles that are known and being taken apart, each as its sorted modules. The rule tolerates these
-#: and fails once one is gone, so the entry goes with its fix:
-#: - engine/control.py calls the Engine it names (under TYPE_CHECKING), and engine.py imports it
-#:   (issue 45: control through public operations only).
-KNOWN_CIRCLES = {
-    ("placeenv.serve.engine.control", "placeenv.serve.engine.engine"),
-}
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:
@@ -722,10 +715,9 @@ def circles(graph: dict[str, set[str]]) -> set[tuple[str, ...]]:
     return found
 
 
-def test_no_import_circle_in_the_package_but_the_known_ones():
+def test_no_import_circle_in_the_package():
     found = circles(import_graph(ROOT))
-    assert found - KNOWN_CIRCLES == set(), "a new import circle"
-    assert KNOWN_CIRCLES - found == set(), "a known circle is gone: remove it from KNOWN_CIRCLES"
+    assert found == set(), "an import circle: the lower module must not import the higher"
 
 
 def test_the_circle_finder_sees_a_circle_and_passes_layers():
@@ -758,15 +750,6 @@ def test_the_import_graph_counts_every_kind_of_import(tmp_path):
 MODULE_LINES = 500  # a module of the service
 FUNCTION_LINES = 60  # a function of placeenv/, from its def (or first decorator) to its last line
 
-#: What is over a limit and being taken apart (issue 45: the engine split into the generation, the request
-#: path, the worker, the replica and the pool). The rule fails on anything else over, and on an entry that
-#: is no longer over, so the entry goes with its fix.
-KNOWN_LONG: set[str] = {
-    "placeenv/serve/engine/dispatch.py",
-    "placeenv/serve/engine/engine.py",
-    "placeenv/serve/engine/workers.py",
-    "placeenv/serve/engine/engine.py:Engine.__init__",
-}
 
 
 def long_parts(source: str, path: str, module_limit: int | None) -> set[str]:
@@ -796,8 +779,7 @@ def test_no_module_of_the_service_and_no_function_of_the_package_is_over_its_len
         name = relative(path)
         limit = MODULE_LINES if name.startswith("placeenv/serve/") else None
         found |= long_parts(path.read_text(), name, limit)
-    assert found - KNOWN_LONG == set(), "over the limit: split it along its seams"
-    assert KNOWN_LONG - found == set(), "no longer over the limit: remove it from KNOWN_LONG"
+    assert found == set(), "over the limit: split it along its seams"
 
 
 def test_the_length_scanner_sees_a_long_module_and_long_functions_and_passes_short_ones():
