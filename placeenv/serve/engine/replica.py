@@ -14,7 +14,8 @@ import threading
 
 from placeenv import PlaceEnv
 
-from ..models.base import DeviceShare, Model, host_inputs
+from ..models.backends import DeviceShare
+from ..models.base import Model, host_inputs
 from ..models.repository import Entry
 from .forward import forward, rows_of, unchecked
 

@@ -17,9 +17,7 @@ runs it. A ``model.py`` overrides what it needs.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import logging
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -34,10 +32,9 @@ from placeenv import PlaceEnv, device_name
 from placeenv.tensors import JIT_LOAD_LOCK, host_tensor, move_to
 
 from ..protocol.request import NO_PARAMETERS, InputError, TensorSpec
-from . import inference
+from . import backends
+from .backends import DeviceShare
 from .inference import Backend, InferenceOptions
-
-log = logging.getLogger(__name__)
 
 __all__ = ["InputError", "Model", "ModelContext", "TensorSpec", "batch_tensor", "host_tensor", "move_to"]
 
@@ -62,46 +59,6 @@ class Calls(threading.local):
 
 
 CALLS = Calls()
-
-
-@dataclasses.dataclass(eq=False)
-class DeviceShare:
-    """What the replicas of one model version on one device share: one copy of its weights.
-
-    The first replica's network (or Predictor) is kept here. A later replica's network takes
-    its parameters and buffers (``adopt_weights``) and keeps its own program, scope and
-    interpreter: Paddle 3.3 caches a ``jit.load``ed layer's interpreter and scope per layer
-    without a lock, so threads calling forward on one layer crash (docs/models.md, "One copy
-    of the weights"). A Predictor is used by all of them under ``run_lock``: its ``run`` holds
-    the GIL, so they take turns anyway, and ``Predictor.clone()`` loads the weights again.
-    """
-
-    adopting: threading.Lock = dataclasses.field(default_factory=threading.Lock)
-    network: paddle.nn.Layer | None = None
-    predictor: Any = None
-    run_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
-    #: What the Predictor was rebuilt as after its first one failed to run (``Model.rebuild``): the next
-    #: replica that finds its own failing takes this one.
-    rebuilt: str | None = None
-
-
-def adopt_weights(network: paddle.nn.Layer, source: paddle.nn.Layer) -> bool:
-    """Make ``network``'s parameters and buffers ``source``'s tensors, so one copy serves both;
-    False, changing nothing, unless their names, shapes and dtypes all match.
-
-    For a ``jit.load``ed layer it must run before the layer's first forward, which binds the
-    tensors it finds then into its program."""
-    mine, theirs = network.state_dict(), source.state_dict()
-    layers, sources = dict(network.named_sublayers(include_self=True)), dict(source.named_sublayers(include_self=True))
-    if mine.keys() != theirs.keys() or layers.keys() != sources.keys() or any(
-            mine[k].shape != theirs[k].shape or mine[k].dtype != theirs[k].dtype for k in mine):
-        return False
-    for prefix, layer in layers.items():
-        for name, parameter in sources[prefix].named_parameters(include_sublayers=False):
-            layer.add_parameter(name, parameter)
-        for name, buffer in sources[prefix].named_buffers(include_sublayers=False):
-            layer.register_buffer(name, buffer, persistable=f"{prefix}.{name}".lstrip(".") in theirs)
-    return True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,85 +119,20 @@ class Model:
         """
         self.place, self.context = placeenv.to_place(place), context
         self._env = PlaceEnv(self.place)
-        # A model.py that loads its own network keeps it. One that overrides execute() or initialize()
-        # was written against self.network: auto keeps jit.load for it (backend: inference opts in).
-        own = type(self).execute is not Model.execute or type(self).initialize is not Model.initialize
-        device = device_name(self.place)
-        plain = type(self).load is Model.load and context.program is not None
-        if context.backend == "auto" and plain and not own and (why := inference.why_jit(device, context.accelerators)):
-            self.backend = why
-        defaults = type(self).load is Model.load and type(self).initialize is Model.initialize
-        sharing = context.share if context.share_weights or (context.share_weights is None and defaults) else None
-        if (plain and not (own and context.backend == "auto")
-                and inference.chosen(context.backend, device, context.accelerators) == "inference"):
-            try:
-                # A model.py's own execute() would run a shared Predictor without its lock: it gets its own.
-                share = sharing if type(self).execute is Model.execute else None
-                with JIT_LOAD_LOCK:  # a Predictor builds its program through the same global insertion point
-                    if share is not None and share.predictor is not None:
-                        self.predictor, self._run_lock, self.shares_weights = share.predictor, share.run_lock, True
-                    else:
-                        self.predictor = inference.create(context.program, self.place, context.inference)
-                        if share is not None:
-                            share.predictor, self._run_lock = self.predictor, share.run_lock
-                    self._predictor_share = share
-                self.backend = "inference"
-                return
-            except Exception as exc:
-                problem = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"
-                if context.backend == "inference":
-                    raise RuntimeError(f"Paddle Inference cannot load the program (backend: inference): "
-                                       f"{problem}") from None
-                self.backend = f"jit (backend auto: Paddle Inference could not load the program: {problem})"
-                _say_once(context, f"model {context.name!r} version {context.version}: Paddle Inference "
-                          f"could not load the program ({problem}); serving it with paddle.jit.load")
-        with sharing.adopting if sharing is not None else contextlib.nullcontext():
-            source = sharing.network if sharing is not None else None
-            # A replica that adopts the device's copy loads its own on the host, freed once adopted, so the
-            # device never holds a second copy, not even in its allocator's cache.
-            with PlaceEnv("cpu") if source is not None else self._env:
-                self.network = self.load(context)
-            if self.network is not None and source is not None:
-                self.shares_weights = adopt_weights(self.network, source)
-                if not self.shares_weights:  # another network: its own copy, on its device
-                    with self._env:
-                        self.network = self.load(context)
-            if self.network is not None and sharing is not None and source is None:
-                sharing.network = self.network
-        if self.network is not None:
-            self.network.eval()
+        backends.attach(self, context, self._written())
+
+    def _written(self) -> backends.Written:
+        """Which of the defaults this replica's class replaces (its model.py's own methods)."""
+        kind = type(self)
+        return backends.Written(load=kind.load is not Model.load, execute=kind.execute is not Model.execute,
+                                initialize=kind.initialize is not Model.initialize)
 
     def rebuild(self, problem: str) -> bool:
         """After this replica's Predictor built but failed to run (its warm-up): a Predictor without oneDNN
         where oneDNN was on (Paddle 3.3's oneDNN executor cannot run some programs: PP-OCRv5's text
         detector; PaddleX keeps a list of such models), else with backend ``auto`` ``paddle.jit.load``.
         False where neither is left to try. ``backend`` says what runs it now, and why."""
-        context, share = self.context, self._predictor_share
-        if self.predictor is None:
-            return False
-        why = (problem.strip().splitlines() or [""])[0][:200]
-        if context.inference.onednn and device_name(self.place) == "cpu":
-            options = context.inference.model_copy(update={"onednn": False})
-            with JIT_LOAD_LOCK:
-                if share is not None and share.rebuilt is not None and share.predictor is not self.predictor:
-                    self.predictor = share.predictor  # another replica rebuilt the device's one already
-                else:
-                    self.predictor = inference.create(context.program, self.place, options)
-                    if share is not None:
-                        share.predictor, share.rebuilt = self.predictor, "onednn off"
-            self.context = dataclasses.replace(context, inference=options)
-            self.backend = f"inference (oneDNN off: with it the program failed to run: {why})"
-            _say_once(context, f"model {context.name!r} version {context.version}: {self.backend}")
-            return True
-        if context.backend != "auto" or type(self).load is not Model.load:
-            return False
-        self.predictor, self._predictor_share = None, None
-        with self._env:
-            self.network = self.load(context)
-        self.network.eval()
-        self.backend = f"jit (backend auto: Paddle Inference could not run the program: {why})"
-        _say_once(context, f"model {context.name!r} version {context.version}: {self.backend}")
-        return True
+        return backends.rebuild(self, problem, self._written())
 
     def load(self, context: ModelContext) -> paddle.nn.Layer | None:
         """The network to run; by default the version's saved program."""
@@ -340,19 +232,6 @@ class Model:
         if self.context is not None and self.context.program is not None and device.startswith("sim:"):
             return "cpu"
         return device
-
-
-_said: set[tuple[str, int]] = set()
-_said_lock = threading.Lock()
-
-
-def _say_once(context: ModelContext, message: str) -> None:
-    """Log ``message`` once per model version, however many workers find it."""
-    with _said_lock:
-        if (context.name, context.version) in _said:
-            return
-        _said.add((context.name, context.version))
-    log.warning("%s", message)
 
 
 def host_inputs(context: ModelContext, preprocessed: Any) -> dict[str, np.ndarray | paddle.Tensor]:

@@ -22,7 +22,7 @@ from support.servers import ServiceProcess
 
 from placeenv import PlaceEnv
 from placeenv.serve.models import scan
-from placeenv.serve.models.base import adopt_weights
+from placeenv.serve.models.backends import adopt_weights
 
 COPY = (256 * 1024 + 1024 + 1024 * 256 + 256) * 4  # bytes of Wide's parameters
 DEVICE = "sim:1"

@@ -1,0 +1,185 @@
+"""What runs a replica, and what the replicas of a device share: the backend chosen for a version (a
+Paddle Inference Predictor or ``paddle.jit.load``, models/inference.py), the rebuild of a Predictor that
+fails its first run, and one copy of the weights a device.
+
+``Model.initialize`` and ``Model.rebuild`` (base.py), which users subclass and call with ``super()``, hand
+their replica here: the defaults' decisions live apart from the contract users write against. ``replica``
+is a ``Model``; this module names none of base.py (base.py imports it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import threading
+from typing import Any
+
+import paddle
+
+from placeenv import PlaceEnv, device_name
+from placeenv.tensors import JIT_LOAD_LOCK
+
+from . import inference
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Written:
+    """Which defaults a replica's class replaces with its model.py's own: a model.py that loads its own
+    network keeps it; one with its own ``execute()`` or ``initialize()`` was written against
+    ``self.network``."""
+
+    load: bool
+    execute: bool
+    initialize: bool
+
+
+@dataclasses.dataclass(eq=False)
+class DeviceShare:
+    """What the replicas of one model version on one device share: one copy of its weights.
+
+    The first replica's network (or Predictor) is kept here. A later replica's network takes
+    its parameters and buffers (``adopt_weights``) and keeps its own program, scope and
+    interpreter: Paddle 3.3 caches a ``jit.load``ed layer's interpreter and scope per layer
+    without a lock, so threads calling forward on one layer crash (docs/models.md, "One copy
+    of the weights"). A Predictor is used by all of them under ``run_lock``: its ``run`` holds
+    the GIL, so they take turns anyway, and ``Predictor.clone()`` loads the weights again.
+    """
+
+    adopting: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    network: paddle.nn.Layer | None = None
+    predictor: Any = None
+    run_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    #: What the Predictor was rebuilt as after its first one failed to run (``Model.rebuild``): the next
+    #: replica that finds its own failing takes this one.
+    rebuilt: str | None = None
+
+
+def adopt_weights(network: paddle.nn.Layer, source: paddle.nn.Layer) -> bool:
+    """Make ``network``'s parameters and buffers ``source``'s tensors, so one copy serves both;
+    False, changing nothing, unless their names, shapes and dtypes all match.
+
+    For a ``jit.load``ed layer it must run before the layer's first forward, which binds the
+    tensors it finds then into its program."""
+    mine, theirs = network.state_dict(), source.state_dict()
+    layers, sources = dict(network.named_sublayers(include_self=True)), dict(source.named_sublayers(include_self=True))
+    if mine.keys() != theirs.keys() or layers.keys() != sources.keys() or any(
+            mine[k].shape != theirs[k].shape or mine[k].dtype != theirs[k].dtype for k in mine):
+        return False
+    for prefix, layer in layers.items():
+        for name, parameter in sources[prefix].named_parameters(include_sublayers=False):
+            layer.add_parameter(name, parameter)
+        for name, buffer in sources[prefix].named_buffers(include_sublayers=False):
+            layer.register_buffer(name, buffer, persistable=f"{prefix}.{name}".lstrip(".") in theirs)
+    return True
+
+
+
+def attach(replica, context, written: Written) -> None:
+    """Give ``replica`` (its place and context set) what runs it: a Predictor, or the network ``load()``
+    makes, as the config's ``backend`` and what its class replaces allow; the device's shared copy where
+    the config's ``share_weights`` (or, unset, the defaults) allow. ``replica.backend`` says which."""
+    own = written.execute or written.initialize  # auto keeps jit.load for it (backend: inference opts in)
+    device = device_name(replica.place)
+    plain = not written.load and context.program is not None
+    if context.backend == "auto" and plain and not own and (why := inference.why_jit(device, context.accelerators)):
+        replica.backend = why
+    defaults = not written.load and not written.initialize
+    sharing = context.share if context.share_weights or (context.share_weights is None and defaults) else None
+    if (plain and not (own and context.backend == "auto")
+            and inference.chosen(context.backend, device, context.accelerators) == "inference"):
+        # A model.py's own execute() would run a shared Predictor without its lock: it gets its own.
+        if _predictor(replica, context, sharing if not written.execute else None):
+            return
+    _network(replica, context, sharing)
+
+
+def _predictor(replica, context, share: DeviceShare | None) -> bool:
+    """A Predictor for ``replica``, the device's where ``share`` has one; False where Paddle Inference
+    cannot load the program and ``auto`` lets jit.load serve it instead."""
+    try:
+        with JIT_LOAD_LOCK:  # a Predictor builds its program through the same global insertion point
+            if share is not None and share.predictor is not None:
+                replica.predictor, replica._run_lock, replica.shares_weights = share.predictor, share.run_lock, True
+            else:
+                replica.predictor = inference.create(context.program, replica.place, context.inference)
+                if share is not None:
+                    share.predictor, replica._run_lock = replica.predictor, share.run_lock
+            replica._predictor_share = share
+        replica.backend = "inference"
+        return True
+    except Exception as exc:
+        problem = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"
+        if context.backend == "inference":
+            raise RuntimeError(f"Paddle Inference cannot load the program (backend: inference): "
+                               f"{problem}") from None
+        replica.backend = f"jit (backend auto: Paddle Inference could not load the program: {problem})"
+        say_once(context, f"model {context.name!r} version {context.version}: Paddle Inference "
+                 f"could not load the program ({problem}); serving it with paddle.jit.load")
+        return False
+
+
+def _network(replica, context, sharing: DeviceShare | None) -> None:
+    """``replica.load()``'s network, taking the device's copy of the weights where ``sharing`` has one."""
+    with sharing.adopting if sharing is not None else contextlib.nullcontext():
+        source = sharing.network if sharing is not None else None
+        # A replica that adopts the device's copy loads its own on the host, freed once adopted, so the
+        # device never holds a second copy, not even in its allocator's cache.
+        with PlaceEnv("cpu") if source is not None else replica._env:
+            replica.network = replica.load(context)
+        if replica.network is not None and source is not None:
+            replica.shares_weights = adopt_weights(replica.network, source)
+            if not replica.shares_weights:  # another network: its own copy, on its device
+                with replica._env:
+                    replica.network = replica.load(context)
+        if replica.network is not None and sharing is not None and source is None:
+            sharing.network = replica.network
+    if replica.network is not None:
+        replica.network.eval()
+
+
+def rebuild(replica, problem: str, written: Written) -> bool:
+    """``replica``'s Predictor built but failed its first run (``problem``): rebuilt without oneDNN where
+    oneDNN was on, else, with backend ``auto`` and the default ``load()``, replaced by jit.load. False
+    where neither is left to try."""
+    context, share = replica.context, replica._predictor_share
+    if replica.predictor is None:
+        return False
+    why = (problem.strip().splitlines() or [""])[0][:200]
+    if context.inference.onednn and device_name(replica.place) == "cpu":
+        options = context.inference.model_copy(update={"onednn": False})
+        with JIT_LOAD_LOCK:
+            if share is not None and share.rebuilt is not None and share.predictor is not replica.predictor:
+                replica.predictor = share.predictor  # another replica rebuilt the device's one already
+            else:
+                replica.predictor = inference.create(context.program, replica.place, options)
+                if share is not None:
+                    share.predictor, share.rebuilt = replica.predictor, "onednn off"
+        replica.context = dataclasses.replace(context, inference=options)
+        replica.backend = f"inference (oneDNN off: with it the program failed to run: {why})"
+        say_once(context, f"model {context.name!r} version {context.version}: {replica.backend}")
+        return True
+    if context.backend != "auto" or written.load:
+        return False
+    replica.predictor, replica._predictor_share = None, None
+    with replica._env:
+        replica.network = replica.load(context)
+    replica.network.eval()
+    replica.backend = f"jit (backend auto: Paddle Inference could not run the program: {why})"
+    say_once(context, f"model {context.name!r} version {context.version}: {replica.backend}")
+    return True
+
+
+_said: set[tuple[str, int]] = set()
+_said_lock = threading.Lock()
+
+
+def say_once(context, message: str) -> None:
+    """Log ``message`` once per model version, however many workers find it."""
+    with _said_lock:
+        if (context.name, context.version) in _said:
+            return
+        _said.add((context.name, context.version))
+    log.warning("%s", message)
