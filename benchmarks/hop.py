@@ -68,6 +68,7 @@ class StubEngine:
         # As many requests in flight as the front end sends: the link refuses past the catalog's capacity.
         extra = {"capacity": 1 << 20} if "capacity" in Catalog.__struct_fields__ else {}
         self.catalog_value = Catalog({}, {}, ["sim:0"], 32, **extra)
+        self.publishers: list = []  # who hears of a new catalog: the link's engine side adds itself
 
     def catalog(self):
         return self.catalog_value
