@@ -71,6 +71,9 @@ REQUEST_DURATION = ("inference_request_duration_seconds", "Time from arrival to 
 PREPROCESS_DURATION = ("inference_preprocess_duration_seconds", "Time from a request's arrival to the end of "
                        "its CPU preprocessing, reading the body and the hop to the engine included.",
                        ("model",))
+REFUSAL_DURATION = ("inference_refusal_duration_seconds", "Time from arrival to answer of inference requests "
+                    "read and then turned away with Retry-After (overloaded, draining, engine unavailable), by "
+                    "outcome: how fast the service sheds load.", ("model", "status"))
 IN_FLIGHT = ("inference_in_flight_requests", "Inference requests handed to the engine and not yet answered.", ())
 
 
@@ -105,6 +108,7 @@ class LoopMetrics(Collector):
         self.answered: dict[tuple[str, str, str], int] = {}  # (model, device, status) -> count
         self.durations: dict[tuple[str, str], list] = {}  # (model, device) -> [bucket counts..., sum]
         self.preprocess: dict[tuple[str], list] = {}  # (model,) -> [bucket counts..., sum]
+        self.refusals: dict[tuple[str, str], list] = {}  # (model, status) -> [bucket counts..., sum]
         self.in_flight = 0
 
     def count(self, model: str, device: str, status: str) -> None:
@@ -126,7 +130,8 @@ class LoopMetrics(Collector):
             requests.add_metric(key, value)
         yield requests
         for (name, help_text, labels), histograms in ((REQUEST_DURATION, self.durations),
-                                                      (PREPROCESS_DURATION, self.preprocess)):
+                                                      (PREPROCESS_DURATION, self.preprocess),
+                                                      (REFUSAL_DURATION, self.refusals)):
             family = HistogramMetricFamily(name, help_text, labels=labels)
             for key, found in list(histograms.items()):
                 counts, total = found[:-1], found[-1]
@@ -161,6 +166,8 @@ class SharedSeries:
                                    buckets=LATENCY_BUCKETS, registry=registry)
         self.preprocess = Histogram(*PREPROCESS_DURATION[:2], [*PREPROCESS_DURATION[2], "frontend"],
                                     buckets=LATENCY_BUCKETS, registry=registry)
+        self.refusals = Histogram(*REFUSAL_DURATION[:2], [*REFUSAL_DURATION[2], "frontend"],
+                                  buckets=LATENCY_BUCKETS, registry=registry)
         # livesum: the merged value is the requests in flight in every running process; a dead
         # process's share goes with process_dead(), so a crash does not leave its requests counted.
         self.in_flight = Gauge(*IN_FLIGHT[:2], ["frontend"], multiprocess_mode="livesum", registry=registry)
@@ -178,7 +185,8 @@ class SharedSeries:
                 if count != before:
                     child(self.requests, *key, self.frontend).inc(count - before)
                     written[self.requests, key] = count
-            for metric, histograms in ((self.durations, source.durations), (self.preprocess, source.preprocess)):
+            for metric, histograms in ((self.durations, source.durations), (self.preprocess, source.preprocess),
+                                       (self.refusals, source.refusals)):
                 for key, found in list(histograms.items()):
                     now = list(found)  # [bucket counts..., sum], as LoopMetrics keeps them
                     before = written.get((metric, key)) or [0] * len(now)
@@ -198,8 +206,8 @@ class SharedSeries:
                 written[self.in_flight] = source.in_flight
 
     def describe(self) -> list:
-        return [family for metric in (self.requests, self.durations, self.preprocess, self.in_flight)
-                for family in metric.describe()]
+        series = (self.requests, self.durations, self.preprocess, self.refusals, self.in_flight)
+        return [family for metric in series for family in metric.describe()]
 
 
 #: How often the writer thread copies this process's numbers to the shared directory: well inside

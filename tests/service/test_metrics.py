@@ -21,6 +21,8 @@ def test_loop_metrics_export_what_prometheus_clients_own_metrics_would():
                          buckets=metrics.LATENCY_BUCKETS, registry=theirs)
     preprocess = Histogram("inference_preprocess_duration_seconds", "", ["model"],
                            buckets=metrics.LATENCY_BUCKETS, registry=theirs)
+    refusals = Histogram("inference_refusal_duration_seconds", "", ["model", "status"],
+                         buckets=metrics.LATENCY_BUCKETS, registry=theirs)
     in_flight = Gauge("inference_in_flight_requests", "", registry=theirs)
     seconds = [0.0, 0.0004, 0.001, 0.00100001, 0.0025, 0.07, 1.0, 29.9, 30.0, 31, 1e6]
     for i, value in enumerate(seconds):
@@ -31,6 +33,8 @@ def test_loop_metrics_export_what_prometheus_clients_own_metrics_would():
         duration.labels("digits", device).observe(value)
         ours.observe(ours.preprocess, ("digits",), value / 10)
         preprocess.labels("digits").observe(value / 10)
+        ours.observe(ours.refusals, ("digits", "overloaded"), value / 100)
+        refusals.labels("digits", "overloaded").observe(value / 100)
     ours.count("unknown", "none", "not_found")
     requests.labels("unknown", "none", "not_found").inc()
     ours.in_flight = 3

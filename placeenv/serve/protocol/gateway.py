@@ -75,11 +75,12 @@ class Gateway:
         (counted, ``counted`` set) when it has none, or the exception of a bug (counted as "error").
         ``model``: the name the request gave before its body is read (a path's), for the label of a
         refusal that comes before ``identify`` names it."""
-        name = model
+        name, arrived = model, None
         try:
             name, version = identify()
             model, chosen = self.catalog.resolve(name, version)
             request = read(model, chosen)
+            arrived = request.arrived
             deadline = request.arrived + self.timeout_s
             if request.timeout is None and request.priority is None and request.expires is None and \
                     request.parameters is None:
@@ -101,7 +102,7 @@ class Gateway:
             self.refuse(Timeout("the request's deadline passed") if late else Cancelled("the client left"), name)
             raise
         except ServiceError as exc:
-            self.refuse(exc, name)
+            self.refuse(exc, name, arrived)
             raise
         except Exception:  # a bug of ours: answered 500 / INTERNAL by the protocol, counted as one
             metrics.ON_LOOP.count(self._label(name), "none", OUTCOMES[ModelFailed].label)
@@ -112,11 +113,15 @@ class Gateway:
                                 time.perf_counter() - request.arrived)
         return result
 
-    def refuse(self, error: ServiceError, model: Any = None) -> None:
+    def refuse(self, error: ServiceError, model: Any = None, arrived: float | None = None) -> None:
         """Count an inference request answered with ``error``: by ``infer``, or by a protocol's router
         for what it refuses before reading a request (a body over the limit, a method the path does
-        not take). The model label is a served model's name or "unknown"."""
-        metrics.ON_LOOP.count(self._label(model), error.device, outcome(error).label)
+        not take). The model label is a served model's name or "unknown". A request read (``arrived``
+        known) and turned away to retry later is timed too: shedding load must not wait for passes."""
+        label, found = self._label(model), outcome(error)
+        metrics.ON_LOOP.count(label, error.device, found.label)
+        if arrived is not None and found.retry:
+            metrics.ON_LOOP.observe(metrics.ON_LOOP.refusals, (label, found.label), time.perf_counter() - arrived)
         error.counted = True
 
     def _label(self, model: Any) -> str:

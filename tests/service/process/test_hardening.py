@@ -140,6 +140,13 @@ def bucket_at_or_above(seconds: float) -> str:
     return next((floatToGoString(b) for b in LATENCY_BUCKETS if b >= seconds), "+Inf")
 
 
+def bucket_holding(cumulative: dict[str, float], q: float) -> float:
+    """The bound of the first latency bucket holding a fraction ``q`` of a histogram's observations
+    (``cumulative``: its ``le`` labels to counts): an upper bound of their ``q`` quantile."""
+    count = cumulative.get("+Inf", 0)
+    return min((float(le) for le, n in cumulative.items() if n >= q * count and count), default=0.0)
+
+
 def admitted_wait_bound(served_rate: float, single: float, refused_p99: float) -> float:
     """How long an admitted request may take by the service's clock under overload, from what this
     machine measured: its device's queue holds at most ``QUEUE`` requests and its worker one more, so
@@ -170,18 +177,28 @@ def test_sustained_overload_sheds_load_and_recovers():
         )
         assert {r[0] for r in measured} == {200}, {r[0] for r in measured}
         capacity = len(measured) / elapsed  # requests per second
-        # What the front end answers when no worker is involved: the same 26 KB bodies for a model it
-        # does not serve, read, parsed and refused (404) at once.
+        # What the front end answers while the workers are busy, as they are under the overload: the
+        # same 26 KB bodies for a model it does not serve, read, parsed and refused (404) at once, beside
+        # 4 clients keeping both devices busy. The workers' passes take the cores (and the GIL) from the
+        # event loop, so this rate, not the idle loop's, is what the loop reads during the overload: in
+        # CI the idle loop's 210/s halved still saturated it, and requests waited unread for seconds.
         unknown = content.replace(b'"mobilenet"', b'"no-such-model"', 1)
-        refused, refused_elapsed = asyncio.run(
-            closed_loop(proc.url, unknown, clients=4, seconds=2.0, max_requests=2000)
-        )
+
+        async def refusing_beside_work():
+            return await asyncio.gather(
+                closed_loop(proc.url, unknown, clients=4, seconds=3.0, max_requests=3000),
+                closed_loop(proc.url, content, clients=4, seconds=3.0, max_requests=400),
+            )
+
+        (refused, refused_elapsed), (beside, _) = asyncio.run(refusing_beside_work())
         assert {r[0] for r in refused} == {404}, {r[0] for r in refused}
+        assert {r[0] for r in beside} == {200}, {r[0] for r in beside}
+        measured += beside
         front_rate = len(refused) / refused_elapsed
-        # ~5x what it can serve, and at most half what the front end reads: this client (httpx, ~1 ms of
-        # CPU a request) and the service's event loop share the cores with the workers, and past what
-        # the loop reads, they, not the service's queues, set the latency the client sees (requests
-        # wait unread in socket buffers for seconds). Both figures are this machine's, measured now.
+        # ~5x what it can serve, and at most half what the front end reads beside busy workers: this
+        # client (httpx, ~1 ms of CPU a request) and the service's event loop share the cores with the
+        # workers, and past what the loop reads, they, not the service's queues, set the latency the
+        # client sees (requests wait unread in socket buffers). Both figures are this machine's, now.
         rate = min(5 * capacity, front_rate / 2)
 
         rss_before = rss_bytes(pid)
@@ -239,19 +256,24 @@ def test_sustained_overload_sheds_load_and_recovers():
         rss_after = rss_bytes(pid)
         server_slow = (proc.total("inference_request_duration_seconds_count")
                        - proc.total("inference_request_duration_seconds_bucket", le=slow_bucket))
+        refusal_buckets = proc.by_label("inference_refusal_duration_seconds_bucket", "le", status="overloaded")
 
     statuses = [r[0] for r in results]
     ok = [r for r in results if r[0] == 200]
     shed = [r for r in results if r[0] in (503, 429)]
     accepted_p99 = percentile([r[1] for r in ok], 99)
     shed_p50, shed_p99 = percentile([r[1] for r in shed], 50), percentile([r[1] for r in shed], 99)
+    # The refusals by the service's clock (arrival to answer): the bucket bounds their median and tail lie in.
+    refusals_timed = refusal_buckets.get("+Inf", 0)
+    refusal_p50, refusal_p99 = (bucket_holding(refusal_buckets, q) for q in (0.5, 0.99))
     peak = max(s for _, s in rss_samples)
     report = (
-        f"capacity {capacity:.1f}/s, front end {front_rate:.0f}/s, served under the load {served_rate:.1f}/s, "
+        f"capacity {capacity:.1f}/s, front end beside busy workers {front_rate:.0f}/s, served under the load {served_rate:.1f}/s, "
         f"offered {rate:.1f}/s for {OVERLOAD_SECONDS:g}s: "
         f"{len(results)} requests, {len(ok)} ok, {len(shed)} shed; "
         f"accepted p50 {percentile([r[1] for r in ok], 50) * 1000:.0f} p99 {accepted_p99 * 1000:.0f} ms; "
-        f"shed p50 {shed_p50 * 1000:.0f} p99 {shed_p99 * 1000:.0f} ms; client lag {lag:.2f}s; "
+        f"shed p50 {shed_p50 * 1000:.0f} p99 {shed_p99 * 1000:.0f} ms (service's clock: {refusals_timed:g} timed, "
+        f"p50 <= {refusal_p50 * 1000:g} p99 <= {refusal_p99 * 1000:g} ms); client lag {lag:.2f}s; "
         f"single {single_before * 1000:.0f} -> {single_after * 1000:.0f} ms (try {len(afters)}); "
         f"RSS {rss_before / MiB:.0f} -> max {peak / MiB:.0f} -> {rss_after / MiB:.0f} MiB; "
         f"recovered in {recovered_in:.2f}s; admitted bound {admitted_bound:.2f} s: served in over "
@@ -283,10 +305,14 @@ def test_sustained_overload_sheds_load_and_recovers():
     # does: the refusals' tail is that wait on this machine, and the request timeout bounds the rest.
     assert server_slow == 0, report
     assert accepted_p99 < shed_p99 + TIMEOUT_S, report
-    # Refusals come at once, without waiting in a queue: the median within what "fast again" allows one
+    # Refusals come at once, without waiting in a queue, by the service's clock: the client's also counts
+    # the wait to be read, which is the machine's (in CI, beside another test's burst, refusals waited
+    # 6 s unread while the service's queues held 8). The median within what "fast again" allows one
     # request alone (below), from the single latency measured before the load; a refusal that queued
-    # would wait for passes. None waits as long as the request timeout, which it would if it queued.
-    assert shed_p50 < 3 * single_before + 0.2 and shed_p99 < TIMEOUT_S, report
+    # would wait for passes. The tail short of the request timeout, which a queued refusal would reach.
+    assert refusals_timed == len(shed), report
+    assert refusal_p50 <= float(bucket_at_or_above(3 * single_before + 0.2)), report
+    assert refusal_p99 < TIMEOUT_S, report
 
     # Memory: bounded growth, and not still climbing at the end of the overload.
     assert peak - rss_before < 300 * MiB, report

@@ -45,6 +45,7 @@ ON_LOOP.count("digits", "sim:1", "overloaded")
 for seconds in (0.002, 0.3):
     ON_LOOP.observe(ON_LOOP.durations, ("digits", "sim:0"), seconds)
 ON_LOOP.observe(ON_LOOP.preprocess, ("digits",), 0.0001)
+ON_LOOP.observe(ON_LOOP.refusals, ("digits", "overloaded"), 0.0001)
 ON_LOOP.in_flight += 2
 metrics.READY.set(1)
 """
@@ -127,6 +128,7 @@ def test_every_processs_series_meet_in_one_view(tmp_path):
     assert total(seen, duration + "_bucket", le="+Inf") == 4
     assert abs(total(seen, duration + "_sum") - 7.304) < 1e-9
     assert total(seen, "inference_preprocess_duration_seconds_bucket", le="0.001", frontend="0") == 1
+    assert total(seen, "inference_refusal_duration_seconds_bucket", le="0.001", status="overloaded") == 1
     # gauges, by their modes: livesum (in flight, queue depth), livemax (worker up), livemin (ready)
     assert total(seen, "inference_in_flight_requests", frontend="0") == 2
     assert total(seen, "inference_in_flight_requests", frontend="1") == 1
@@ -164,7 +166,8 @@ def test_without_the_directory_each_process_sees_only_its_own():
 def _request_path_series(samples: dict) -> dict:
     """The per-request series without their frontend label: what both modes must agree on."""
     families = ("inference_requests", "inference_request_duration_seconds",
-                "inference_preprocess_duration_seconds", "inference_in_flight_requests")
+                "inference_preprocess_duration_seconds", "inference_refusal_duration_seconds",
+                "inference_in_flight_requests")
     return {(name, tuple(item for item in labels if item[0] != "frontend")): value
             for (name, labels), value in samples.items() if name.startswith(families)}
 
