@@ -23,10 +23,16 @@ import placeenv.sim
 
 placeenv.sim.prepare(devices=4, transfer_us=0, gbps=0)  # no device time, whatever the shell exports
 
+import httpx  # noqa: E402
 import paddle  # noqa: E402
 import pytest  # noqa: E402
 
 import placeenv  # noqa: E402
+
+# httpx's implicit 5 s deadline on every call that names none (httpx.get, Client() ...), as the one object
+# those calls take by default: a route on a service under load (a model's reload, the first /docs) meets
+# it on this machine and misses it on one 4x slower beside a busy loop. The tests' own timeouts stay.
+httpx._config.DEFAULT_TIMEOUT_CONFIG.__init__(60.0)
 
 ROOMS = ("library", "service", "e2e")
 HERE = Path(__file__).resolve().parent
