@@ -15,10 +15,13 @@ class WaitTimeout(AssertionError):
 
 
 def wait_until(predicate: Callable[[], T], timeout: float, message: str | Callable[[], str],
-               interval: float = 0.05) -> T:
+               interval: float = 0.05, sleep: Callable[[float], object] = time.sleep) -> T:
     """``predicate()`` until it returns something true, which is returned; ``WaitTimeout`` with
     ``message`` (a string, or a callable that makes one, e.g. with a process's log) once ``timeout``
-    seconds have passed. ``predicate`` may raise to give up early (e.g. the process it waits for exited)."""
+    seconds have passed. ``predicate`` may raise to give up early (e.g. the process it waits for exited).
+    ``sleep``: how to pass ``interval`` between looks; ``gevent.sleep`` while tritonclient's HTTP requests
+    are in flight, since they are greenlets of this thread and send and read only while it yields to
+    gevent's hub (``time.sleep`` does not: they stall half sent)."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -26,7 +29,7 @@ def wait_until(predicate: Callable[[], T], timeout: float, message: str | Callab
             return value
         if time.monotonic() >= deadline:
             raise WaitTimeout(f"not within {timeout:g} s: {message() if callable(message) else message}")
-        time.sleep(interval)
+        sleep(interval)
 
 
 async def wait_until_async(predicate: Callable[[], Awaitable[T]], timeout: float,

@@ -24,6 +24,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import gevent
 import httpx
 import numpy as np
 import paddle
@@ -353,7 +354,7 @@ def test_statistics_count_requests_examples_and_each_batch_once(service, client)
         sent = [many.async_infer("exported", [tensor("x", np.full((1, 1, 6, 6), i, np.float32), True)])
                 for i in range(32)]
         wait_until(lambda: service.total("inference_queue_depth") == 32, 60,
-                   lambda: f"not all 32 queued: {service.total('inference_queue_depth')}")
+                   lambda: f"not all 32 queued: {service.total('inference_queue_depth')}", sleep=gevent.sleep)
     for answer in sent:
         answer.get_result(timeout=60)
     batched = grown(statistics_of(client, "exported"), before)
@@ -791,8 +792,10 @@ def test_overload_is_503_with_retry_after():
     with ServiceProcess(DEVICES="sim:0", WORKERS_PER_DEVICE=1, QUEUE_CAPACITY=1, MODELS="mobilenet,gate",
                         MAX_BATCH_SIZE=1) as proc:
         def refused(count: int) -> None:
+            # tritonclient's requests are greenlets: they reach the service while this thread yields to gevent.
             wait_until(lambda: proc.total("inference_requests_total", status="overloaded") >= count, 60,
-                       f"{count} requests were not refused")
+                       lambda: f"{count} requests were not refused: "
+                       f"{proc.total('inference_requests_total', status='overloaded'):g} were", sleep=gevent.sleep)
 
         with triton.InferenceServerClient(url=proc.url.removeprefix("http://"), concurrency=24) as client:
             with workers_held(proc.url, 1):
