@@ -20,6 +20,7 @@ for each REV.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -28,6 +29,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -76,6 +78,23 @@ def null(checkout: Path, seconds: float, tmp: Path) -> dict[str, float]:
         server.stop()
 
 
+@contextlib.contextmanager
+def checkouts(revs: list[str], tmp: Path) -> Iterator[dict[str, Path]]:
+    """This checkout ("this") and each of ``revs`` in a temporary git worktree under ``tmp``, by name."""
+    trees = {"this": ROOT}
+    try:
+        for i, rev in enumerate(revs):
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tmp / f"tree{i}"), rev],
+                           check=True, capture_output=True)
+            trees[rev] = tmp / f"tree{i}"
+        yield trees
+    finally:
+        for rev in revs:
+            if rev in trees:
+                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(trees[rev])],
+                               check=False)
+
+
 def spread(values: list[float]) -> str:
     form = "{:.2f}" if max(values) < 100 else "{:.0f}"
     return f"{form.format(statistics.median(values))} ({form.format(min(values))}..{form.format(max(values))})"
@@ -90,26 +109,17 @@ def main() -> None:
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         sys.exit("wrk is not installed (apt-get install wrk)")
-    with tempfile.TemporaryDirectory(prefix="against-") as tmp:
-        trees = {"this": ROOT}
-        for i, rev in enumerate(args.revs):
-            trees[rev] = Path(tmp) / f"tree{i}"
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(trees[rev]), rev],
-                           check=True, capture_output=True)
-        try:
-            found: dict[str, list[dict]] = {name: [] for name in trees}
-            for r in range(args.rounds):
-                # Rotating order: each tree takes each place in a round as often as the rounds allow.
-                order = list(trees)[r % len(trees):] + list(trees)[:r % len(trees)]
-                for name in order:
-                    got = {**digits(trees[name], args.connections, args.seconds),
-                           **null(trees[name], args.seconds, Path(tempfile.mkdtemp(dir=tmp)))}
-                    found[name].append(got)
-                    print(f"round {r + 1}/{args.rounds} {name}: " + ", ".join(f"{k} {v:.2f}" for k, v in got.items()),
-                          flush=True)
-        finally:
-            for rev in args.revs:
-                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(trees[rev])], check=False)
+    with tempfile.TemporaryDirectory(prefix="against-") as tmp, checkouts(args.revs, Path(tmp)) as trees:
+        found: dict[str, list[dict]] = {name: [] for name in trees}
+        for r in range(args.rounds):
+            # Rotating order: each tree takes each place in a round as often as the rounds allow.
+            order = list(trees)[r % len(trees):] + list(trees)[:r % len(trees)]
+            for name in order:
+                got = {**digits(trees[name], args.connections, args.seconds),
+                       **null(trees[name], args.seconds, Path(tempfile.mkdtemp(dir=tmp)))}
+                found[name].append(got)
+                print(f"round {r + 1}/{args.rounds} {name}: " + ", ".join(f"{k} {v:.2f}" for k, v in got.items()),
+                      flush=True)
     print(f"\n{platform.machine()}, {os.cpu_count()} cores; {args.rounds} rounds, wrk {args.seconds:g} s, "
           f"{args.connections} connections\n")
     print("| figure | this | " + " | ".join(args.revs) + " | "

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -25,7 +24,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from against import V2_BODY  # noqa: E402
+from against import V2_BODY, checkouts  # noqa: E402
 from bench_service import Server, example_body, free_port  # noqa: E402
 
 # The service's process: calls counted by thread kind while on; written to COUNT_OUT when switched off.
@@ -93,22 +92,13 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="calls-") as tmp:
-        trees = {"this": ROOT}
-        for i, rev in enumerate(args.revs):
-            trees[rev] = Path(tmp) / f"tree{i}"
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(trees[rev]), rev],
-                           check=True, capture_output=True)
-        try:
-            print("| tree | path | event loop: Python + C calls a request | other threads |\n|---|---|---|---|")
-            for name, tree in trees.items():
-                for path, rows in count(tree, args.requests, args.repeats, Path(tmp)).items():
-                    loop = ", ".join(f"{r[0]:.0f} + {r[1]:.0f}" for r in rows)
-                    others = ", ".join(f"{r[2]:.0f} + {r[3]:.0f}" for r in rows)
-                    print(f"| {name} | {path} | {loop} | {others} |", flush=True)
-        finally:
-            for rev in args.revs:
-                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(trees[rev])], check=False)
+    with tempfile.TemporaryDirectory(prefix="calls-") as tmp, checkouts(args.revs, Path(tmp)) as trees:
+        print("| tree | path | event loop: Python + C calls a request | other threads |\n|---|---|---|---|")
+        for name, tree in trees.items():
+            for path, rows in count(tree, args.requests, args.repeats, Path(tmp)).items():
+                loop = ", ".join(f"{r[0]:.0f} + {r[1]:.0f}" for r in rows)
+                others = ", ".join(f"{r[2]:.0f} + {r[3]:.0f}" for r in rows)
+                print(f"| {name} | {path} | {loop} | {others} |", flush=True)
 
 
 if __name__ == "__main__":
