@@ -2,6 +2,7 @@
 
     python benchmarks/paddlex_serving.py [--rounds 3] [--requests 16] [--clients 4 8] [--passes 1]
                                          [--api auto|ocr|v2] [--workers-per-device N]
+                                         [--ours-default-run-mode]
     python benchmarks/paddlex_serving.py --cpu-scaling [--rounds 3] [--requests 16]
 
 Needs the PaddleX reference venv (tests/support/paddlex_reference.py: paddlex 3.7.2 and its serving under
@@ -515,6 +516,15 @@ def scaling_table(found: dict) -> str:
     return "\n".join(lines)
 
 
+def without_run_mode(path: Path) -> None:
+    """The pipeline file at ``path`` without its detector's ``engine_config``, as PaddleX's OCR.yaml has it."""
+    import yaml
+
+    raw = yaml.safe_load(path.read_text())
+    raw["SubModules"]["TextDetection"].pop("engine_config", None)
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -529,6 +539,9 @@ def main() -> None:
     parser.add_argument("--cpu-scaling", action="store_true",
                         help="1 against 2 CPU workers for the pipeline's CPU steps, and the CPU steps in 1 vs 2 threads")
     parser.add_argument("--deadline", type=float, default=300, help="seconds a server has to be ready")
+    parser.add_argument("--ours-default-run-mode", action="store_true",
+                        help="ours: the file without the detector's engine_config (PaddleX's own default file, "
+                        "which PaddleX cannot run on Paddle 3.3; PaddleX keeps its run_mode: paddle)")
     args = parser.parse_args()
     began = time.monotonic()
     say(("CPU scaling: our OCR pipeline with 1 and 2 CPU workers" if args.cpu_scaling else
@@ -540,6 +553,8 @@ def main() -> None:
         pipeline = reference.pipeline_file(tmp)
         (tmp / "repository" / MODEL).mkdir(parents=True)
         shutil.copyfile(pipeline, tmp / "repository" / MODEL / "pipeline.yaml")
+        if args.ours_default_run_mode:
+            without_run_mode(tmp / "repository" / MODEL / "pipeline.yaml")
         try:
             if args.cpu_scaling:
                 found = cpu_scaling(args, tmp / "repository", datas, tmp)

@@ -6,6 +6,7 @@ so it can prepare simulated devices before Paddle loads its device plugins.
 
 from __future__ import annotations
 
+import ctypes
 import importlib.metadata
 import logging
 import os
@@ -131,6 +132,15 @@ class Settings(BaseSettings):
         "next step's team and from the CPU steps",
     )
 
+    keep_host_memory: bool = Field(
+        True, description="glibc's malloc keeps the host memory the process frees for its next allocations "
+        "(one arena, large blocks from its heap rather than mmap, no trimming; an environment's own MALLOC_ARENA_MAX, "
+        "MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ win). A Predictor's run and each batch's copies "
+        "allocate megabytes at a time: with glibc's defaults each such block goes back to the kernel when "
+        "freed, and the next request faults fresh pages in. The cost: resident memory stays at its peak. "
+        "Off: glibc's defaults",
+    )
+
     shutdown_delay_s: float = Field(
         0.0, ge=0, description="SIGTERM: readyz answers 503 at once, and requests are still served this "
         "long before the listener closes, so a load balancer or Kubernetes stops routing here first"
@@ -194,9 +204,12 @@ class Settings(BaseSettings):
         """What each process of the service (the single one, the supervisor, the engine, a front end)
         takes from the settings for itself: the log's level and format, and the GIL's switch interval
         (process-wide: with Python's default turns, a finished worker waits long for the event loop
-        to let go of the GIL; docs/benchmarks.md, front-end ceiling), and OpenMP's spin after a parallel
-        region (read when Paddle's OpenMP runtime starts, at its first parallel region: so set before)."""
+        to let go of the GIL; docs/benchmarks.md, front-end ceiling), OpenMP's spin after a parallel
+        region (read when Paddle's OpenMP runtime starts, at its first parallel region: so set before),
+        and malloc's reuse of freed memory (before the worker threads, whose arenas it decides)."""
         os.environ.setdefault("KMP_BLOCKTIME", str(self.openmp_blocktime_ms))
+        if self.keep_host_memory:
+            keep_freed_memory()
         logging.basicConfig(level=self.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         sys.setswitchinterval(self.gil_switch_interval_ms / 1000)
 
@@ -206,6 +219,27 @@ class Settings(BaseSettings):
         if names == ["auto"]:
             return not gpu_present()
         return any(name.split(":")[0].strip() == "sim" for name in names)
+
+
+#: glibc's mallopt parameters (malloc.h), the environment variables glibc reads for them at start, and the
+#: values that keep freed memory, the first glibc takes: every thread in the main arena, whose heap has no
+#: size cap (a thread's own arena is capped, and a block beyond it is mmapped); blocks up to the first
+#: threshold from the heap, not mmap (older glibc refuses one above its own cap, the second); the heap's
+#: free top kept up to the trim threshold.
+KEEP_FREED = ((-8, "MALLOC_ARENA_MAX", (1,)), (-3, "MALLOC_MMAP_THRESHOLD_", (1 << 30, 32 << 20)),
+              (-1, "MALLOC_TRIM_THRESHOLD_", ((1 << 31) - 1,)))
+
+
+def keep_freed_memory() -> list[str]:
+    """Set glibc's malloc to keep what the process frees (``KEEP_FREED``), each parameter the environment
+    leaves unset; the names of those set. None where the C library is not glibc (no ``mallopt``)."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (AttributeError, OSError):
+        return []
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return [variable for parameter, variable, values in KEEP_FREED
+            if variable not in os.environ and any(mallopt(parameter, value) == 1 for value in values)]
 
 
 def list_model_directories(repositories: list[Path]) -> tuple[dict[str, Path], list[tuple[Path, Path]]]:

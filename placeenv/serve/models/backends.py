@@ -52,9 +52,9 @@ class DeviceShare:
     network: paddle.nn.Layer | None = None
     predictor: Any = None
     run_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
-    #: What the Predictor was rebuilt as after its first one failed to run (``Model.rebuild``): the next
-    #: replica that finds its own failing takes this one.
-    rebuilt: str | None = None
+    #: The options the Predictor was rebuilt with after its first one failed to run (``Model.rebuild``):
+    #: the next replica that finds its own failing takes this one.
+    rebuilt: Any = None
 
 
 def adopt_weights(network: paddle.nn.Layer, source: paddle.nn.Layer) -> bool:
@@ -141,24 +141,28 @@ def _network(replica, context, sharing: DeviceShare | None) -> None:
 
 
 def rebuild(replica, problem: str, written: Written) -> bool:
-    """``replica``'s Predictor built but failed its first run (``problem``): rebuilt without oneDNN where
-    oneDNN was on, else, with backend ``auto`` and the default ``load()``, replaced by jit.load. False
-    where neither is left to try."""
+    """``replica``'s Predictor built but failed its first run (``problem``): rebuilt with oneDNN's fused
+    convolutions only where all of oneDNN's kernels were on, without oneDNN where those were, else, with
+    backend ``auto`` and the default ``load()``, replaced by jit.load. False where none is left to try."""
     context, share = replica.context, replica._predictor_share
     if replica.predictor is None:
         return False
     why = (problem.strip().splitlines() or [""])[0][:200]
     if context.inference.onednn and device_name(replica.place) == "cpu":
-        options = context.inference.model_copy(update={"onednn": False})
+        options = context.inference.model_copy(
+            update={"onednn_ops": "fused"} if context.inference.onednn_ops == "all" else {"onednn": False})
         with JIT_LOAD_LOCK:
             if share is not None and share.rebuilt is not None and share.predictor is not replica.predictor:
-                replica.predictor = share.predictor  # another replica rebuilt the device's one already
+                # Another replica rebuilt the device's one already: this one takes it, and its options.
+                replica.predictor, options = share.predictor, share.rebuilt
             else:
                 replica.predictor = inference.create(context.program, replica.place, options)
                 if share is not None:
-                    share.predictor, share.rebuilt = replica.predictor, "onednn off"
+                    share.predictor, share.rebuilt = replica.predictor, options
         replica.context = dataclasses.replace(context, inference=options)
-        replica.backend = f"inference (oneDNN off: with it the program failed to run: {why})"
+        how = ("oneDNN for its fused convolutions only: with all its kernels" if options.onednn
+               else "oneDNN off: with it")
+        replica.backend = f"inference ({how} the program failed to run: {why})"
         say_once(context, f"model {context.name!r} version {context.version}: {replica.backend}")
         return True
     if context.backend != "auto" or written.load:
@@ -172,14 +176,14 @@ def rebuild(replica, problem: str, written: Written) -> bool:
     return True
 
 
-_said: set[tuple[str, int]] = set()
+_said: set[tuple[str, int, str]] = set()
 _said_lock = threading.Lock()
 
 
 def say_once(context, message: str) -> None:
     """Log ``message`` once per model version, however many workers find it."""
     with _said_lock:
-        if (context.name, context.version) in _said:
+        if (context.name, context.version, message) in _said:
             return
-        _said.add((context.name, context.version))
+        _said.add((context.name, context.version, message))
     log.warning("%s", message)

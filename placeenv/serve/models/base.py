@@ -128,10 +128,11 @@ class Model:
                                 initialize=kind.initialize is not Model.initialize)
 
     def rebuild(self, problem: str) -> bool:
-        """After this replica's Predictor built but failed to run (its warm-up): a Predictor without oneDNN
-        where oneDNN was on (Paddle 3.3's oneDNN executor cannot run some programs: PP-OCRv5's text
-        detector; PaddleX keeps a list of such models), else with backend ``auto`` ``paddle.jit.load``.
-        False where neither is left to try. ``backend`` says what runs it now, and why."""
+        """After this replica's Predictor built but failed to run (its warm-up): a Predictor with oneDNN's
+        fused convolutions only where all its kernels were on (Paddle 3.3's oneDNN executor cannot run some
+        ops: PP-OCRv5's text detector's upsampling; PaddleX keeps a list of such models), without oneDNN
+        where those were, else with backend ``auto`` ``paddle.jit.load``. False where none is left to try.
+        ``backend`` says what runs it now, and why."""
         return backends.rebuild(self, problem, self._written())
 
     def load(self, context: ModelContext) -> paddle.nn.Layer | None:

@@ -57,6 +57,10 @@ class InferenceOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     onednn: bool = Field(True, description="oneDNN kernels on the CPU")
+    onednn_ops: Literal["all", "fused"] = Field(
+        "all", description="with oneDNN on: every op oneDNN has a kernel for (all), or only the fused "
+        "convolutions its passes make, Paddle's own kernels running the rest (fused). A Predictor that "
+        "cannot run its program with all is rebuilt with fused before oneDNN is turned off")
     cpu_threads: int | None = Field(
         None, ge=1, le=1024, description="math-library threads a Predictor uses on the CPU; default: every "
         "core (Predictors' runs hold the GIL, so they take turns)")
@@ -66,6 +70,11 @@ class InferenceOptions(BaseModel):
 
 
 _PRECISION = {"fp32": "Float32", "fp16": "Half", "int8": "Int8"}
+
+#: The pass that moves each op oneDNN has a kernel for onto it; the fusion passes before it make their fused
+#: convolutions oneDNN ops themselves. Without it, an op whose oneDNN kernel Paddle 3.3 cannot run (an
+#: upsampling's scales, in PP-OCRv5's text detector: Paddle issue #79749) keeps Paddle's own kernel.
+ONEDNN_PLACEMENT_PASS = "onednn_placement_pass"
 
 
 def chosen(backend: Backend, device: str, accelerators: int = 1) -> Literal["jit", "inference"]:
@@ -109,6 +118,8 @@ def create(program: Path, place, options: InferenceOptions) -> paddle.inference.
         config.set_cpu_math_library_num_threads(options.cpu_threads or default_cpu_threads())
         if options.onednn:
             config.enable_mkldnn()
+            if options.onednn_ops == "fused":
+                config.delete_pass(ONEDNN_PLACEMENT_PASS)
         else:
             config.disable_mkldnn()
     elif kind == "gpu":

@@ -405,16 +405,29 @@ def test_every_saved_program_is_warmed_up_by_default_at_its_typical_shape(progra
     assert entries["off"].default.warmup == [] and entries["own"].default.warmup == []
 
 
-def test_a_predictor_that_onednn_cannot_run_is_rebuilt_without_it_before_ready(programs, tmp_path):
+def test_a_predictor_that_onednn_cannot_run_is_rebuilt_before_ready_a_step_at_a_time(programs, tmp_path):
     add(tmp_path, "up", programs["upsampled"])
     add(tmp_path, "unwarmed", programs["upsampled"], config="warmup: []\n")
     entries, errors = read(tmp_path)
     assert errors == []
     x = np.arange(2 * 3 * 4 * 5, dtype=np.float32).reshape(2, 3, 4, 5)
+    expected = run_locally(programs["upsampled"], x)[0]
     model = replica(entries["up"], "cpu")
-    assert model.backend.startswith("inference (oneDNN off: with it the program failed to run: NotImplementedError")
+    assert model.backend.startswith("inference (oneDNN for its fused convolutions only: with all its kernels the "
+                                    "program failed to run: NotImplementedError")
+    assert model.context.inference.onednn and model.context.inference.onednn_ops == "fused"
     out, _ = run(model, {"x": x})
-    np.testing.assert_array_equal(out["fetch_name_0"], run_locally(programs["upsampled"], x)[0])
+    np.testing.assert_array_equal(out["fetch_name_0"], expected)
+    # The next steps, as a program failing again takes them: oneDNN off, then (backend auto) paddle.jit.load.
+    assert model.rebuild("RuntimeError: failed again")
+    assert model.backend == "inference (oneDNN off: with it the program failed to run: RuntimeError: failed again)"
+    assert not model.context.inference.onednn
+    np.testing.assert_array_equal(run(model, {"x": x})[0]["fetch_name_0"], expected)
+    assert model.rebuild("RuntimeError: and again")
+    assert model.backend == "jit (backend auto: Paddle Inference could not run the program: RuntimeError: and again)"
+    assert model.predictor is None and model.network is not None
+    np.testing.assert_array_equal(run(model, {"x": x})[0]["fetch_name_0"], expected)
+    assert not model.rebuild("RuntimeError: once more")  # nothing is left to try
     # The control: without the warm-up the Predictor keeps oneDNN, and the first request finds it cannot run.
     unwarmed = replica(entries["unwarmed"], "cpu")
     assert unwarmed.backend == "inference"
