@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+import cv2
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,8 +51,6 @@ def main() -> None:
     ocr = demo.OCR(ocr_models.models()["det"].parent)
     inputs = []
     for data in datas:
-        import cv2
-
         image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
         resized, _ = ocr.det_resize([image], limit_side_len=demo.DET["limit_side_len"],
                                     limit_type=demo.DET["limit_type"], max_side_limit=demo.DET["max_side_limit"])

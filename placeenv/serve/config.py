@@ -232,7 +232,7 @@ KEEP_FREED = ((-8, "MALLOC_ARENA_MAX", (1,)), (-3, "MALLOC_MMAP_THRESHOLD_", (1 
 
 def keep_freed_memory() -> list[str]:
     """Set glibc's malloc to keep what the process frees (``KEEP_FREED``), each parameter the environment
-    leaves unset; the names of those set. None where the C library is not glibc (no ``mallopt``)."""
+    leaves unset; the names of those set: none where the C library is not glibc (no ``mallopt``)."""
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (AttributeError, OSError):

@@ -83,7 +83,8 @@ def warm_up(replica: Model, entry: Entry, version, check=None) -> None:
     """Run the version's warm-up requests (its config's ``warmup``, or the default one) through ``replica``
     as a batch runs: preprocess on the host, forward, postprocess. A Predictor builds and allocates at its
     first run: this is that run, before the worker (or a load) says the version is ready. A Predictor that
-    built but fails it is rebuilt as it can be (``Model.rebuild``: oneDNN's fused ops only, oneDNN off, or jit) and warmed again."""
+    built but fails it is rebuilt as it can be (``Model.rebuild``: oneDNN's fused ops only, oneDNN off, or
+    jit) and warmed again."""
     while True:
         try:
             for label, arrays in version.warmup:

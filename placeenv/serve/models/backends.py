@@ -54,7 +54,7 @@ class DeviceShare:
     run_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     #: The options the Predictor was rebuilt with after its first one failed to run (``Model.rebuild``):
     #: the next replica that finds its own failing takes this one.
-    rebuilt: Any = None
+    rebuilt: inference.InferenceOptions | None = None
 
 
 def adopt_weights(network: paddle.nn.Layer, source: paddle.nn.Layer) -> bool:

@@ -1,8 +1,8 @@
 """PaddleOCR's real PP-OCRv5 exports, copied into a repository as PaddleX writes them (no version
 directory, no config, no code), served on the defaults by one real service process on the CPU: found
 runnable before ready (oneDNN cannot run all of the detector: the default warm-up finds it and the
-Predictor is rebuilt with oneDNN's fused convolutions only), answering full-size images over HTTP and gRPC within the default body limit and
-timeout, under Paddle's own names, and saying what runs them."""
+Predictor is rebuilt with oneDNN's fused convolutions only), answering full-size images over HTTP and
+gRPC within the default body limit and timeout, under Paddle's own names, and saying what runs them."""
 
 from __future__ import annotations
 
