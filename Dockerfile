@@ -91,13 +91,15 @@ RUN command -v g++ >/dev/null \
         && rm -rf /var/lib/apt/lists/*)
 COPY --from=build /opt/venv /opt/venv
 WORKDIR /app
-# Unprivileged user; it owns the sim cache so a rebuild (new headers) can still write it.
+# Unprivileged user; it owns the sim cache so a rebuild (new headers) can still write it. The
+# shim that runs Predictors without the GIL (placeenv.native) is built into XDG_CACHE_HOME.
 # The bundled mobilenet is built here into XDG_CACHE_HOME, which the user owns too, so a
 # container starts without building it.
 # Your own models: mount a repository and set PLACEENV_MODEL_REPOSITORY (docs/models.md).
 RUN useradd --create-home --uid 10001 placeenv \
     && mkdir -p "$PLACEENV_SIM_CACHE" "$XDG_CACHE_HOME" \
     && python -m placeenv.sim build \
+    && python -m placeenv.native build \
     && python -m placeenv.serve.models.examples \
     && chown -R placeenv:placeenv "$PLACEENV_SIM_CACHE" "$XDG_CACHE_HOME"
 USER placeenv

@@ -110,6 +110,18 @@ class Process:
             time.sleep(0.5)
         self.start_s = time.monotonic() - began
 
+    def resident_mib(self) -> float:
+        """Resident memory of the server's processes (its session: uvicorn's and Paddle's children too), MiB."""
+        total = 0
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+                if int(fields[3]) == self.proc.pid:  # the session id (field 6 of stat)
+                    total += int(fields[21])  # resident pages (field 24)
+            except (OSError, IndexError, ValueError):
+                continue  # gone meanwhile
+        return total * os.sysconf("SC_PAGE_SIZE") / 2**20
+
     def tail(self) -> str:
         return self.log.read_text(errors="replace")[-2000:]
 
@@ -373,11 +385,12 @@ def compare(args, repository: Path, pipeline: Path, datas: list[bytes], tmp: Pat
                     + ", ".join(f"c={c} {found[name][f'c{c}_rps']:.2f} req/s" for c in args.clients)
                     + f" ({time.perf_counter() - began:.0f} s)")
             rounds.append(found)
+        resident = {"PaddleX": theirs.resident_mib(), "ours": ours.resident_mib()}
     finally:
         for server in (ours, theirs):
             server.stop()
     return {"rounds": rounds, "wrong": wrong, "answered": answered, "stages": stages, "api": apis["ours"].name,
-            "start_s": {"PaddleX": theirs.start_s, "ours": ours.start_s}}
+            "start_s": {"PaddleX": theirs.start_s, "ours": ours.start_s}, "resident_mib": resident}
 
 
 def compare_table(found: dict, clients: list[int]) -> str:
@@ -395,6 +408,8 @@ def compare_table(found: dict, clients: list[int]) -> str:
     lines.append(f"| rec_texts differing from PaddleX's c=1 answer | {found['wrong']['PaddleX']} of "
                  f"{found['answered']['PaddleX']} | {found['wrong']['ours']} of {found['answered']['ours']} | |")
     lines.append(f"| start-up to ready, s | {found['start_s']['PaddleX']:.1f} | {found['start_s']['ours']:.1f} | |")
+    lines.append(f"| resident memory after the rounds, MiB | {found['resident_mib']['PaddleX']:.0f} | "
+                 f"{found['resident_mib']['ours']:.0f} | |")
     return "\n".join(lines)
 
 

@@ -20,6 +20,7 @@ exactly.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import importlib
 import os
@@ -100,6 +101,10 @@ NAMES = {
     # inputs and outputs (name, dtype, shape), as paddle.jit.load's layer knows them.
     "jit_input_spec": "jit.pir_translated_layer.PirTranslatedLayer._input_spec",
     "jit_output_spec": "jit.pir_translated_layer.PirTranslatedLayer._output_spec",
+    # A Predictor's run without the GIL (placeenv.native): the binding's module, whose shared library
+    # holds Paddle Inference's C++ API, and the Python class of a Predictor.
+    "libpaddle": "base.libpaddle",
+    "InferPredictor": "base.libpaddle.PaddleInferPredictor",
 }
 
 #: Names a build may lack: None then (a CPU-only wheel has no CUDA or XPU device counts).
@@ -145,6 +150,12 @@ GUARD_CLASSES = (
 
 #: Methods replaced by versions that do what the design says (placeenv.fixes).
 METHOD_TARGETS = (("nn.Layer", "astype"), ("Tensor", "to"))
+
+#: Paddle Inference's C++ entry points placeenv.native calls through ctypes, as the binding's library
+#: exports them: ``bool paddle_infer::Predictor::Run()`` (the documented C++ API), and the vtable of
+#: ``paddle::AnalysisPredictor``, what ``create_predictor`` builds behind a Predictor.
+PREDICTOR_RUN_SYMBOL = "_ZN12paddle_infer9Predictor3RunEv"
+ANALYSIS_PREDICTOR_VTABLE = "_ZTVN6paddle17AnalysisPredictorE"
 
 #: Aliases added on install: the design's public name.
 ALIASES = (("", "PlaceEnv"), ("device", "PlaceEnv"))
@@ -328,6 +339,13 @@ def fill_host(tensor, array) -> None:
     dense_tensor_set(tensor_get_tensor(tensor), array, HOST)
 
 
+def view_host(array):
+    """A CPU tensor over a contiguous numpy ``array``'s memory, no copy: the tensor holds the array."""
+    tensor = C_ops_empty([0], convert_dtype(array.dtype), HOST)
+    dense_tensor_set(tensor_get_tensor(tensor), array, HOST, True)
+    return tensor
+
+
 def copy_to(tensor, place):
     """A blocking copy of ``tensor`` on ``place``: where ``Tensor.to`` ends."""
     return tensor_copy_to(tensor, place, True)
@@ -346,6 +364,45 @@ def cast_layer(layer, dtype) -> None:
 def paddle_dtype(dtype):
     """Paddle's dtype for a numpy dtype or dtype name."""
     return convert_dtype(dtype)
+
+
+# -- Paddle Inference's C++ run (placeenv.native) -----------------------------
+
+
+@functools.cache
+def _native_symbols() -> tuple[int, int] | None:
+    """The addresses of ``Predictor::Run()`` and of AnalysisPredictor's vtable in the loaded library."""
+    resolve()
+    try:
+        library = ctypes.CDLL(libpaddle.__file__, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+        run = ctypes.cast(library[PREDICTOR_RUN_SYMBOL], ctypes.c_void_p).value
+        vtable = ctypes.addressof(ctypes.c_char.in_dll(library, ANALYSIS_PREDICTOR_VTABLE))
+    except (AttributeError, OSError, ValueError):
+        return None
+    return run, vtable
+
+
+def predictor_run_entry() -> int | None:
+    """The address of ``bool paddle_infer::Predictor::Run()``, or None where the library lacks it."""
+    found = _native_symbols()
+    return None if found is None else found[0]
+
+
+def native_predictor(predictor) -> int | None:
+    """The ``paddle_infer::Predictor*`` behind a Python Predictor, or None where it cannot be found.
+
+    pybind11 keeps a singly-held instance's C++ pointer right after the object's header. The pointer is
+    checked before it is used: a ``paddle_infer::Predictor``'s one member points to the AnalysisPredictor,
+    whose first word is its vtable's address point (two words into AnalysisPredictor's vtable)."""
+    found = _native_symbols()
+    if found is None or type(predictor) is not InferPredictor:
+        return None
+    word = ctypes.c_void_p.from_address
+    address = word(id(predictor) + object.__basicsize__).value
+    inner = word(address).value if address else None
+    if not inner or word(inner).value != found[1] + 2 * ctypes.sizeof(ctypes.c_void_p):
+        return None
+    return address
 
 
 # -- replacement bodies (run with the replaced function's module as their globals) --

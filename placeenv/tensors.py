@@ -14,7 +14,7 @@ import numpy as np
 
 from . import _internals as _pd
 
-__all__ = ["JIT_LOAD_LOCK", "host_tensor", "move_to", "program_signature"]
+__all__ = ["JIT_LOAD_LOCK", "host_tensor", "host_view", "move_to", "program_signature"]
 
 #: ``paddle.jit.load`` builds the program through Paddle's one global PIR insertion
 #: point, so two threads loading at once fail ("The block obtained before and after
@@ -27,6 +27,11 @@ def host_tensor(array: np.ndarray):
     tensor = _pd.empty_host(list(array.shape), array.dtype)
     _pd.fill_host(tensor, np.ascontiguousarray(array))
     return tensor
+
+
+def host_view(array: np.ndarray):
+    """A CPU tensor over ``array``'s memory (made contiguous first), no copy: it keeps the array alive."""
+    return _pd.view_host(np.ascontiguousarray(array))
 
 
 def move_to(tensor, place):

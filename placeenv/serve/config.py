@@ -17,6 +17,8 @@ from typing import Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from placeenv import native
+
 #: The bundled examples' repository, the default: named here because this module imports no Paddle
 #: (placeenv.serve.models.repository re-exports it).
 BUNDLED = Path(__file__).with_name("models") / "bundled"
@@ -141,6 +143,14 @@ class Settings(BaseSettings):
         "Off: glibc's defaults",
     )
 
+    predictor_runs_without_gil: bool = Field(
+        True, description="a Predictor on the CPU runs with the GIL released (Paddle Inference's C++ run, "
+        "through a shim compiled on first use, as the sim device is), so runs, the CPU steps and the event "
+        "loop overlap, and each worker runs a Predictor of its own (a copy of the weights a worker, unless "
+        "the model's config says share_weights: true). Off, or where no C++ compiler builds the shim: the "
+        "binding's own run, which holds the GIL, and one Predictor a device, one run at a time",
+    )
+
     shutdown_delay_s: float = Field(
         0.0, ge=0, description="SIGTERM: readyz answers 503 at once, and requests are still served this "
         "long before the listener closes, so a load balancer or Kubernetes stops routing here first"
@@ -206,8 +216,11 @@ class Settings(BaseSettings):
         (process-wide: with Python's default turns, a finished worker waits long for the event loop
         to let go of the GIL; docs/benchmarks.md, front-end ceiling), OpenMP's spin after a parallel
         region (read when Paddle's OpenMP runtime starts, at its first parallel region: so set before),
-        and malloc's reuse of freed memory (before the worker threads, whose arenas it decides)."""
+        malloc's reuse of freed memory (before the worker threads, whose arenas it decides), and whether
+        a Predictor's runs leave the GIL."""
         os.environ.setdefault("KMP_BLOCKTIME", str(self.openmp_blocktime_ms))
+        # Read by placeenv.native where a Predictor first runs, in this process and the engine it starts.
+        os.environ[native.SWITCH] = "1" if self.predictor_runs_without_gil else "0"
         if self.keep_host_memory:
             keep_freed_memory()
         logging.basicConfig(level=self.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -23,15 +23,13 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import functools
-import hashlib
 import importlib.util
 import os
 import shlex
-import shutil
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
+
+from .. import cbuild
 
 __all__ = ["DEVICE_TYPE", "DeviceStats", "build", "cache_root", "environment", "prepare", "SimSetupError", "stats",
            "user_cache"]
@@ -65,8 +63,7 @@ def _paddle_include() -> Path:
 
 def user_cache() -> Path:
     """placeenv's per-user cache: ``$XDG_CACHE_HOME/placeenv``, or ``~/.cache/placeenv``."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "placeenv"
+    return cbuild.user_cache()
 
 
 def cache_root() -> Path:
@@ -76,38 +73,15 @@ def cache_root() -> Path:
     return user_cache() / "sim"
 
 
-def _compiler() -> str:
-    for name in (os.environ.get("CXX"), "c++", "g++", "clang++"):
-        if name and shutil.which(name):
-            return name
-    raise SimSetupError("no C++ compiler found (set CXX, or install g++)")
-
-
 def build(force: bool = False) -> Path:
     """Compile the plugin if needed; returns the directory to use as CUSTOM_DEVICE_ROOT."""
     include = _paddle_include()
     header = (include / "paddle/phi/backends/device_ext.h").read_bytes()
-    digest = hashlib.sha256(SOURCE.read_bytes() + header).hexdigest()[:16]
-    directory = cache_root() / digest
-    library = directory / LIBRARY_NAME
-    if library.is_file() and not force:
-        return directory
-    directory.mkdir(parents=True, exist_ok=True)
-    # Build beside the target and rename: concurrent builders never see half a file,
-    # and the directory never holds anything but the finished plugin.
-    with tempfile.TemporaryDirectory(dir=directory.parent) as tmp:
-        partial = Path(tmp) / LIBRARY_NAME
-        command = [
-            _compiler(), "-std=c++17", "-O2", "-fPIC", "-shared",
-            f"-I{include}", str(SOURCE), "-o", str(partial),
-        ]
-        result = subprocess.run(command, capture_output=True, text=True)
-        if result.returncode != 0:
-            raise SimSetupError(
-                f"compiling the sim plugin failed:\n$ {shlex.join(command)}\n{result.stderr[-4000:]}"
-            )
-        os.replace(partial, library)
-    return directory
+    try:
+        return cbuild.shared_library(SOURCE, LIBRARY_NAME, cache_root(), (f"-I{include}",), salt=header,
+                                     force=force, what="the sim plugin").parent
+    except cbuild.BuildError as error:
+        raise SimSetupError(str(error)) from None
 
 
 #: Device time: the fixed term of every transfer (µs) and the bandwidth of the per-byte term (GB/s).

@@ -17,8 +17,8 @@ from typing import Any
 
 import paddle
 
-from placeenv import PlaceEnv, device_name
-from placeenv.tensors import JIT_LOAD_LOCK
+from placeenv import PlaceEnv, device_name, native
+from placeenv.tensors import JIT_LOAD_LOCK, host_view
 
 from . import inference
 
@@ -44,8 +44,8 @@ class DeviceShare:
     its parameters and buffers (``adopt_weights``) and keeps its own program, scope and
     interpreter: Paddle 3.3 caches a ``jit.load``ed layer's interpreter and scope per layer
     without a lock, so threads calling forward on one layer crash (docs/models.md, "One copy
-    of the weights"). A Predictor is used by all of them under ``run_lock``: its ``run`` holds
-    the GIL, so they take turns anyway, and ``Predictor.clone()`` loads the weights again.
+    of the weights"). A Predictor is used by all of them under ``run_lock``, one run at a time; on the
+    CPU, where runs leave the GIL, each worker has one of its own instead unless the config asks to share.
     """
 
     adopting: threading.Lock = dataclasses.field(default_factory=threading.Lock)
@@ -90,14 +90,17 @@ def attach(replica, context, written: Written) -> None:
     sharing = context.share if context.share_weights or (context.share_weights is None and defaults) else None
     if (plain and not (own and context.backend == "auto")
             and inference.chosen(context.backend, device, context.accelerators) == "inference"):
-        # A model.py's own execute() would run a shared Predictor without its lock: it gets its own.
-        if _predictor(replica, context, sharing if not written.execute else None):
+        # A model.py's own execute() would run a shared Predictor without its lock: it gets its own. So does
+        # each worker where runs leave the GIL, unless the config asks to share: one Predictor runs one at a
+        # time, and Paddle's clone() copies the weights as a new Predictor does.
+        alone = written.execute or (context.share_weights is None and _runs_overlap(replica))
+        if _predictor(replica, context, None if alone else sharing):
             return
     _network(replica, context, sharing)
 
 
 def _predictor(replica, context, share: DeviceShare | None) -> bool:
-    """A Predictor for ``replica``, the device's where ``share`` has one; False where Paddle Inference
+    """A Predictor for ``replica``, from the device's where ``share`` has one; False where Paddle Inference
     cannot load the program and ``auto`` lets jit.load serve it instead."""
     try:
         with JIT_LOAD_LOCK:  # a Predictor builds its program through the same global insertion point
@@ -119,6 +122,43 @@ def _predictor(replica, context, share: DeviceShare | None) -> bool:
         say_once(context, f"model {context.name!r} version {context.version}: Paddle Inference "
                  f"could not load the program ({problem}); serving it with paddle.jit.load")
         return False
+
+
+def _runs_overlap(replica) -> bool:
+    """Whether ``replica``'s Predictor runs without the GIL (placeenv.native, on the CPU), so that runs of
+    several Predictors overlap."""
+    return device_name(replica.place) == "cpu" and native.unavailable() is None
+
+
+def run_predictor(replica, inputs: list) -> list:
+    """One run of ``replica``'s Predictor (its run lock held) on ``inputs``, in the program's order: its
+    outputs as tensors, copied where replicas share the Predictor (the binding's are its output variables,
+    which its next run writes over; a run without the GIL copies them out anyway)."""
+    predictor = replica.predictor
+    if replica._native_run is None or replica._native_run[0] is not predictor:
+        replica._native_run = (predictor, _native_run(replica))
+    run = replica._native_run[1]
+    if run is None:
+        out = predictor.run(inputs)
+        return [tensor.clone() for tensor in out] if replica._predictor_share is not None else out
+    for name, tensor in zip(predictor.get_input_names(), inputs):
+        predictor.get_input_handle(name).share_external_data(tensor)  # no copy: it lives through the run
+    run()
+    return [host_view(predictor.get_output_handle(name).copy_to_cpu()) for name in predictor.get_output_names()]
+
+
+def _native_run(replica):
+    """The call that runs ``replica``'s Predictor without the GIL, or None: off the CPU (Paddle narrowed its
+    own GIL release to npu plugins after crashes with several threads on GPUs), or where this process has
+    none (said once in the log)."""
+    if device_name(replica.place) != "cpu":
+        return None
+    run = native.runner(replica.predictor)
+    if isinstance(run, str):
+        say_once(replica.context, f"model {replica.context.name!r} version {replica.context.version}: its "
+                 f"Predictor's runs hold the GIL, so they take turns with every other thread's: {run}")
+        return None
+    return run
 
 
 def _network(replica, context, sharing: DeviceShare | None) -> None:
@@ -152,8 +192,8 @@ def rebuild(replica, problem: str, written: Written) -> bool:
         options = context.inference.model_copy(
             update={"onednn_ops": "fused"} if context.inference.onednn_ops == "all" else {"onednn": False})
         with JIT_LOAD_LOCK:
-            if share is not None and share.rebuilt is not None and share.predictor is not replica.predictor:
-                # Another replica rebuilt the device's one already: this one takes it, and its options.
+            if share is not None and share.rebuilt is not None and _step(share.rebuilt) >= _step(options):
+                # Another replica rebuilt the device's one this far already: this one takes it, and its options.
                 replica.predictor, options = share.predictor, share.rebuilt
             else:
                 replica.predictor = inference.create(context.program, replica.place, options)
@@ -174,6 +214,11 @@ def rebuild(replica, problem: str, written: Written) -> bool:
     replica.backend = f"jit (backend auto: Paddle Inference could not run the program: {why})"
     say_once(context, f"model {context.name!r} version {context.version}: {replica.backend}")
     return True
+
+
+def _step(options: inference.InferenceOptions) -> int:
+    """How far along the rebuild's steps ``options`` are: all of oneDNN, its fused convolutions, none."""
+    return 2 if not options.onednn else 1 if options.onednn_ops == "fused" else 0
 
 
 _said: set[tuple[str, int, str]] = set()

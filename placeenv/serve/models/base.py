@@ -107,6 +107,7 @@ class Model:
         self._run_lock = threading.Lock()  # a Predictor's, shared with the replicas that share it
         self.shares_weights = False  # whether another replica's copy of the weights serves this one
         self._predictor_share: DeviceShare | None = None  # where this replica's Predictor came from
+        self._native_run = None  # (the Predictor, the call that runs it without the GIL or None): backends'
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -150,11 +151,7 @@ class Model:
         """Forward pass on this replica's place; ``inputs`` are already there, in ``self.context.inputs`` order."""
         if self.predictor is not None:  # its outputs are in the program's order
             with self._run_lock:  # shared by the replicas on this device
-                out = self.predictor.run([inputs[spec.name] for spec in self.context.inputs])
-                if self._predictor_share is not None:
-                    # They hold the Predictor's output variables' memory, which its next run (another
-                    # worker's, once the lock is free) writes over: copies, taken under the lock.
-                    out = [tensor.clone() for tensor in out]
+                out = backends.run_predictor(self, [inputs[spec.name] for spec in self.context.inputs])
             return {spec.name: tensor for spec, tensor in zip(self.context.outputs, out)}
         if self.network is None:
             raise RuntimeError(f"{self.context.name if self.context else 'model'}: execute before initialize")

@@ -5,9 +5,10 @@ with its graph passes and oneDNN on the CPU (TensorRT on GPUs).
 A model's ``backend`` (config file) is ``jit`` (``paddle.jit.load``), ``inference`` (a Predictor),
 or ``auto``: a Predictor on the CPU, and on a GPU when it is the process's only accelerator;
 ``paddle.jit.load`` on custom devices, where Paddle Inference runs no faster, and on GPUs when the
-process serves several. A Predictor's ``run`` holds the GIL while its device works, so the
-Predictors of several devices take turns, where ``paddle.jit.load``'s forward lets them
-overlap (docs/models.md, "Backends"; docs/benchmarks.md, "Device time"). With ``auto``, a program
+process serves several. The binding's ``run`` holds the GIL while its device works, so the
+Predictors of several GPUs would take turns, where ``paddle.jit.load``'s forward lets them
+overlap (docs/models.md, "Backends"; docs/benchmarks.md, "Device time"); on the CPU, runs leave
+the GIL (placeenv.native) and each worker runs a Predictor of its own. With ``auto``, a program
 the Predictor cannot load falls back to ``paddle.jit.load``, said once in the log and in the
 model's ``/v2/models/{m}/config``.
 """
@@ -63,7 +64,7 @@ class InferenceOptions(BaseModel):
         "cannot run its program with all is rebuilt with fused before oneDNN is turned off")
     cpu_threads: int | None = Field(
         None, ge=1, le=1024, description="math-library threads a Predictor uses on the CPU; default: every "
-        "core (Predictors' runs hold the GIL, so they take turns)")
+        "core (a run alone takes them all; runs that overlap share them)")
     ir_optim: bool = Field(True, description="Paddle Inference's graph optimisation passes")
     gpu_memory_mb: int = Field(256, ge=1, description="the initial memory pool on a GPU")
     tensorrt: TensorRTOptions | None = Field(None, description="on GPUs only")
@@ -97,8 +98,9 @@ def why_jit(device: str, accelerators: int) -> str | None:
 
 
 def default_cpu_threads() -> int:
-    """Every core this process may use: a Predictor's ``run()`` holds the GIL, so two workers' runs
-    never overlap, and each may use them all (docs/benchmarks.md, "Backends", has the comparison)."""
+    """Every core this process may use: a run alone (one request at a time) takes them all, and runs that
+    overlap (placeenv.native: several workers' runs without the GIL) share them, which measured faster
+    than a share of the cores each (docs/benchmarks.md, "Predictor runs without the GIL")."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 

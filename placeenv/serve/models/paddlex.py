@@ -29,9 +29,6 @@ from .configs import InstanceGroup, ModelConfig, RepositoryError, Step, TensorOv
 from .entries import Entry, Version
 from .reading import config_fingerprint, load_entry
 
-#: A CPU Predictor's math threads where a module's engine_config does not say: PaddleX's default.
-PADDLEX_CPU_THREADS = 10
-
 #: PaddleX's pipelines served here, and the modules each needs.
 SUPPORTED = {"OCR": ("TextDetection", "TextRecognition")}
 
@@ -168,12 +165,12 @@ def _export(name: str, directory: Path, module: dict, batch: int, delay_ms: floa
     says: ``paddle`` off, ``mkldnn`` on; else on, and off where it cannot run the program)."""
     engine = module.get("engine_config") or {}
     run_mode = engine.get("run_mode")
-    # PaddleX's own default for a CPU Predictor's math threads (its PADDLE_PDX_CPU_NUM_THREADS): the runtime
-    # PaddleX's answers and speed come from (docs/benchmarks.md, "PaddleX serving", has 10 against 2 threads).
-    cpu_threads = engine.get("cpu_threads", PADDLEX_CPU_THREADS)
-    if not isinstance(cpu_threads, int) or not 1 <= cpu_threads <= 1024:
+    # Unset, the service's default (every core), not PaddleX's 10: here a Predictor's runs leave the GIL and
+    # overlap, and more threads than cores then take turns on them (docs/benchmarks.md, "Predictor runs").
+    cpu_threads = engine.get("cpu_threads")
+    if cpu_threads is not None and (not isinstance(cpu_threads, int) or not 1 <= cpu_threads <= 1024):
         raise refuse(f"SubModules: {name}: engine_config cpu_threads {cpu_threads!r}: give a whole number from 1 "
-                     "to 1024, or leave it out (PaddleX's default, 10)")
+                     "to 1024, or leave it out (every core)")
     if run_mode not in (None, "paddle", "mkldnn"):
         raise refuse(f"SubModules: {name}: engine_config run_mode {run_mode!r} is not served here; use paddle "
                      "or mkldnn (on a CPU), or leave it out")

@@ -1,0 +1,117 @@
+"""The workers of a CPU device each run a Predictor of their own, whose runs leave the GIL
+(placeenv.native), side by side: every answer under concurrent runs that of one replica run alone. The
+negative controls take turns on one Predictor under one lock: runs that hold the GIL (switched off), and
+a config that asks to share the weights."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import threading
+
+import numpy as np
+import paddle
+import pytest
+from support.models import run
+
+from placeenv import PlaceEnv, native
+from placeenv.serve.engine.replica import warm_up
+from placeenv.serve.models import scan
+from placeenv.serve.models.backends import DeviceShare
+
+
+class Convs(paddle.nn.Layer):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = paddle.nn.Sequential(paddle.nn.Conv2D(3, 8, 3, padding=1), paddle.nn.ReLU(),
+                                        paddle.nn.Conv2D(8, 4, 3, padding=1))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+@pytest.fixture(scope="module")
+def entries(tmp_path_factory):
+    """``convs`` (the defaults) and ``convs-shared`` (``share_weights: true``), Predictors both."""
+    root = tmp_path_factory.mktemp("repository")
+    paddle.seed(3)
+    with PlaceEnv("cpu"):
+        layer = Convs()
+        layer.eval()
+        paddle.jit.save(layer, str(root / "convs" / "1" / "model"),
+                        input_spec=[paddle.static.InputSpec([None, 3, 24, 24], "float32", "x")])
+    shutil.copytree(root / "convs", root / "convs-shared")
+    (root / "convs" / "config.yaml").write_text("backend: inference\n")
+    (root / "convs-shared" / "config.yaml").write_text("backend: inference\nshare_weights: true\n")
+    found, errors = scan([root], ["convs", "convs-shared"], max_batch_size=4, max_batch_delay_ms=0)
+    assert not errors, errors
+    return found
+
+
+@pytest.fixture
+def switched_off(monkeypatch):
+    monkeypatch.setenv(native.SWITCH, "0")
+    native._found.cache_clear()  # what the process decided at its first Predictor
+    yield
+    monkeypatch.undo()
+    native._found.cache_clear()
+
+
+def workers(entry, count: int = 2) -> list:
+    """``count`` replicas of ``entry`` on the CPU sharing one DeviceShare, as a device's workers do."""
+    version, share = entry.default, DeviceShare()
+    replicas = []
+    for _ in range(count):
+        replica = version.model_class()
+        replica.initialize(paddle.CPUPlace(), dataclasses.replace(version.context, share=share))
+        warm_up(replica, entry, version)
+        replicas.append(replica)
+    return replicas
+
+
+def hammer(replicas: list) -> None:
+    """Each replica in a thread of its own, runs at once: every answer that of the first replica alone."""
+    rng = np.random.default_rng(0)
+    inputs = [rng.standard_normal((1 + i % 4, 3, 24, 24)).astype(np.float32) for i in range(24)]
+    expected = [run(replicas[0], {"x": x})[0]["fetch_name_0"] for x in inputs]
+    found: dict[int, list] = {}
+    errors: list[BaseException] = []
+    start = threading.Barrier(len(replicas))
+
+    def loop(index: int) -> None:
+        try:
+            start.wait()
+            found[index] = [run(replicas[index], {"x": x})[0]["fetch_name_0"] for x in inputs]
+        except BaseException as exc:  # noqa: BLE001 - the test fails on it below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=loop, args=(i,)) for i in range(len(replicas))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    for answers in found.values():
+        for got, want in zip(answers, expected):
+            np.testing.assert_array_equal(got, want)
+
+
+def test_a_cpu_devices_workers_run_predictors_of_their_own_side_by_side_and_answer_alike(entries):
+    first, second = workers(entries["convs"])
+    assert first.backend == second.backend == "inference"
+    assert first.predictor is not second.predictor and first._run_lock is not second._run_lock
+    assert not first.shares_weights and not second.shares_weights
+    hammer([first, second])
+
+
+def test_negative_control_a_config_that_shares_the_weights_takes_turns_on_one_predictor(entries):
+    first, second = workers(entries["convs-shared"])
+    assert first.predictor is second.predictor and first._run_lock is second._run_lock and second.shares_weights
+    hammer([first, second])
+
+
+def test_negative_control_runs_that_hold_the_gil_share_one_predictor_in_turns(entries, switched_off):
+    assert native.unavailable() == f"turned off ({native.SWITCH}=0)"
+    first, second = workers(entries["convs"])
+    assert first.predictor is second.predictor and first._run_lock is second._run_lock
+    hammer([first, second])
