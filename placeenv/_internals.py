@@ -107,8 +107,9 @@ NAMES = {
     "InferPredictor": "base.libpaddle.PaddleInferPredictor",
 }
 
-#: Names a build may lack: None then (a CPU-only wheel has no CUDA or XPU device counts).
-OPTIONAL = frozenset({"cuda_device_count", "xpu_device_count"})
+#: Names a build may lack: None then (a CPU-only wheel has no CUDA or XPU device counts; one without the
+#: binding's Predictor class or library runs every Predictor through the binding).
+OPTIONAL = frozenset({"cuda_device_count", "xpu_device_count", "libpaddle", "InferPredictor"})
 
 #: Module globals of ``framework`` that placeenv reads and writes.
 FRAMEWORK_GLOBALS = ("_global_expected_place_", "_dygraph_tracer_")
@@ -373,6 +374,8 @@ def paddle_dtype(dtype):
 def _native_symbols() -> tuple[int, int] | None:
     """The addresses of ``Predictor::Run()`` and of AnalysisPredictor's vtable in the loaded library."""
     resolve()
+    if libpaddle is None or InferPredictor is None:
+        return None
     try:
         library = ctypes.CDLL(libpaddle.__file__, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
         run = ctypes.cast(library[PREDICTOR_RUN_SYMBOL], ctypes.c_void_p).value

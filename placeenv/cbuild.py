@@ -14,6 +14,10 @@ from pathlib import Path
 __all__ = ["BuildError", "compiler", "shared_library", "user_cache"]
 
 
+#: A compiler that hangs holds up every worker's start: it fails instead.
+COMPILE_TIMEOUT_S = 600
+
+
 class BuildError(RuntimeError):
     """A C++ piece could not be compiled."""
 
@@ -47,7 +51,10 @@ def shared_library(source: Path, name: str, root: Path, flags: tuple[str, ...] =
     with tempfile.TemporaryDirectory(dir=directory.parent) as tmp:
         partial = Path(tmp) / name
         command = [compiler(), "-std=c++17", "-O2", "-fPIC", "-shared", *flags, str(source), "-o", str(partial)]
-        result = subprocess.run(command, capture_output=True, text=True)
+        try:
+            result = subprocess.run(command, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise BuildError(f"compiling {what or name} took over {COMPILE_TIMEOUT_S} s: $ {shlex.join(command)}") from None
         if result.returncode != 0:
             raise BuildError(f"compiling {what or name} failed:\n$ {shlex.join(command)}\n{result.stderr[-4000:]}")
         os.replace(partial, library)

@@ -39,19 +39,20 @@ class PredictorRunError(RuntimeError):
     """A Predictor's run failed in Paddle, with an error of no category below: the message is Paddle's."""
 
 
-#: The Python exception the binding raises for each of Paddle's error categories (its message starts
-#: "(Category)"), so a run without the GIL fails as the binding's run would.
+#: The Python exception the binding raises for each of Paddle's error categories (its message says
+#: "(Category)", or "CategoryError:" where Paddle prints its C++ call stack first), so a run without the GIL
+#: fails as the binding's run would.
 ERRORS = {"InvalidArgument": ValueError, "NotFound": RuntimeError, "OutOfRange": IndexError,
           "AlreadyExists": RuntimeError, "ResourceExhausted": MemoryError, "PreconditionNotMet": RuntimeError,
           "PermissionDenied": RuntimeError, "ExecutionTimeout": RuntimeError, "Unimplemented": NotImplementedError,
           "Unavailable": RuntimeError, "Fatal": SystemError, "External": OSError}
-_CATEGORY = re.compile(r"\((" + "|".join(ERRORS) + r")\) ")
+_CATEGORY = re.compile(r"\((" + "|".join(ERRORS) + r")\) |\b(" + "|".join(ERRORS) + r")Error: ")
 
 
 def error(message: str) -> Exception:
     """The exception for Paddle's error ``message``: its category's, as the binding's."""
     found = _CATEGORY.search(message)
-    return (ERRORS[found.group(1)] if found else PredictorRunError)(message)
+    return (ERRORS[found.group(1) or found.group(2)] if found else PredictorRunError)(message)
 
 
 def cache_root() -> Path:
@@ -87,7 +88,7 @@ def _found() -> tuple[Callable, int] | str:
     try:
         library = ctypes.CDLL(str(build()))
     except (cbuild.BuildError, OSError) as error:
-        return f"the shim that runs it could not be built or loaded ({str(error).splitlines()[0][:200]})"
+        return f"the shim that runs it could not be built or loaded ({(str(error).splitlines() or [''])[0][:200]})"
     function = library.placeenv_predictor_run
     function.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t]
     function.restype = ctypes.c_int
@@ -117,7 +118,9 @@ class _Run:
 
 def runner(predictor) -> Callable[[], None] | str:
     """A call that runs ``predictor`` (its inputs bound) with the GIL released, raising the binding's
-    exception with Paddle's message where the run fails (:func:`error`); or, where there is none, why."""
+    exception with Paddle's message where the run fails (:func:`error`), and :class:`PredictorRunError`
+    where ``Run()`` returns false (which the binding ignores: its outputs are then not a run's); or, where
+    there is none, why."""
     found = _entry()
     if isinstance(found, str):
         return found

@@ -30,8 +30,9 @@ def host_tensor(array: np.ndarray):
 
 
 def host_view(array: np.ndarray):
-    """A CPU tensor over ``array``'s memory (made contiguous first), no copy: it keeps the array alive."""
-    return _pd.view_host(np.ascontiguousarray(array))
+    """A CPU tensor over ``array``'s memory (made C-contiguous first, its shape kept), no copy: it keeps the
+    array alive."""
+    return _pd.view_host(np.require(array, requirements="C"))
 
 
 def move_to(tensor, place):

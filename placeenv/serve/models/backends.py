@@ -141,7 +141,7 @@ def run_predictor(replica, inputs: list) -> list:
     if run is None:
         out = predictor.run(inputs)
         return [tensor.clone() for tensor in out] if replica._predictor_share is not None else out
-    for name, tensor in zip(predictor.get_input_names(), inputs):
+    for name, tensor in zip(predictor.get_input_names(), inputs, strict=True):
         predictor.get_input_handle(name).share_external_data(tensor)  # no copy: it lives through the run
     run()
     return [host_view(predictor.get_output_handle(name).copy_to_cpu()) for name in predictor.get_output_names()]
@@ -207,7 +207,7 @@ def rebuild(replica, problem: str, written: Written) -> bool:
         return True
     if context.backend != "auto" or written.load:
         return False
-    replica.predictor, replica._predictor_share = None, None
+    replica.predictor, replica._predictor_share, replica._native_run = None, None, None
     with replica._env:
         replica.network = replica.load(context)
     replica.network.eval()

@@ -208,7 +208,7 @@ class Model:
     def finalize(self) -> None:
         """Drop this replica's network (or Predictor), so its device memory can be reclaimed; what the
         replicas of a device share stays with the worker pool, for a replacement worker."""
-        self.network, self.predictor, self._env = None, None, None
+        self.network, self.predictor, self._env, self._native_run = None, None, None, None
 
     # -- what the service checks -------------------------------------------------------------
 

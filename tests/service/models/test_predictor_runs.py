@@ -102,6 +102,7 @@ def test_a_cpu_devices_workers_run_predictors_of_their_own_side_by_side_and_answ
     assert first.predictor is not second.predictor and first._run_lock is not second._run_lock
     assert not first.shares_weights and not second.shares_weights
     hammer([first, second])
+    assert all(replica._native_run[1] is not None for replica in (first, second))  # ran without the GIL
 
 
 def test_negative_control_a_config_that_shares_the_weights_takes_turns_on_one_predictor(entries):
@@ -115,3 +116,4 @@ def test_negative_control_runs_that_hold_the_gil_share_one_predictor_in_turns(en
     first, second = workers(entries["convs"])
     assert first.predictor is second.predictor and first._run_lock is second._run_lock
     hammer([first, second])
+    assert first._native_run[1] is None and second._native_run[1] is None  # the binding's run
