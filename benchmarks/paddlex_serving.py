@@ -143,7 +143,7 @@ def start_paddlex(pipeline: Path, tmp: Path, deadline_s: float) -> Process:
 
 
 def start_ours(repository: Path, tmp: Path, deadline_s: float, cpu_workers: int | None = None,
-               workers_per_device: int | None = None, tag: str = "ours") -> Process:
+               workers_per_device: int | None = None, tag: str = "ours", flags: tuple[str, ...] = ()) -> Process:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PLACEENV_")}
     env.update({"PLACEENV_LOG_LEVEL": "warning", "PYTHONPATH": str(ROOT)})
@@ -153,6 +153,7 @@ def start_ours(repository: Path, tmp: Path, deadline_s: float, cpu_workers: int 
                "--port", str(port), "--host", "127.0.0.1"]
     if workers_per_device:
         command += ["--workers-per-device", str(workers_per_device)]
+    command += flags
     return Process(tag, command, env, port, "/v2/health/ready", tmp / f"{tag.replace(' ', '_')}.log", deadline_s)
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import os
 import shlex
 import statistics
 import sys
@@ -56,14 +55,8 @@ def repository(tmp: Path, variant: str, pipeline: Path) -> Path:
 
 
 def start(variant: str, root: Path, tmp: Path, deadline_s: float) -> px.Process:
-    port = px.free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PLACEENV_")}
-    env.update({"PLACEENV_LOG_LEVEL": "warning", "PYTHONPATH": str(px.ROOT)})
-    command = [sys.executable, "-m", "placeenv.serve", "--model-repository", str(root), "--devices", "cpu",
-               "--port", str(port), "--host", "127.0.0.1"]
-    if variant == "binding":
-        command.append("--no-predictor-runs-without-gil")
-    return px.Process(variant, command, env, port, "/v2/health/ready", tmp / f"{root.name}.log", deadline_s)
+    flags = ("--no-predictor-runs-without-gil",) if variant == "binding" else ()
+    return px.start_ours(root, tmp, deadline_s, tag=variant, flags=flags)
 
 
 def main() -> None:

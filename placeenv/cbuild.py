@@ -11,7 +11,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-__all__ = ["BuildError", "compiler", "shared_library", "user_cache"]
+__all__ = ["BuildError", "cache_root", "compiler", "shared_library", "user_cache"]
 
 
 #: A compiler that hangs holds up every worker's start: it fails instead.
@@ -26,6 +26,11 @@ def user_cache() -> Path:
     """placeenv's per-user cache: ``$XDG_CACHE_HOME/placeenv``, or ``~/.cache/placeenv``."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "placeenv"
+
+
+def cache_root(variable: str, name: str) -> Path:
+    """Where a built piece is kept: the directory ``$variable`` names, else ``name`` in :func:`user_cache`."""
+    return Path(os.environ[variable]) if os.environ.get(variable) else user_cache() / name
 
 
 def compiler() -> str:

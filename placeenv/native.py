@@ -57,9 +57,7 @@ def error(message: str) -> Exception:
 
 def cache_root() -> Path:
     """Where the shim is kept: ``$PLACEENV_NATIVE_CACHE``, else ``native`` in placeenv's user cache."""
-    if os.environ.get("PLACEENV_NATIVE_CACHE"):
-        return Path(os.environ["PLACEENV_NATIVE_CACHE"])
-    return cbuild.user_cache() / "native"
+    return cbuild.cache_root("PLACEENV_NATIVE_CACHE", "native")
 
 
 def build(force: bool = False) -> Path:

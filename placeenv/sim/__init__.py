@@ -68,9 +68,7 @@ def user_cache() -> Path:
 
 def cache_root() -> Path:
     """Where built plugins are kept: ``$PLACEENV_SIM_CACHE``, else ``sim`` in :func:`user_cache`."""
-    if os.environ.get("PLACEENV_SIM_CACHE"):
-        return Path(os.environ["PLACEENV_SIM_CACHE"])
-    return user_cache() / "sim"
+    return cbuild.cache_root("PLACEENV_SIM_CACHE", "sim")
 
 
 def build(force: bool = False) -> Path:
