@@ -55,6 +55,7 @@ class Page:
     angle: float             # degrees, counter-clockwise
     noise: float             # the Gaussian noise's standard deviation, in 0..255 levels
     quality: int | None      # JPEG quality, None for PNG
+    turned: tuple[int, ...] = ()  # the lines (indices into lines) drawn turned 180 degrees
 
 
 class FontsMissing(RuntimeError):
@@ -81,8 +82,10 @@ def _line(rng: random.Random) -> str:
     return " ".join(words)
 
 
-def page(index: int) -> Page:
-    """Page ``index``, the same bytes on every call."""
+def page(index: int, upside_down: int = 0) -> Page:
+    """Page ``index``, the same bytes on every call. With ``upside_down`` n, every n-th line (the
+    first among them) is drawn turned 180 degrees in its place, as on a page put in the scanner
+    with a slip the wrong way round: the text-line orientation tests' pages."""
     rng = random.Random(4400 + index)
     faces = fonts()
     face = faces[index % len(faces)]
@@ -105,7 +108,13 @@ def page(index: int) -> Page:
         x = margin + rng.randint(0, width // 10)
         if x + draw.textlength(text, font=font) > width - margin // 2:
             x = margin
-        draw.text((x, y), text, font=font, fill=fg)
+        if upside_down and len(lines) % upside_down == 0:
+            box = draw.textbbox((0, 0), text, font=font)
+            slip = Image.new("RGB", (box[2] + 4, box[3] + 4), bg)
+            ImageDraw.Draw(slip).text((2, 2), text, font=font, fill=fg)
+            image.paste(slip.rotate(180), (x - 2, y - 2))
+        else:
+            draw.text((x, y), text, font=font, fill=fg)
         lines.append(text)
         y += gap
 
@@ -125,11 +134,12 @@ def page(index: int) -> Page:
     else:
         image.save(out, format="JPEG", quality=quality)
     return Page(out.getvalue(), "PNG" if quality is None else "JPEG", (width, height), tuple(lines),
-                face.name, font_size, angle, noise, quality)
+                face.name, font_size, angle, noise, quality,
+                tuple(range(0, len(lines), upside_down)) if upside_down else ())
 
 
-def pages(count: int = 24) -> list[Page]:
-    return [page(i) for i in range(count)]
+def pages(count: int = 24, upside_down: int = 0) -> list[Page]:
+    return [page(i, upside_down) for i in range(count)]
 
 
 if __name__ == "__main__":  # writes the pages into a folder, to look at them

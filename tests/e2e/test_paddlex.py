@@ -24,8 +24,7 @@ from loadtest import pages
 from support import ocr_models, paddlex_reference
 from support.servers import ServiceProcess, free_port
 
-POLY_PX = 2
-SCORE = 0.01
+differences = paddlex_reference.differences
 
 
 @pytest.fixture(scope="module")
@@ -60,21 +59,6 @@ def served(repository):
         yield proc.wait_ready(), f"127.0.0.1:{grpc_port}"
     finally:
         proc.stop()
-
-
-def differences(answer: dict, expected: dict) -> list[str]:
-    """What differs between an answer and PaddleX's beyond the tolerances (nothing: [])."""
-    if list(answer["rec_texts"]) != list(expected["rec_texts"]):
-        return [f"texts {answer['rec_texts']} != {expected['rec_texts']}"]
-    found = []
-    for key in ("rec_polys", "dt_polys", "rec_boxes"):
-        got, want = np.asarray(answer[key], np.int64), np.asarray(expected[key], np.int64)
-        if got.shape != want.shape or (got.size and np.abs(got - want).max() > POLY_PX):
-            found.append(f"{key} differ: {got.tolist()[:2]} vs {want.tolist()[:2]}")
-    scores = np.abs(np.asarray(answer["rec_scores"]) - np.asarray(expected["rec_scores"]))
-    if scores.size and scores.max() > SCORE:
-        found.append(f"scores differ by {scores.max():.4f}")
-    return found
 
 
 def over_v2(url: str, data: bytes) -> dict:
@@ -140,7 +124,9 @@ def test_grpc_answers_as_http(served, page_set, reference):
     ({"file": base64.b64encode(b"x").decode(), "fileType": 1, "textDetLimitType": "wide"}, "textDetLimitType"),
     ({"file": base64.b64encode(b"x").decode(), "fileType": 1, "textDetLimitSideLen": -1}, "textDetLimitSideLen"),
     ({"file": base64.b64encode(b"x").decode(), "fileType": 1, "useTextlineOrientation": True},
-     "text-line orientation is not served"),
+     "has no text-line orientation model"),
+    ({"file": base64.b64encode(b"x").decode(), "fileType": 1, "useDocUnwarping": True},
+     "document unwarping is not served"),
 ])
 def test_a_bad_request_is_a_422_in_paddlexs_error_shape_naming_what_to_send(served, body, says):
     proc, _ = served

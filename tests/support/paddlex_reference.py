@@ -35,6 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 from . import ocr_models
 
 PADDLEPADDLE = "3.3.1"
@@ -45,6 +47,10 @@ MARKER = "complete"
 
 #: Per image, what reference_ocr returns (the pipeline result's JSON fields of the same names).
 FIELDS = ("rec_texts", "rec_scores", "rec_polys", "rec_boxes", "dt_polys")
+
+#: The agreement asked of the service's answers (issue 44): polygons within 2 px, scores within 0.01.
+POLY_PX = 2
+SCORE = 0.01
 
 #: PaddleX's settings for the reference runs: the model directories are local (no model-hoster
 #: check, which would reach the network), PaddleX's own cache stays inside ours.
@@ -163,14 +169,15 @@ for path in paths:
     (result,) = list(pipeline.predict(path))
     seconds.append(time.perf_counter() - begun)
     res = result.json["res"]
-    results.append({key: res[key] for key in fields})
+    results.append({key: res.get(key) for key in fields})
 with open(sys.argv[3], "w") as out:
     json.dump({"results": results, "seconds": seconds, "create_seconds": created}, out)
 '''
 
 
-def run_reference(pipeline_yaml: Path | str, images: list[bytes | Path | str], timeout: float = 1800) -> dict:
-    """PaddleX's pipeline on ``images`` (encoded bytes or paths): ``{"results": [per image FIELDS],
+def run_reference(pipeline_yaml: Path | str, images: list[bytes | Path | str], timeout: float = 1800,
+                  fields: tuple[str, ...] = FIELDS) -> dict:
+    """PaddleX's pipeline on ``images`` (encoded bytes or paths): ``{"results": [per image fields],
     "seconds": [per image, after one warm-up run], "create_seconds": pipeline creation}``."""
     interpreter = python()
     with tempfile.TemporaryDirectory(prefix="paddlex-reference-") as scratch:
@@ -186,14 +193,15 @@ def run_reference(pipeline_yaml: Path | str, images: list[bytes | Path | str], t
         out = Path(scratch) / "out.json"
         script = Path(scratch) / "runner.py"
         script.write_text(RUNNER)
-        _run([str(interpreter), str(script), str(pipeline_yaml), json.dumps(paths), str(out), json.dumps(FIELDS)],
+        _run([str(interpreter), str(script), str(pipeline_yaml), json.dumps(paths), str(out), json.dumps(fields)],
              f"PaddleX {PADDLEX}'s pipeline {pipeline_yaml} in {venv_dir()}", timeout=timeout, env=environment())
         return json.loads(out.read_text())
 
 
-def reference_ocr(pipeline_yaml: Path | str, images: list[bytes | Path | str], timeout: float = 1800) -> list[dict]:
-    """Per image, PaddleX's ``rec_texts, rec_scores, rec_polys, rec_boxes, dt_polys`` (JSON)."""
-    return run_reference(pipeline_yaml, images, timeout)["results"]
+def reference_ocr(pipeline_yaml: Path | str, images: list[bytes | Path | str], timeout: float = 1800,
+                  fields: tuple[str, ...] = FIELDS) -> list[dict]:
+    """Per image, PaddleX's ``rec_texts, rec_scores, rec_polys, rec_boxes, dt_polys`` (JSON), or ``fields``."""
+    return run_reference(pipeline_yaml, images, timeout, fields)["results"]
 
 
 def serve_command(pipeline_yaml: Path | str, port: int, host: str = "127.0.0.1") -> list[str]:
@@ -207,3 +215,18 @@ def serve(pipeline_yaml: Path | str, port: int, host: str = "127.0.0.1", **popen
     the log says Uvicorn is running. The caller ends it (terminate, wait)."""
     return subprocess.Popen(serve_command(pipeline_yaml, port, host), env={**environment(), **popen.pop("env", {})},
                             **popen)
+
+
+def differences(answer: dict, expected: dict) -> list[str]:
+    """What differs between an answer and PaddleX's beyond the tolerances (nothing: [])."""
+    if list(answer["rec_texts"]) != list(expected["rec_texts"]):
+        return [f"texts {answer['rec_texts']} != {expected['rec_texts']}"]
+    found = []
+    for key in ("rec_polys", "dt_polys", "rec_boxes"):
+        got, want = np.asarray(answer[key], np.int64), np.asarray(expected[key], np.int64)
+        if got.shape != want.shape or (got.size and np.abs(got - want).max() > POLY_PX):
+            found.append(f"{key} differ: {got.tolist()[:2]} vs {want.tolist()[:2]}")
+    scores = np.abs(np.asarray(answer["rec_scores"]) - np.asarray(expected["rec_scores"]))
+    if scores.size and scores.max() > SCORE:
+        found.append(f"scores differ by {scores.max():.4f}")
+    return found

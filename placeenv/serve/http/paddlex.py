@@ -7,8 +7,8 @@ first such request), its error shape ``{logId, errorCode, errorMsg}`` with the H
 The request goes through the same gateway as v2 (one BYTES input, the file's bytes), so it is checked,
 counted, batched and answered as any. What differs from PaddleX serving, each a clear 422: a ``file``
 that is a URL is fetched only with ``--fetch-urls`` (else any client could make the service fetch
-addresses); a PDF (``fileType`` 0) is not served (send its pages as images); the document preprocessor,
-text-line orientation and word boxes are not served yet. ``visualize`` draws nothing: the answer carries
+addresses); a PDF (``fileType`` 0) is not served (send its pages as images); the document preprocessor
+and word boxes are not served yet, nor text-line orientation by a pipeline whose file has no model for it. ``visualize`` draws nothing: the answer carries
 no images. The per-request settings (``textDetThresh`` ...) go to the pipeline as the request's
 parameters of PaddleX's ``pipeline.predict`` names (protocol/paddlex.py), and the answer's
 ``text_det_params`` and ``text_rec_score_thresh`` show them as PaddleX's do.
@@ -39,11 +39,11 @@ from .routes import Call, InferRoute
 #: hands them to ``pipeline.predict`` under these names).
 PER_REQUEST = {"textDetLimitSideLen": "text_det_limit_side_len", "textDetLimitType": "text_det_limit_type",
                "textDetThresh": "text_det_thresh", "textDetBoxThresh": "text_det_box_thresh",
-               "textDetUnclipRatio": "text_det_unclip_ratio", "textRecScoreThresh": "text_rec_score_thresh"}
+               "textDetUnclipRatio": "text_det_unclip_ratio", "textRecScoreThresh": "text_rec_score_thresh",
+               "useTextlineOrientation": "use_textline_orientation"}
 #: Modules the served pipelines do not have: a request that turns one on is refused.
 NOT_SERVED = {"useDocOrientationClassify": "the document orientation classifier",
-              "useDocUnwarping": "document unwarping", "useTextlineOrientation": "text-line orientation",
-              "returnWordBox": "word boxes"}
+              "useDocUnwarping": "document unwarping", "returnWordBox": "word boxes"}
 
 
 def _schemas():
@@ -64,7 +64,7 @@ async def ocr(gateway: Gateway, call: Call) -> Response:
         asked["request"] = request = _parse(schemas, call.body)
         asked["log_id"] = request.logId or utils.generate_log_id()
         name, asked["about"] = _pipeline(gateway)
-        asked["parameters"] = _settings(request)
+        asked["parameters"] = _settings(request, asked["about"])
         if "data" not in asked:
             asked["data"] = _file(request, gateway.settings)
         return name, None
@@ -118,12 +118,16 @@ def _pipeline(gateway: Gateway) -> tuple[str, dict[str, Any]]:
     return found[0]
 
 
-def _settings(request) -> dict[str, Any]:
+def _settings(request, about: dict[str, Any]) -> dict[str, Any]:
     """The request's settings as the pipeline's parameters, checked (a bad one named by its field);
     refuse what the served pipeline cannot do for it, naming it and what to send."""
     for key, what in NOT_SERVED.items():
         if getattr(request, key):
             raise InvalidInput(f"{key}: {what} is not served here; send {key}: false or leave it out")
+    if request.useTextlineOrientation and not about.get("textline_orientation"):
+        raise InvalidInput("useTextlineOrientation: the served pipeline has no text-line orientation model (its "
+                           "file turns use_textline_orientation off or gives no TextLineOrientation); send "
+                           "useTextlineOrientation: false or leave it out")
     found = {}
     for key, name in PER_REQUEST.items():
         value = getattr(request, key)
@@ -199,13 +203,17 @@ def pruned_result(outputs: dict[str, np.ndarray], about: dict[str, Any],
     """PaddleX's ``prunedResult`` of the OCR pipeline, from the served pipeline's outputs and settings, and
     the request's ``parameters`` (its settings, shown as PaddleX shows them)."""
     det_params, score_thresh = ocr_settings.shown(about["detection"], about["recognition"], parameters or {})
-    found = len(outputs["dt_polys"])
-    return {
-        "model_settings": {"use_doc_preprocessor": False, "use_textline_orientation": False},
+    textline = ocr_settings.switched("use_textline_orientation", about.get("use_textline_orientation", False),
+                                     parameters or {})
+    pruned = {
+        "model_settings": {"use_doc_preprocessor": False, "use_textline_orientation": textline},
         "dt_polys": outputs["dt_polys"].tolist(),
         "text_det_params": det_params,
         "text_type": about["text_type"],
-        "textline_orientation_angles": [-1] * found,
+    }
+    if len(outputs["dt_polys"]):  # as PaddleX: a page without text has no angles
+        pruned["textline_orientation_angles"] = outputs["textline_orientation_angles"].tolist()
+    return pruned | {
         "text_rec_score_thresh": score_thresh,
         "return_word_box": False,
         "rec_texts": [text.decode("utf-8", "replace") for text in outputs["rec_texts"]],

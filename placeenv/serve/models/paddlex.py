@@ -9,12 +9,15 @@ processors (``models/paddlex_ocr.py``) on CPU workers under ``PlaceEnv('cpu')``:
 
     image (BYTES) -> <name>.prepare (CPU: decode, PaddleX's det resize and normalisation)
                   -> <name>.TextDetection (a device)
-                  -> <name>.read (CPU: DB postprocess, box sort, crops; the crops' groups read by
-                     <name>.TextRecognition on the devices, all at once; CTC decode)
-                  -> rec_texts, rec_scores, rec_polys, rec_boxes, dt_polys
+                  -> <name>.read (CPU: DB postprocess, box sort, crops; with text-line orientation
+                     the crops classified by <name>.TextLineOrientation and the upside-down ones
+                     turned; the crops' groups read by <name>.TextRecognition on the devices, all at
+                     once; CTC decode)
+                  -> rec_texts, rec_scores, rec_polys, rec_boxes, dt_polys, textline_orientation_angles
 
-Supported: PaddleX's ``OCR`` pipeline with text detection and recognition. The document preprocessor
-and text-line orientation are refused, naming the setting that turns them off.
+Supported: PaddleX's ``OCR`` pipeline with text detection and recognition, and text-line orientation
+where the file turns it on and gives its model. The document preprocessor is refused, naming the
+setting that turns it off.
 """
 
 from __future__ import annotations
@@ -31,11 +34,16 @@ from .reading import config_fingerprint, load_entry
 
 #: PaddleX's pipelines served here, and the modules each needs.
 SUPPORTED = {"OCR": ("TextDetection", "TextRecognition")}
+#: The OCR pipeline's optional modules served here: the file's switch (PaddleX's default when the file
+#: leaves it out: on), and the SubModule it needs.
+OPTIONAL = {"use_textline_orientation": "TextLineOrientation"}
 
 #: PaddleX's own defaults (paddlex 3.7's configs/pipelines/OCR.yaml), for a setting the file leaves out.
 DETECTION_DEFAULTS = {"limit_side_len": 64, "limit_type": "min", "max_side_limit": 4000, "thresh": 0.3,
                       "box_thresh": 0.6, "unclip_ratio": 1.5}
 RECOGNITION_DEFAULTS = {"batch_size": 6, "score_thresh": 0.0}
+#: PaddleX's batch size of a module whose settings leave it out (its create_model's).
+MODULE_BATCH_SIZE = 1
 
 #: CPU workers of the pipeline's CPU steps: the OCR page's decode, resize and crops (numpy and OpenCV,
 #: which release the GIL for much of it) on two threads. The environment variable
@@ -57,7 +65,7 @@ def cpu_workers() -> int:
 
 OUTPUTS = (TensorSpec("rec_texts", "BYTES", (-1,)), TensorSpec("rec_scores", "FP32", (-1,)),
            TensorSpec("rec_polys", "INT32", (-1, 4, 2)), TensorSpec("rec_boxes", "INT32", (-1, 4)),
-           TensorSpec("dt_polys", "INT32", (-1, 4, 2)))
+           TensorSpec("dt_polys", "INT32", (-1, 4, 2)), TensorSpec("textline_orientation_angles", "INT32", (-1,)))
 
 
 def read(name: str, path: Path, max_batch_size: int, max_batch_delay_ms: float
@@ -71,23 +79,27 @@ def read(name: str, path: Path, max_batch_size: int, max_batch_delay_ms: float
         return RepositoryError(name, path, f"PaddleX pipeline: {problem}")
 
     raw = _load_yaml(name, path)
-    kind, det, rec = _modules(refuse, raw)
-    det_dir, rec_dir = (_model_dir(refuse, path, m, key) for m, key in ((det, "TextDetection"),
-                                                                       (rec, "TextRecognition")))
+    kind, modules, switches = _modules(refuse, raw)
+    dirs = {key: _model_dir(refuse, path, module, key) for key, module in modules.items()}
+    det, rec = modules["TextDetection"], modules["TextRecognition"]
     detection = {key: det.get(key, value) for key, value in DETECTION_DEFAULTS.items()}
     recognition = {key: rec.get(key, value) for key, value in RECOGNITION_DEFAULTS.items()}
-    names = {step: f"{name}.{step}" for step in ("prepare", "TextDetection", "read", "TextRecognition")}
+    names = {step: f"{name}.{step}" for step in ("prepare", "read", *modules)}
     fingerprint = config_fingerprint(path)
-    entries = {
-        names["TextDetection"]: _export(names["TextDetection"], det_dir, det, max_batch_size,
-                                        max_batch_delay_ms, refuse),
-        names["TextRecognition"]: _export(names["TextRecognition"], rec_dir, rec, recognition["batch_size"],
-                                          max_batch_delay_ms, refuse),
-    }
+    batches = {"TextDetection": max_batch_size, "TextRecognition": recognition["batch_size"]}
+    for key, module in modules.items():
+        batches.setdefault(key, _batch_size(refuse, key, module))
+    entries = {names[key]: _export(names[key], dirs[key], module, batches[key], max_batch_delay_ms, refuse)
+               for key, module in modules.items()}
     from . import paddlex_ocr  # the CPU steps' classes (PaddleX's processors load with their replicas)
 
-    settings = {"detection": detection, "recognition": recognition, "det_dir": str(det_dir),
-                "rec_dir": str(rec_dir), "rec_model": names["TextRecognition"], "text_type": raw.get("text_type")}
+    textline = "TextLineOrientation" in modules
+    settings = {"detection": detection, "recognition": recognition, "det_dir": str(dirs["TextDetection"]),
+                "rec_dir": str(dirs["TextRecognition"]), "rec_model": names["TextRecognition"],
+                "text_type": raw.get("text_type"), "use_textline_orientation": switches["use_textline_orientation"],
+                "textline_model": names["TextLineOrientation"] if textline else None,
+                "textline_dir": str(dirs["TextLineOrientation"]) if textline else None,
+                "textline_batch_size": batches.get("TextLineOrientation")}
     try:
         workers = cpu_workers()
     except ValueError as exc:
@@ -95,33 +107,50 @@ def read(name: str, path: Path, max_batch_size: int, max_batch_delay_ms: float
     for step, cls in (("prepare", paddlex_ocr.Prepare), ("read", paddlex_ocr.Read)):
         entries[names[step]] = _cpu_step(names[step], path.parent, cls, settings, fingerprint, workers)
     about = {"pipeline_name": kind, "text_type": raw.get("text_type", "general"), "detection": detection,
-             "recognition": recognition}
-    return entries, _pipeline_config(kind, path, det, rec, names), about
+             "recognition": recognition, "use_textline_orientation": switches["use_textline_orientation"],
+             "textline_orientation": textline}
+    return entries, _pipeline_config(kind, path, modules, names), about
 
 
-def _modules(refuse, raw: dict[str, Any]) -> tuple[str, dict, dict]:
-    """The file's pipeline kind, and its text detection and recognition SubModules; refused where the
-    kind is not served, a switch asks for a step not served, or a SubModule is missing."""
+def _modules(refuse, raw: dict[str, Any]) -> tuple[str, dict[str, dict], dict[str, bool]]:
+    """The file's pipeline kind; its SubModules served, by key (text detection and recognition, and
+    text-line orientation where the file turns it on); and the file's switches. Refused where the kind is
+    not served, the document preprocessor is asked for, or a SubModule needed is missing."""
     kind = raw.get("pipeline_name")
     if kind not in SUPPORTED:
         raise refuse(f"pipeline_name {kind!r} is not served here; served: {', '.join(SUPPORTED)}")
-    for switch, what in (("use_doc_preprocessor", "the document preprocessor (orientation, unwarping)"),
-                         ("use_textline_orientation", "text-line orientation")):
-        if raw.get(switch, False):
-            raise refuse(f"{switch}: {what} is not served here yet; set {switch}: False")
-    modules = raw.get("SubModules") or {}
-    missing = [m for m in SUPPORTED[kind] if not isinstance(modules.get(m), dict)]
+    if raw.get("use_doc_preprocessor", False):
+        raise refuse("use_doc_preprocessor: the document preprocessor (orientation, unwarping) is not served "
+                     "here yet; set use_doc_preprocessor: False")
+    given = raw.get("SubModules") or {}
+    switches = {}
+    for switch, key in OPTIONAL.items():
+        value = raw.get(switch, True)
+        if not isinstance(value, bool):
+            raise refuse(f"{switch} {value!r}: give True or False")
+        switches[switch] = value
+    wanted = [*SUPPORTED[kind], *(key for switch, key in OPTIONAL.items() if switches[switch])]
+    missing = [m for m in wanted if not isinstance(given.get(m), dict)]
     if missing:
+        turned = [switch for switch, key in OPTIONAL.items() if key in missing]
+        off = f"; or set {' and '.join(f'{s}: False' for s in turned)}" if turned else ""
         raise refuse(f"SubModules has no {', '.join(missing)}: give each its module_name, model_name and "
-                     "model_dir (a PaddleX export directory)")
-    return kind, modules["TextDetection"], modules["TextRecognition"]
+                     f"model_dir (a PaddleX export directory){off}")
+    return kind, {key: given[key] for key in wanted}, switches
 
 
-def _pipeline_config(kind: str, path: Path, det: dict, rec: dict, names: dict[str, str]) -> ModelConfig:
+def _batch_size(refuse, key: str, module: dict) -> int:
+    size = module.get("batch_size", MODULE_BATCH_SIZE)
+    if not isinstance(size, int) or isinstance(size, bool) or not 1 <= size <= 1024:
+        raise refuse(f"SubModules.{key}: batch_size {size!r}: give a whole number from 1 to 1024")
+    return size
+
+
+def _pipeline_config(kind: str, path: Path, modules: dict[str, dict], names: dict[str, str]) -> ModelConfig:
     """The pipeline's config over its models (``names``, by step): its steps, inputs and outputs."""
     return ModelConfig(
-        description=f"PaddleX's {kind} pipeline ({path.name}): {det.get('model_name')} and "
-                    f"{rec.get('model_name')}",
+        description=f"PaddleX's {kind} pipeline ({path.name}): "
+                    + ", ".join(str(m.get("model_name")) for m in modules.values()),
         inputs=[TensorOverride(name="image", datatype="BYTES", shape=[1])],
         outputs=[TensorOverride(name=s.name, datatype=s.datatype, shape=list(s.shape)) for s in OUTPUTS],
         pipeline=[

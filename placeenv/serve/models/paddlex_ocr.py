@@ -30,6 +30,46 @@ def _transform_ops(directory: str) -> tuple[dict, dict]:
     return ops, found.get("PostProcess") or {}
 
 
+class Classifier:
+    """PaddleX's image classification processors for an export, from its ``inference.yml`` as PaddleX's
+    ``ClasRunnerPredictor`` builds them: the images (BGR, as the pipeline holds them) read as RGB,
+    resized (``ResizeImage``), cropped (``CropImage``), normalised and batched; the network's scores to
+    classes by ``Topk``."""
+
+    def __init__(self, directory: str):
+        from paddlex.inference.common.reader import ReadImage
+        from paddlex.inference.models.common import Normalize, Resize, ResizeByShort, ToBatch, ToCHWImage
+        from paddlex.inference.models.image_classification.processors import Crop, Topk
+
+        ops, post = _transform_ops(directory)
+        self.steps = [ReadImage(format="RGB")]
+        resize = ops.get("ResizeImage") or {}
+        interp, backend = resize.get("interpolation", "LINEAR"), resize.get("backend", "cv2")
+        if resize.get("resize_short"):
+            self.steps.append(ResizeByShort(target_short_edge=resize["resize_short"], size_divisor=None,
+                                            interp=interp, backend=backend))
+        elif resize.get("size"):
+            self.steps.append(Resize(target_size=resize["size"], size_divisor=None, interp=interp, backend=backend))
+        if "CropImage" in ops:
+            self.steps.append(Crop(crop_size=(ops["CropImage"] or {}).get("size", 224)))
+        norm = ops.get("NormalizeImage") or {}
+        self.steps += [Normalize(scale=norm.get("scale", 1 / 255), mean=norm.get("mean", [0.485, 0.456, 0.406]),
+                                 std=norm.get("std", [0.229, 0.224, 0.225])), ToCHWImage()]
+        self.batch = ToBatch()
+        topk = post.get("Topk") or {}
+        self.topk = Topk(class_ids=topk.get("label_list"))
+        self.default_topk = int(topk.get("topk", 1))
+
+    def prepare(self, images: list[np.ndarray]) -> np.ndarray:
+        for step in self.steps:
+            images = step(images)
+        return self.batch(images)[0]
+
+    def top(self, scores: np.ndarray, k: int | None = None):
+        """PaddleX's ``Topk``: per image its class ids, scores and label names, best first."""
+        return self.topk([scores], topk=k or self.default_topk)
+
+
 class Prepare(Model):
     """A PaddleX OCR pipeline's first step, on the CPU: an encoded image decoded (OpenCV, BGR, as PaddleX
     reads it), resized and normalised for the text detector by PaddleX's own processors."""
@@ -59,7 +99,12 @@ class Prepare(Model):
     def preprocess(self, inputs):
         import cv2
 
-        settings_of.requested(self.request_parameters)  # every OCR setting, Read's too: a bad one is a 400
+        asked = settings_of.requested(self.request_parameters)  # every OCR setting, Read's too: a bad one is a 400
+        # (On the replica that only preprocesses too, which is not loaded: its context says.)
+        if asked.get("use_textline_orientation") and self.context.parameters.get("textline_model") is None:
+            raise InputError("parameter use_textline_orientation true: this pipeline has no text-line orientation "
+                             "model (its file turns use_textline_orientation off, or gives no TextLineOrientation "
+                             "SubModule); send false or leave it out")
         data = inputs["image"].reshape(-1)
         if data.size != 1:
             raise InputError(f"input 'image': one encoded image a request, got {data.size}")
@@ -91,7 +136,7 @@ class Read(Model):
               TensorSpec("shape", "FP64", (1, 4)))
     outputs = (TensorSpec("rec_texts", "BYTES", (-1,)), TensorSpec("rec_scores", "FP32", (-1,)),
                TensorSpec("rec_polys", "INT32", (-1, 4, 2)), TensorSpec("rec_boxes", "INT32", (-1, 4)),
-               TensorSpec("dt_polys", "INT32", (-1, 4, 2)))
+               TensorSpec("dt_polys", "INT32", (-1, 4, 2)), TensorSpec("textline_orientation_angles", "INT32", (-1,)))
 
     def load(self, context):
         from paddlex.inference.models.text_detection.processors import DBPostProcess
@@ -115,6 +160,14 @@ class Read(Model):
         self.rec_batch = ToBatch()
         self.decode = CTCLabelDecode(character_list=rec_post["character_dict"])
         self.sort, self.crop, self.boxes = SortQuadBoxes(), CropByPolys(det_box_type="quad"), convert_points_to_boxes
+        self.use_textline = parameters.get("use_textline_orientation", False)
+        self.textline = None
+        if parameters.get("textline_model") is not None:
+            from paddlex.inference.pipelines.components.common.warp_image import rotate_image
+
+            self.textline = Classifier(parameters["textline_dir"])
+            self.textline_model, self.textline_batch = parameters["textline_model"], parameters["textline_batch_size"]
+            self.rotate = rotate_image
         return None
 
     def execute(self, inputs):
@@ -126,7 +179,14 @@ class Read(Model):
         polys = self.sort(polys[0])
         kept = [(crop, poly) for crop, poly in zip(self.crop(page, polys), polys)
                 if crop.size > 0 and crop.shape[0] > 0 and crop.shape[1] > 0]
-        read = self._read([crop for crop, _ in kept])
+        crops = [crop for crop, _ in kept]
+        angles = [-1] * len(crops)
+        if crops and self.textline is not None and settings_of.switched(
+                "use_textline_orientation", self.use_textline, self.request_parameters):
+            # PaddleX's: each crop classified, class 1 (180 degrees) turned before it is read.
+            angles = self._orientations(crops)
+            crops = [self.rotate(crop, angle * 180) for crop, angle in zip(crops, angles)]
+        read = self._read(crops)
         threshold = recognition["score_thresh"]
         found = [(text, score, poly) for (text, score), (_, poly) in zip(read, kept) if score >= threshold]
         rec_polys = np.asarray([poly for *_, poly in found], dtype=np.int32).reshape(-1, 4, 2)
@@ -137,7 +197,20 @@ class Read(Model):
             "rec_boxes": np.asarray(self.boxes(rec_polys), dtype=np.int32).reshape(-1, 4) if found
             else np.zeros((0, 4), np.int32),
             "dt_polys": np.asarray([poly for _, poly in kept], dtype=np.int32).reshape(-1, 4, 2),
+            "textline_orientation_angles": np.asarray(angles, dtype=np.int32),
         }
+
+    def _orientations(self, crops: list[np.ndarray]) -> list[int]:
+        """Each crop's class by the text-line orientation model (0: upright, 1: turned 180 degrees), in
+        groups of its batch size, all queued at once (a crop's class does not depend on its group)."""
+        groups = [crops[start:start + self.textline_batch] for start in range(0, len(crops), self.textline_batch)]
+        answers = self.infer_all(self.textline_model, [{"x": self.textline.prepare(group)} for group in groups],
+                                 parameters={})
+        found = []
+        for answer in answers:
+            ids, _, _ = self.textline.top(next(iter(answer.values())), 1)
+            found.extend(int(np.asarray(row, dtype=np.int64).ravel()[0]) for row in ids)
+        return found
 
     def _read(self, crops: list[np.ndarray]) -> list[tuple[str, float]]:
         """Each crop's text and score, in the crops' order: PaddleX's groups (sorted by width/height, its

@@ -33,11 +33,18 @@ WHOLE = {"text_det_limit_side_len": (0, 100_000), "text_det_max_side_limit": (1,
 NUMBER = {"text_det_thresh": (0.0, 1.0), "text_det_box_thresh": (0.0, 1.0), "text_det_unclip_ratio": (0.0, 10.0),
           "text_rec_score_thresh": (0.0, 1.0)}
 LIMIT_TYPES = ("min", "max", "resize_long")
+#: The modules a request turns on or off (true or false; left out, the pipeline file's choice).
+SWITCHES = ("use_textline_orientation",)
 
 
 def _check(key: str, value: Any) -> None:
     """``InvalidInput`` naming ``key`` unless ``value`` is what PaddleX takes for it."""
     kind = type(value)
+    if key in SWITCHES:
+        if kind is not bool:
+            raise InvalidInput(f"parameter {key} {prefix(value)}: send true or false (left out: the pipeline "
+                               "file's choice)")
+        return
     if key == "text_det_limit_type":
         if kind is not str or value not in (*LIMIT_TYPES, ""):
             raise InvalidInput(f"parameter {key} {prefix(value)}: send one of {', '.join(LIMIT_TYPES)} (\"\": the "
@@ -54,7 +61,7 @@ def _check(key: str, value: Any) -> None:
 def requested(parameters: Mapping[str, Any]) -> dict[str, Any]:
     """The OCR settings among a request's ``parameters``, checked (``InvalidInput`` naming the first bad
     one); the other parameters are not the OCR's, and left alone."""
-    found = {key: value for key, value in parameters.items() if key in SETTINGS}
+    found = {key: value for key, value in parameters.items() if key in SETTINGS or key in SWITCHES}
     for key, value in found.items():
         _check(key, value)
     return found
@@ -69,11 +76,17 @@ def used(detection: Mapping[str, Any], recognition: Mapping[str, Any],
         return detection, recognition
     groups = {"detection": dict(detection), "recognition": dict(recognition)}
     for key, value in requested(parameters).items():
-        if key in OR_DEFAULT and not value:
+        if key in SWITCHES or (key in OR_DEFAULT and not value):
             continue
         group, setting = SETTINGS[key]
         groups[group][setting] = value
     return groups["detection"], groups["recognition"]
+
+
+def switched(key: str, default: bool, parameters: Mapping[str, Any]) -> bool:
+    """A module's switch for a request: the request's ``key`` where it sends one, else ``default`` (the file's)."""
+    value = parameters.get(key)
+    return default if value is None else value
 
 
 def shown(detection: Mapping[str, Any], recognition: Mapping[str, Any],
