@@ -71,7 +71,7 @@ def venv_dir() -> Path:
 
 
 @contextlib.contextmanager
-def _locked(path: Path):
+def locked(path: Path):
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -97,7 +97,7 @@ def python() -> Path:
     interpreter = target / "bin" / "python"
     if (target / MARKER).is_file():
         return interpreter
-    with _locked(target.with_name(target.name + ".lock")):
+    with locked(target.with_name(target.name + ".lock")):
         if (target / MARKER).is_file():
             return interpreter
         if target.exists():

@@ -22,8 +22,6 @@ workers; ``python -m support.textline_model`` (from tests/) does the same.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import os
 import random
@@ -34,6 +32,8 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+
+from .paddlex_reference import locked
 
 MODEL_NAME = "PP-LCNet_x0_25_textline_ori"
 LABELS = ("0_degree", "180_degree")
@@ -170,17 +170,6 @@ def cache_dir() -> Path:
     return Path(base) / "placeenv" / f"textline-ori-{digest}"
 
 
-@contextlib.contextmanager
-def _locked(path: Path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
 def export() -> Path:
     """The export directory (``inference.json``, ``inference.pdiparams``, ``inference.yml``), trained into
     the cache on first use, in a fresh interpreter: a test process has placeenv installed and sim devices
@@ -188,7 +177,7 @@ def export() -> Path:
     target = cache_dir()
     if (target / "inference.json").is_file():
         return target
-    with _locked(target.with_name(target.name + ".lock")):
+    with locked(target.with_name(target.name + ".lock")):
         if not (target / "inference.json").is_file():
             tests = Path(__file__).resolve().parents[1]
             environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tests), str(tests.parent)])}
