@@ -137,6 +137,21 @@ def test_a_bad_request_is_a_422_in_paddlexs_error_shape_naming_what_to_send(serv
     assert says in found["errorMsg"] and len(found["errorMsg"]) < 400
 
 
+def test_text_line_orientation_asked_over_v2_of_a_pipeline_without_it_is_a_400(served, page_set):
+    from tritonclient.utils import InferenceServerException
+
+    proc, _ = served
+    image = th.InferInput("image", [1], "BYTES")
+    image.set_data_from_numpy(np.array([page_set[0].data], dtype=object), binary_data=True)
+    client = th.InferenceServerClient(proc.url[len("http://"):], network_timeout=120)
+    with pytest.raises(InferenceServerException) as refused:
+        client.infer("ocr", [image], parameters={"use_textline_orientation": True})
+    assert refused.value.status() == "400" and "has no text-line orientation model" in refused.value.message()
+    # Off is what this pipeline does anyway: answered.
+    off = client.infer("ocr", [image], parameters={"use_textline_orientation": False})
+    assert set(off.as_numpy("textline_orientation_angles").tolist()) == {-1}
+
+
 def _locust(url: str, csv, seconds: int = 30):
     """Locust's load test (loadtest/, which drives POST /ocr with real pages when a PaddleX OCR pipeline is
     served, checking each answer's texts against the lines drawn) and its leak gate; its output."""

@@ -88,7 +88,10 @@ def read(name: str, path: Path, max_batch_size: int, max_batch_delay_ms: float
     fingerprint = config_fingerprint(path)
     batches = {"TextDetection": max_batch_size, "TextRecognition": recognition["batch_size"]}
     for key, module in modules.items():
-        batches.setdefault(key, _batch_size(refuse, key, module))
+        if key not in batches:
+            batches[key] = _batch_size(refuse, key, module)
+    if "TextLineOrientation" in modules:
+        _classifier(refuse, "TextLineOrientation", dirs["TextLineOrientation"], ("0_degree", "180_degree"))
     entries = {names[key]: _export(names[key], dirs[key], module, batches[key], max_batch_delay_ms, refuse)
                for key, module in modules.items()}
     from . import paddlex_ocr  # the CPU steps' classes (PaddleX's processors load with their replicas)
@@ -119,9 +122,10 @@ def _modules(refuse, raw: dict[str, Any]) -> tuple[str, dict[str, dict], dict[st
     kind = raw.get("pipeline_name")
     if kind not in SUPPORTED:
         raise refuse(f"pipeline_name {kind!r} is not served here; served: {', '.join(SUPPORTED)}")
-    if raw.get("use_doc_preprocessor", False):
+    if raw.get("use_doc_preprocessor", True):  # PaddleX's default when the file leaves it out: on
         raise refuse("use_doc_preprocessor: the document preprocessor (orientation, unwarping) is not served "
-                     "here yet; set use_doc_preprocessor: False")
+                     "here yet (a file that leaves it out asks for it, as in PaddleX); set use_doc_preprocessor: "
+                     "False")
     given = raw.get("SubModules") or {}
     switches = {}
     for switch, key in OPTIONAL.items():
@@ -137,6 +141,25 @@ def _modules(refuse, raw: dict[str, Any]) -> tuple[str, dict[str, dict], dict[st
         raise refuse(f"SubModules has no {', '.join(missing)}: give each its module_name, model_name and "
                      f"model_dir (a PaddleX export directory){off}")
     return kind, {key: given[key] for key in wanted}, switches
+
+
+def _classifier(refuse, key: str, directory: Path, labels: tuple[str, ...]) -> None:
+    """Refuse a classifier export whose ``inference.yml`` PaddleX's classification predictor could not run
+    (no ``ResizeImage`` size, no ``Topk``), or whose classes are not the module's ``labels``."""
+    import yaml
+
+    found = yaml.safe_load((directory / "inference.yml").read_text(encoding="utf-8")) or {}
+    ops = {name: args or {} for op in (found.get("PreProcess") or {}).get("transform_ops") or []
+           for name, args in op.items()}
+    topk = (found.get("PostProcess") or {}).get("Topk")
+    resize = ops.get("ResizeImage") or {}
+    if not (resize.get("size") or resize.get("resize_short")) or not isinstance(topk, dict):
+        raise refuse(f"SubModules.{key}: {directory / 'inference.yml'} is not a classifier's inference.yml "
+                     "(PreProcess ResizeImage, PostProcess Topk): give the model_dir of its PaddleX export")
+    given = topk.get("label_list")
+    if given is not None and len(given) != len(labels):
+        raise refuse(f"SubModules.{key}: a {key} model answers {len(labels)} classes ({', '.join(labels)}); "
+                     f"{directory} has {len(given)} ({', '.join(map(str, given))})")
 
 
 def _batch_size(refuse, key: str, module: dict) -> int:

@@ -50,6 +50,8 @@ class Classifier:
                                             interp=interp, backend=backend))
         elif resize.get("size"):
             self.steps.append(Resize(target_size=resize["size"], size_divisor=None, interp=interp, backend=backend))
+        else:  # as PaddleX's predictor: it asserts one (models/paddlex.py refuses such a file at start)
+            raise ValueError(f"{directory}/inference.yml: ResizeImage gives neither size nor resize_short")
         if "CropImage" in ops:
             self.steps.append(Crop(crop_size=(ops["CropImage"] or {}).get("size", 224)))
         norm = ops.get("NormalizeImage") or {}

@@ -12,17 +12,19 @@ from placeenv.serve.models import paddlex
 from placeenv.serve.models.configs import RepositoryError
 
 TEXTLINE = paddlex_reference.PIPELINE.with_name("ocr_textline_pipeline.yaml")
-# The first test's set-up trains the classifier on a fresh machine (12 minutes; cached after).
-pytestmark = pytest.mark.timeout(1800)
+CLASSIFIER = "PP-LCNet_x0_25_textline_ori"
 
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    """The three exports, as a user places them beside a pipeline file."""
+    """The three exports, as a user places them beside a pipeline file. Reading a file runs no network, so
+    the text-line classifier's place holds the recogniser's program with the classifier's inference.yml
+    (tests/e2e/test_paddlex_textline.py runs the trained one)."""
     directory = tmp_path_factory.mktemp("ocr")
     for kind in ("det", "rec"):
         shutil.copytree(ocr_models.models()[kind], directory / ocr_models.NAMES[kind])
-    textline_model.copy_to(directory / "PP-LCNet_x0_25_textline_ori")
+    shutil.copytree(ocr_models.models()["rec"], directory / CLASSIFIER)
+    (directory / CLASSIFIER / "inference.yml").write_text(textline_model.INFERENCE_YML)
     return directory
 
 
@@ -51,6 +53,16 @@ def test_a_switch_that_is_off_leaves_the_model_out(folder):
     assert entries["ocr.read"].versions[1].context.parameters["textline_model"] is None
 
 
+def test_a_classifier_of_other_classes_is_refused_naming_them(folder, tmp_path):
+    other = tmp_path / "four"
+    shutil.copytree(folder / CLASSIFIER, other)
+    (other / "inference.yml").write_text(textline_model.INFERENCE_YML.replace(
+        "    - 180_degree\n", "    - 90_degree\n    - 180_degree\n    - 270_degree\n"))
+    with pytest.raises(RepositoryError) as refused:
+        _read(folder, TEXTLINE.read_text().replace("model_dir: PP-LCNet_x0_25_textline_ori", f"model_dir: {other}"))
+    assert "2 classes" in str(refused.value) and "4 (0_degree, 90_degree, 180_degree, 270_degree)" in str(refused.value)
+
+
 def test_a_batch_size_left_out_is_paddlexs_one(folder):
     entries, _, _ = _read(folder, TEXTLINE.read_text().replace("    batch_size: 6\n  TextRecognition",
                                                                "  TextRecognition"))
@@ -65,6 +77,9 @@ def test_a_batch_size_left_out_is_paddlexs_one(folder):
     (("    batch_size: 6\n  TextRecognition", "    batch_size: 0\n  TextRecognition"),
      "SubModules.TextLineOrientation: batch_size 0"),
     (("model_dir: PP-LCNet_x0_25_textline_ori", "model_dir: nowhere"), "inference.json, inference.pdiparams"),
+    (("model_dir: PP-LCNet_x0_25_textline_ori", "model_dir: PP-OCRv5_mobile_det"),
+     "a classifier's inference.yml (PreProcess ResizeImage, PostProcess Topk)"),
+    (("use_doc_preprocessor: False\n", ""), "set use_doc_preprocessor: False"),  # PaddleX's default: on
 ])
 def test_a_wrong_file_is_refused_naming_what_to_give(folder, change, says):
     text = TEXTLINE.read_text()
