@@ -2,7 +2,7 @@
 
     python benchmarks/paddlex_serving.py [--rounds 3] [--requests 16] [--clients 4 8] [--passes 1]
                                          [--api auto|ocr|v2] [--workers-per-device N]
-                                         [--ours-default-run-mode]
+                                         [--ours-default-run-mode] [--textline-orientation]
     python benchmarks/paddlex_serving.py --cpu-scaling [--rounds 3] [--requests 16]
 
 Needs the PaddleX reference venv (tests/support/paddlex_reference.py: paddlex 3.7.2 and its serving under
@@ -27,6 +27,11 @@ Our per-stage times come from the statistics of ocr.prepare / ocr.TextDetection 
 ocr.TextRecognition (``/v2/models/<m>/stats``) around our whole measurement in the last round (c=1 and
 every concurrency). With the defaults a run takes about 10 minutes on an idle 2-core VM (23 under another
 engineer's tests, docs/benchmarks.md, "PaddleX serving").
+
+``--textline-orientation`` runs both on the file with text-line orientation on
+(tests/support/ocr_textline_pipeline.yaml, the classifier tests/support/textline_model.py trains, its
+``batch_size`` 1 on both sides: PaddleX 3.7.2 gives every crop of a larger batch its first crop's class)
+and pages with every third line upside down.
 
 ``--cpu-scaling`` measures instead how the pipeline's CPU steps scale from 1 to 2 CPU workers
 (``PLACEENV_PADDLEX_CPU_WORKERS``, models/paddlex.py): two services, 1 and 2 workers, interleaved, the
@@ -70,6 +75,7 @@ from bench_service import save_results  # noqa: E402
 from placeenv.testing import free_port  # noqa: E402
 from loadtest import pages as page_maker  # noqa: E402
 from tests.support import paddlex_reference as reference  # noqa: E402
+from tests.support import textline_model  # noqa: E402
 
 logging.getLogger("httpx").setLevel(logging.WARNING)  # importing PaddleX would log every request
 
@@ -541,6 +547,19 @@ def without_run_mode(path: Path) -> None:
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
 
 
+def textline_pipeline(tmp: Path) -> Path:
+    """The file with text-line orientation on, its classifier's batch size 1, model_dirs absolute."""
+    models = tmp / "models"
+    for name in ("PP-OCRv5_mobile_det", "PP-OCRv5_mobile_rec"):
+        shutil.copytree(reference.models() / name, models / name)
+    textline_model.copy_to(models / "PP-LCNet_x0_25_textline_ori")
+    template = tmp / "template" / "ocr_textline_pipeline.yaml"
+    template.parent.mkdir()
+    source = reference.PIPELINE.with_name("ocr_textline_pipeline.yaml").read_text()
+    template.write_text(source.replace("    batch_size: 6\n  TextRecognition", "    batch_size: 1\n  TextRecognition"))
+    return reference.pipeline_file(tmp, models, template=template)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -555,6 +574,9 @@ def main() -> None:
     parser.add_argument("--cpu-scaling", action="store_true",
                         help="1 against 2 CPU workers for the pipeline's CPU steps, and the CPU steps in 1 vs 2 threads")
     parser.add_argument("--deadline", type=float, default=300, help="seconds a server has to be ready")
+    parser.add_argument("--textline-orientation", action="store_true",
+                        help="both on the file with text-line orientation on (batch size 1), pages with lines "
+                        "upside down")
     parser.add_argument("--ours-default-run-mode", action="store_true",
                         help="ours: the file without the detector's engine_config (PaddleX's own default file, "
                         "which PaddleX cannot run on Paddle 3.3; PaddleX keeps its run_mode: paddle)")
@@ -563,10 +585,10 @@ def main() -> None:
     say(("CPU scaling: our OCR pipeline with 1 and 2 CPU workers" if args.cpu_scaling else
          "PaddleX serving against ours on PaddleX's OCR pipeline file")
         + f", {args.rounds} rounds, {args.pages} pages; {machine()}")
-    datas = [p.data for p in page_maker.pages(args.pages)]
+    datas = [p.data for p in page_maker.pages(args.pages, upside_down=3 if args.textline_orientation else 0)]
     with tempfile.TemporaryDirectory(prefix="paddlex-serving-") as scratch:
         tmp = Path(scratch)
-        pipeline = reference.pipeline_file(tmp)
+        pipeline = textline_pipeline(tmp) if args.textline_orientation else reference.pipeline_file(tmp)
         (tmp / "repository" / MODEL).mkdir(parents=True)
         shutil.copyfile(pipeline, tmp / "repository" / MODEL / "pipeline.yaml")
         if args.ours_default_run_mode:
@@ -589,7 +611,8 @@ def main() -> None:
         print(f"\nOurs, per request, over the last round ({found['api']}):\n")
         print(found["stages"])
     print(f"\n({time.monotonic() - began:.0f} s in all)")
-    save_results("paddlex_serving" + ("_cpu_scaling" if args.cpu_scaling else ""), args,
+    save_results("paddlex_serving" + ("_cpu_scaling" if args.cpu_scaling else "")
+                 + ("_textline" if args.textline_orientation else ""), args,
                  **{k: v for k, v in found.items()})
 
 
