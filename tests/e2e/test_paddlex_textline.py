@@ -160,10 +160,10 @@ def test_the_classifier_is_a_model_of_the_repository_batched_as_the_file_says(se
 
 @pytest.mark.timeout(900)
 def test_paddlex_with_batches_gives_each_crop_its_batchs_first_class(tmp_path_factory, page_set, reference):
-    batched = _reference(tmp_path_factory, page_set, 6)
+    batched = _reference(tmp_path_factory, page_set[:4], 6)  # (4 pages: one PaddleX run less long)
     for ours, theirs in zip(reference, batched):
         angles = ours["textline_orientation_angles"] or []
         firsts = [angles[i - i % 6] for i in range(len(angles))]
         assert (theirs["textline_orientation_angles"] or []) == firsts
     # Not a coincidence of the pages: their lines' classes differ within a batch.
-    assert any(len(set(r["textline_orientation_angles"][:6])) > 1 for r in reference)
+    assert any(len(set(r["textline_orientation_angles"][:6])) > 1 for r in reference[:4])
