@@ -75,7 +75,6 @@ from bench_service import save_results  # noqa: E402
 from placeenv.testing import free_port  # noqa: E402
 from loadtest import pages as page_maker  # noqa: E402
 from tests.support import paddlex_reference as reference  # noqa: E402
-from tests.support import textline_model  # noqa: E402
 
 logging.getLogger("httpx").setLevel(logging.WARNING)  # importing PaddleX would log every request
 
@@ -547,19 +546,6 @@ def without_run_mode(path: Path) -> None:
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
 
 
-def textline_pipeline(tmp: Path) -> Path:
-    """The file with text-line orientation on, its classifier's batch size 1, model_dirs absolute."""
-    models = tmp / "models"
-    for name in ("PP-OCRv5_mobile_det", "PP-OCRv5_mobile_rec"):
-        shutil.copytree(reference.models() / name, models / name)
-    textline_model.copy_to(models / "PP-LCNet_x0_25_textline_ori")
-    template = tmp / "template" / "ocr_textline_pipeline.yaml"
-    template.parent.mkdir()
-    source = reference.PIPELINE.with_name("ocr_textline_pipeline.yaml").read_text()
-    template.write_text(source.replace("    batch_size: 6\n  TextRecognition", "    batch_size: 1\n  TextRecognition"))
-    return reference.pipeline_file(tmp, models, template=template)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -588,7 +574,8 @@ def main() -> None:
     datas = [p.data for p in page_maker.pages(args.pages, upside_down=3 if args.textline_orientation else 0)]
     with tempfile.TemporaryDirectory(prefix="paddlex-serving-") as scratch:
         tmp = Path(scratch)
-        pipeline = textline_pipeline(tmp) if args.textline_orientation else reference.pipeline_file(tmp)
+        pipeline = (reference.textline_pipeline_file(tmp, batch_size=1) if args.textline_orientation
+                    else reference.pipeline_file(tmp))
         (tmp / "repository" / MODEL).mkdir(parents=True)
         shutil.copyfile(pipeline, tmp / "repository" / MODEL / "pipeline.yaml")
         if args.ours_default_run_mode:

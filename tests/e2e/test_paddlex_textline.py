@@ -27,21 +27,14 @@ import numpy as np
 import pytest
 import tritonclient.http as th
 from loadtest import pages
-from support import ocr_models, paddlex_reference, textline_model
+from support import paddlex_reference
 from support.servers import ServiceProcess
 
 differences = paddlex_reference.differences
 
 FIELDS = (*paddlex_reference.FIELDS, "textline_orientation_angles")
-TEMPLATE = paddlex_reference.PIPELINE.with_name("ocr_textline_pipeline.yaml")
-CLASSIFIER = "PP-LCNet_x0_25_textline_ori"
+TEMPLATE = paddlex_reference.TEXTLINE_PIPELINE
 PAGES = 8
-
-
-def _place_models(directory):
-    for kind in ("det", "rec"):
-        shutil.copytree(ocr_models.models()[kind], directory / ocr_models.NAMES[kind])
-    textline_model.copy_to(directory / CLASSIFIER)
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +43,7 @@ def repository(tmp_path_factory):
     root = tmp_path_factory.mktemp("repository")
     directory = root / "ocr"
     directory.mkdir()
-    _place_models(directory)
+    paddlex_reference.place_textline_models(directory)
     shutil.copyfile(TEMPLATE, directory / "pipeline.yaml")
     return root
 
@@ -62,12 +55,7 @@ def page_set():
 
 def _reference(tmp_path_factory, page_set, batch_size: int) -> list[dict]:
     """PaddleX's own pipeline on the pages, the file's classifier batch size set to ``batch_size``."""
-    models = tmp_path_factory.mktemp("models")
-    _place_models(models)
-    template = tmp_path_factory.mktemp("template") / TEMPLATE.name
-    template.write_text(TEMPLATE.read_text().replace("    batch_size: 6\n  TextRecognition",
-                                                     f"    batch_size: {batch_size}\n  TextRecognition"))
-    yaml = paddlex_reference.pipeline_file(tmp_path_factory.mktemp("reference"), models, template=template)
+    yaml = paddlex_reference.textline_pipeline_file(tmp_path_factory.mktemp("reference"), batch_size)
     return paddlex_reference.reference_ocr(yaml, [p.data for p in page_set], fields=FIELDS)
 
 

@@ -43,6 +43,9 @@ PADDLEPADDLE = "3.3.1"
 PADDLEOCR = "3.7.0"
 PADDLEX = "3.7.2"
 PIPELINE = Path(__file__).resolve().with_name("ocr_pipeline.yaml")
+#: The OCR file with text-line orientation on, and the classifier's folder name it gives.
+TEXTLINE_PIPELINE = PIPELINE.with_name("ocr_textline_pipeline.yaml")
+TEXTLINE_MODEL = "PP-LCNet_x0_25_textline_ori"
 MARKER = "complete"
 
 #: Per image, what reference_ocr returns (the pipeline result's JSON fields of the same names).
@@ -142,6 +145,30 @@ def pipeline_file(directory: Path | str, models_dir: Path | str | None = None,
     out = Path(directory) / Path(template).name
     out.write_text("".join(lines))
     return out
+
+
+def place_textline_models(directory: Path) -> Path:
+    """The three exports ``TEXTLINE_PIPELINE`` names, in ``directory`` (made): PP-OCRv5_mobile det and rec,
+    and the text-line classifier ``textline_model`` trains."""
+    from . import textline_model  # (imported here: it takes this module's lock)
+
+    for kind in ("det", "rec"):
+        shutil.copytree(ocr_models.models()[kind], Path(directory) / ocr_models.NAMES[kind])
+    textline_model.copy_to(Path(directory) / TEXTLINE_MODEL)
+    return Path(directory)
+
+
+def textline_pipeline_file(directory: Path | str, batch_size: int = 6) -> Path:
+    """``TEXTLINE_PIPELINE`` for PaddleX, in ``directory``: its exports placed in ``directory/models``, its
+    ``model_dir`` entries absolute, the classifier's ``batch_size`` set (PaddleX answers each crop's own
+    class only with 1: tests/e2e/test_paddlex_textline.py)."""
+    directory = Path(directory)
+    models = place_textline_models(directory / "models")
+    template = directory / "template" / TEXTLINE_PIPELINE.name
+    template.parent.mkdir(parents=True, exist_ok=True)
+    template.write_text(TEXTLINE_PIPELINE.read_text().replace(
+        "    batch_size: 6\n  TextRecognition", f"    batch_size: {batch_size}\n  TextRecognition"))
+    return pipeline_file(directory, models, template=template)
 
 
 def environment() -> dict[str, str]:

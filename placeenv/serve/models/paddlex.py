@@ -79,7 +79,10 @@ def read(name: str, path: Path, max_batch_size: int, max_batch_delay_ms: float
         return RepositoryError(name, path, f"PaddleX pipeline: {problem}")
 
     raw = _load_yaml(name, path)
-    kind, modules, switches = _modules(refuse, raw)
+    kind, modules = _modules(refuse, raw)
+    # Text-line orientation is served exactly where the file turns it on (_modules refuses it on without
+    # its SubModule), so the module's presence is the file's switch.
+    textline = "TextLineOrientation" in modules
     dirs = {key: _model_dir(refuse, path, module, key) for key, module in modules.items()}
     det, rec = modules["TextDetection"], modules["TextRecognition"]
     detection = {key: det.get(key, value) for key, value in DETECTION_DEFAULTS.items()}
@@ -90,17 +93,15 @@ def read(name: str, path: Path, max_batch_size: int, max_batch_delay_ms: float
     for key, module in modules.items():
         if key not in batches:
             batches[key] = _batch_size(refuse, key, module)
-    if "TextLineOrientation" in modules:
+    from . import paddlex_ocr  # the CPU steps' classes (PaddleX's processors load with their replicas)
+
+    if textline:
         _classifier(refuse, "TextLineOrientation", dirs["TextLineOrientation"], ("0_degree", "180_degree"))
     entries = {names[key]: _export(names[key], dirs[key], module, batches[key], max_batch_delay_ms, refuse)
                for key, module in modules.items()}
-    from . import paddlex_ocr  # the CPU steps' classes (PaddleX's processors load with their replicas)
-
-    textline = "TextLineOrientation" in modules
     settings = {"detection": detection, "recognition": recognition, "det_dir": str(dirs["TextDetection"]),
                 "rec_dir": str(dirs["TextRecognition"]), "rec_model": names["TextRecognition"],
-                "text_type": raw.get("text_type"), "use_textline_orientation": switches["use_textline_orientation"],
-                "textline_model": names["TextLineOrientation"] if textline else None,
+                "text_type": raw.get("text_type"), "textline_model": names["TextLineOrientation"] if textline else None,
                 "textline_dir": str(dirs["TextLineOrientation"]) if textline else None,
                 "textline_batch_size": batches.get("TextLineOrientation")}
     try:
@@ -110,15 +111,14 @@ def read(name: str, path: Path, max_batch_size: int, max_batch_delay_ms: float
     for step, cls in (("prepare", paddlex_ocr.Prepare), ("read", paddlex_ocr.Read)):
         entries[names[step]] = _cpu_step(names[step], path.parent, cls, settings, fingerprint, workers)
     about = {"pipeline_name": kind, "text_type": raw.get("text_type", "general"), "detection": detection,
-             "recognition": recognition, "use_textline_orientation": switches["use_textline_orientation"],
-             "textline_orientation": textline}
+             "recognition": recognition, "use_textline_orientation": textline, "textline_orientation": textline}
     return entries, _pipeline_config(kind, path, modules, names), about
 
 
-def _modules(refuse, raw: dict[str, Any]) -> tuple[str, dict[str, dict], dict[str, bool]]:
-    """The file's pipeline kind; its SubModules served, by key (text detection and recognition, and
-    text-line orientation where the file turns it on); and the file's switches. Refused where the kind is
-    not served, the document preprocessor is asked for, or a SubModule needed is missing."""
+def _modules(refuse, raw: dict[str, Any]) -> tuple[str, dict[str, dict]]:
+    """The file's pipeline kind, and its SubModules served, by key (text detection and recognition, and
+    text-line orientation where the file turns it on). Refused where the kind is not served, the document
+    preprocessor is asked for, a switch is not True or False, or a SubModule needed is missing."""
     kind = raw.get("pipeline_name")
     if kind not in SUPPORTED:
         raise refuse(f"pipeline_name {kind!r} is not served here; served: {', '.join(SUPPORTED)}")
@@ -140,18 +140,16 @@ def _modules(refuse, raw: dict[str, Any]) -> tuple[str, dict[str, dict], dict[st
         off = f"; or set {' and '.join(f'{s}: False' for s in turned)}" if turned else ""
         raise refuse(f"SubModules has no {', '.join(missing)}: give each its module_name, model_name and "
                      f"model_dir (a PaddleX export directory){off}")
-    return kind, {key: given[key] for key in wanted}, switches
+    return kind, {key: given[key] for key in wanted}
 
 
 def _classifier(refuse, key: str, directory: Path, labels: tuple[str, ...]) -> None:
     """Refuse a classifier export whose ``inference.yml`` PaddleX's classification predictor could not run
     (no ``ResizeImage`` size, no ``Topk``), or whose classes are not the module's ``labels``."""
-    import yaml
+    from .paddlex_ocr import _transform_ops
 
-    found = yaml.safe_load((directory / "inference.yml").read_text(encoding="utf-8")) or {}
-    ops = {name: args or {} for op in (found.get("PreProcess") or {}).get("transform_ops") or []
-           for name, args in op.items()}
-    topk = (found.get("PostProcess") or {}).get("Topk")
+    ops, post = _transform_ops(str(directory))
+    topk = post.get("Topk")
     resize = ops.get("ResizeImage") or {}
     if not (resize.get("size") or resize.get("resize_short")) or not isinstance(topk, dict):
         raise refuse(f"SubModules.{key}: {directory / 'inference.yml'} is not a classifier's inference.yml "

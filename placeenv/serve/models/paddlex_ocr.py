@@ -25,8 +25,9 @@ def _transform_ops(directory: str) -> tuple[dict, dict]:
     """An export's ``inference.yml``: its preprocessing ops by name, and its ``PostProcess``."""
     import yaml
 
-    found = yaml.safe_load((Path(directory) / "inference.yml").read_text(encoding="utf-8"))
-    ops = {name: (args or {}) for op in found["PreProcess"]["transform_ops"] for name, args in op.items()}
+    found = yaml.safe_load((Path(directory) / "inference.yml").read_text(encoding="utf-8")) or {}
+    ops = {name: (args or {}) for op in (found.get("PreProcess") or {}).get("transform_ops") or []
+           for name, args in op.items()}
     return ops, found.get("PostProcess") or {}
 
 
@@ -162,8 +163,7 @@ class Read(Model):
         self.rec_batch = ToBatch()
         self.decode = CTCLabelDecode(character_list=rec_post["character_dict"])
         self.sort, self.crop, self.boxes = SortQuadBoxes(), CropByPolys(det_box_type="quad"), convert_points_to_boxes
-        self.use_textline = parameters.get("use_textline_orientation", False)
-        self.textline = None
+        self.textline = None  # the file turns text-line orientation on exactly where it gives the model
         if parameters.get("textline_model") is not None:
             from paddlex.inference.pipelines.components.common.warp_image import rotate_image
 
@@ -184,7 +184,7 @@ class Read(Model):
         crops = [crop for crop, _ in kept]
         angles = [-1] * len(crops)
         if crops and self.textline is not None and settings_of.switched(
-                "use_textline_orientation", self.use_textline, self.request_parameters):
+                "use_textline_orientation", True, self.request_parameters):
             # PaddleX's: each crop classified, class 1 (180 degrees) turned before it is read.
             angles = self._orientations(crops)
             crops = [self.rotate(crop, angle * 180) for crop, angle in zip(crops, angles)]
@@ -211,7 +211,7 @@ class Read(Model):
         found = []
         for answer in answers:
             ids, _, _ = self.textline.top(next(iter(answer.values())), 1)
-            found.extend(int(np.asarray(row, dtype=np.int64).ravel()[0]) for row in ids)
+            found.extend(int(row[0]) for row in ids)
         return found
 
     def _read(self, crops: list[np.ndarray]) -> list[tuple[str, float]]:
