@@ -126,7 +126,8 @@ def test_grpc_answers_as_http(served, page_set, reference):
     ({"file": base64.b64encode(b"x").decode(), "fileType": 1, "useTextlineOrientation": True},
      "has no text-line orientation model"),
     ({"file": base64.b64encode(b"x").decode(), "fileType": 1, "useDocUnwarping": True},
-     "document unwarping is not served"),
+     "useDocUnwarping: parameter use_doc_unwarping true: this pipeline's file has no document preprocessor"),
+    ({"file": base64.b64encode(b"x").decode(), "fileType": 1, "returnWordBox": True}, "word boxes are not served"),
 ])
 def test_a_bad_request_is_a_422_in_paddlexs_error_shape_naming_what_to_send(served, body, says):
     proc, _ = served
@@ -137,7 +138,7 @@ def test_a_bad_request_is_a_422_in_paddlexs_error_shape_naming_what_to_send(serv
     assert says in found["errorMsg"] and len(found["errorMsg"]) < 400
 
 
-def test_text_line_orientation_asked_over_v2_of_a_pipeline_without_it_is_a_400(served, page_set):
+def test_a_module_asked_over_v2_of_a_pipeline_without_it_is_a_400(served, page_set):
     from tritonclient.utils import InferenceServerException
 
     proc, _ = served
@@ -147,6 +148,9 @@ def test_text_line_orientation_asked_over_v2_of_a_pipeline_without_it_is_a_400(s
     with pytest.raises(InferenceServerException) as refused:
         client.infer("ocr", [image], parameters={"use_textline_orientation": True})
     assert refused.value.status() == "400" and "has no text-line orientation model" in refused.value.message()
+    with pytest.raises(InferenceServerException) as refused:
+        client.infer("ocr", [image], parameters={"use_doc_orientation_classify": True})
+    assert refused.value.status() == "400" and "has no document preprocessor" in refused.value.message()
     # Off is what this pipeline does anyway: answered.
     off = client.infer("ocr", [image], parameters={"use_textline_orientation": False})
     assert set(off.as_numpy("textline_orientation_angles").tolist()) == {-1}

@@ -46,6 +46,7 @@ PIPELINE = Path(__file__).resolve().with_name("ocr_pipeline.yaml")
 #: The OCR file with text-line orientation on, and the classifier's folder name it gives.
 TEXTLINE_PIPELINE = PIPELINE.with_name("ocr_textline_pipeline.yaml")
 TEXTLINE_MODEL = "PP-LCNet_x0_25_textline_ori"
+DOCPRE_PIPELINE = PIPELINE.with_name("ocr_docpre_pipeline.yaml")
 MARKER = "complete"
 
 #: Per image, what reference_ocr returns (the pipeline result's JSON fields of the same names).
@@ -169,6 +170,18 @@ def textline_pipeline_file(directory: Path | str, batch_size: int = 6) -> Path:
     template.write_text(TEXTLINE_PIPELINE.read_text().replace(
         "    batch_size: 6\n  TextRecognition", f"    batch_size: {batch_size}\n  TextRecognition"))
     return pipeline_file(directory, models, template=template)
+
+
+def place_docpre_models(directory: Path) -> Path:
+    """The four exports ``DOCPRE_PIPELINE`` names, in ``directory`` (made): PP-OCRv5_mobile det and rec, and
+    the document preprocessor's two stand-ins (``docpre_models``)."""
+    from . import docpre_models  # (imported here: it takes this module's lock)
+
+    for kind in ("det", "rec"):
+        shutil.copytree(ocr_models.models()[kind], Path(directory) / ocr_models.NAMES[kind])
+    for name in (docpre_models.ORIENTATION, docpre_models.UNWARPING):
+        docpre_models.copy_to(name, Path(directory) / name)
+    return Path(directory)
 
 
 def environment() -> dict[str, str]:

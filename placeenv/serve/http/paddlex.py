@@ -7,9 +7,9 @@ first such request), its error shape ``{logId, errorCode, errorMsg}`` with the H
 The request goes through the same gateway as v2 (one BYTES input, the file's bytes), so it is checked,
 counted, batched and answered as any. What differs from PaddleX serving, each a clear 422: a ``file``
 that is a URL is fetched only with ``--fetch-urls`` (else any client could make the service fetch
-addresses); a PDF (``fileType`` 0) is not served (send its pages as images); the document preprocessor
-and word boxes are not served yet, nor text-line orientation by a pipeline whose file has no model for it. ``visualize`` draws nothing: the answer carries
-no images. The per-request settings (``textDetThresh`` ...) go to the pipeline as the request's
+addresses); a PDF (``fileType`` 0) is not served (send its pages as images); word boxes are not served
+yet, nor text-line orientation or the document preprocessor's modules by a pipeline whose file has no
+model for them. ``visualize`` draws nothing: the answer carries no images. The per-request settings (``textDetThresh`` ...) go to the pipeline as the request's
 parameters of PaddleX's ``pipeline.predict`` names (protocol/paddlex.py), and the answer's
 ``text_det_params`` and ``text_rec_score_thresh`` show them as PaddleX's do.
 """
@@ -40,10 +40,10 @@ from .routes import Call, InferRoute
 PER_REQUEST = {"textDetLimitSideLen": "text_det_limit_side_len", "textDetLimitType": "text_det_limit_type",
                "textDetThresh": "text_det_thresh", "textDetBoxThresh": "text_det_box_thresh",
                "textDetUnclipRatio": "text_det_unclip_ratio", "textRecScoreThresh": "text_rec_score_thresh",
-               "useTextlineOrientation": "use_textline_orientation"}
-#: Modules the served pipelines do not have: a request that turns one on is refused.
-NOT_SERVED = {"useDocOrientationClassify": "the document orientation classifier",
-              "useDocUnwarping": "document unwarping", "returnWordBox": "word boxes"}
+               "useTextlineOrientation": "use_textline_orientation",
+               "useDocOrientationClassify": "use_doc_orientation_classify", "useDocUnwarping": "use_doc_unwarping"}
+#: What the served pipelines do not do: a request that turns it on is refused.
+NOT_SERVED = {"returnWordBox": "word boxes"}
 
 
 def _schemas():
@@ -123,7 +123,7 @@ def _settings(request, about: dict[str, Any]) -> dict[str, Any]:
     refuse what the served pipeline cannot do for it, naming it and what to send."""
     for key, what in NOT_SERVED.items():
         if getattr(request, key):
-            raise InvalidInput(f"{key}: {what} is not served here; send {key}: false or leave it out")
+            raise InvalidInput(f"{key}: {what} are not served here; send {key}: false or leave it out")
     if request.useTextlineOrientation and not about.get("textline_orientation"):
         raise InvalidInput("useTextlineOrientation: the served pipeline has no text-line orientation model (its "
                            "file turns use_textline_orientation off or gives no TextLineOrientation); send "
@@ -135,6 +135,8 @@ def _settings(request, about: dict[str, Any]) -> dict[str, Any]:
             continue
         try:
             ocr_settings.requested({name: value})
+            if name in ocr_settings.DOC_SWITCHES and value:  # refused where the pipeline has no model for it
+                ocr_settings.doc_preprocessing(about.get("doc_preprocessor"), {name: True})
         except InvalidInput as exc:
             raise InvalidInput(f"{key}: {exc}") from None
         found[name] = value
@@ -205,8 +207,13 @@ def pruned_result(outputs: dict[str, np.ndarray], about: dict[str, Any],
     det_params, score_thresh = ocr_settings.shown(about["detection"], about["recognition"], parameters or {})
     textline = ocr_settings.switched("use_textline_orientation", about.get("use_textline_orientation", False),
                                      parameters or {})
-    pruned = {
-        "model_settings": {"use_doc_preprocessor": False, "use_textline_orientation": textline},
+    doc = ocr_settings.doc_preprocessing(about.get("doc_preprocessor"), parameters or {})
+    pruned: dict[str, Any] = {"model_settings": {"use_doc_preprocessor": doc is not None,
+                                                 "use_textline_orientation": textline}}
+    if doc is not None:
+        pruned["doc_preprocessor_res"] = {"model_settings": doc,
+                                          "angle": int(outputs["doc_preprocessor_angle"][0])}
+    pruned |= {
         "dt_polys": outputs["dt_polys"].tolist(),
         "text_det_params": det_params,
         "text_type": about["text_type"],

@@ -7,17 +7,21 @@ file) runs on the devices, batched across requests. The pre- and post-processing
 ``inference.yml`` and the file's settings) are CPU steps of the pipeline, run with PaddleX's own
 processors (``models/paddlex_ocr.py``) on CPU workers under ``PlaceEnv('cpu')``:
 
-    image (BYTES) -> <name>.prepare (CPU: decode, PaddleX's det resize and normalisation)
+    image (BYTES) -> <name>.prepare (CPU: decode; with the document preprocessor the page's orientation
+                     classified by <name>.DocOrientationClassify and the page turned upright, then
+                     flattened by <name>.DocUnwarping; PaddleX's det resize and normalisation)
                   -> <name>.TextDetection (a device)
                   -> <name>.read (CPU: DB postprocess, box sort, crops; with text-line orientation
                      the crops classified by <name>.TextLineOrientation and the upside-down ones
                      turned; the crops' groups read by <name>.TextRecognition on the devices, all at
                      once; CTC decode)
-                  -> rec_texts, rec_scores, rec_polys, rec_boxes, dt_polys, textline_orientation_angles
+                  -> rec_texts, rec_scores, rec_polys, rec_boxes, dt_polys, textline_orientation_angles,
+                     doc_preprocessor_angle
 
-Supported: PaddleX's ``OCR`` pipeline with text detection and recognition, and text-line orientation
-where the file turns it on and gives its model. The document preprocessor is refused, naming the
-setting that turns it off.
+Supported: PaddleX's ``OCR`` pipeline with text detection and recognition; text-line orientation, and the
+document preprocessor (its ``SubPipelines.DocPreprocessor``: page orientation, unwarping), where the
+file turns them on and gives their models. A file that turns one on without its model is refused,
+naming the SubModule to give and the switch that turns it off.
 """
 
 from __future__ import annotations
@@ -37,6 +41,11 @@ SUPPORTED = {"OCR": ("TextDetection", "TextRecognition")}
 #: The OCR pipeline's optional modules served here: the file's switch (PaddleX's default when the file
 #: leaves it out: on), and the SubModule it needs.
 OPTIONAL = {"use_textline_orientation": "TextLineOrientation"}
+#: The document preprocessor's modules (``SubPipelines.DocPreprocessor``, PaddleX's ``doc_preprocessor``
+#: pipeline): the sub-pipeline's switch of each (PaddleX's default: on) and its SubModule.
+DOC_PREPROCESSOR = {"use_doc_orientation_classify": "DocOrientationClassify", "use_doc_unwarping": "DocUnwarping"}
+#: The classes a module's classifier must answer (PaddleX reads the document's angle from the label's name).
+LABELS = {"TextLineOrientation": ("0_degree", "180_degree"), "DocOrientationClassify": ("0", "90", "180", "270")}
 
 #: PaddleX's own defaults (paddlex 3.7's configs/pipelines/OCR.yaml), for a setting the file leaves out.
 DETECTION_DEFAULTS = {"limit_side_len": 64, "limit_type": "min", "max_side_limit": 4000, "thresh": 0.3,
@@ -65,7 +74,8 @@ def cpu_workers() -> int:
 
 OUTPUTS = (TensorSpec("rec_texts", "BYTES", (-1,)), TensorSpec("rec_scores", "FP32", (-1,)),
            TensorSpec("rec_polys", "INT32", (-1, 4, 2)), TensorSpec("rec_boxes", "INT32", (-1, 4)),
-           TensorSpec("dt_polys", "INT32", (-1, 4, 2)), TensorSpec("textline_orientation_angles", "INT32", (-1,)))
+           TensorSpec("dt_polys", "INT32", (-1, 4, 2)), TensorSpec("textline_orientation_angles", "INT32", (-1,)),
+           TensorSpec("doc_preprocessor_angle", "INT32", (1,)))
 
 
 def read(name: str, path: Path, max_batch_size: int, max_batch_delay_ms: float
@@ -79,7 +89,7 @@ def read(name: str, path: Path, max_batch_size: int, max_batch_delay_ms: float
         return RepositoryError(name, path, f"PaddleX pipeline: {problem}")
 
     raw = _load_yaml(name, path)
-    kind, modules = _modules(refuse, raw)
+    kind, modules, doc = _modules(refuse, raw)
     # Text-line orientation is served exactly where the file turns it on (_modules refuses it on without
     # its SubModule), so the module's presence is the file's switch.
     textline = "TextLineOrientation" in modules
@@ -95,15 +105,17 @@ def read(name: str, path: Path, max_batch_size: int, max_batch_delay_ms: float
             batches[key] = _batch_size(refuse, key, module)
     from . import paddlex_ocr  # the CPU steps' classes (PaddleX's processors load with their replicas)
 
-    if textline:
-        _classifier(refuse, "TextLineOrientation", dirs["TextLineOrientation"], ("0_degree", "180_degree"))
+    for key in LABELS.keys() & modules.keys():
+        _classifier(refuse, key, dirs[key], LABELS[key])
     entries = {names[key]: _export(names[key], dirs[key], module, batches[key], max_batch_delay_ms, refuse)
                for key, module in modules.items()}
     settings = {"detection": detection, "recognition": recognition, "det_dir": str(dirs["TextDetection"]),
                 "rec_dir": str(dirs["TextRecognition"]), "rec_model": names["TextRecognition"],
                 "text_type": raw.get("text_type"), "textline_model": names["TextLineOrientation"] if textline else None,
                 "textline_dir": str(dirs["TextLineOrientation"]) if textline else None,
-                "textline_batch_size": batches.get("TextLineOrientation")}
+                "textline_batch_size": batches.get("TextLineOrientation"), "doc": doc,
+                **{f"{key}_{what}": (names[key] if what == "model" else str(dirs[key])) if key in modules else None
+                   for key in DOC_PREPROCESSOR.values() for what in ("model", "dir")}}
     try:
         workers = cpu_workers()
     except ValueError as exc:
@@ -111,36 +123,55 @@ def read(name: str, path: Path, max_batch_size: int, max_batch_delay_ms: float
     for step, cls in (("prepare", paddlex_ocr.Prepare), ("read", paddlex_ocr.Read)):
         entries[names[step]] = _cpu_step(names[step], path.parent, cls, settings, fingerprint, workers)
     about = {"pipeline_name": kind, "text_type": raw.get("text_type", "general"), "detection": detection,
-             "recognition": recognition, "use_textline_orientation": textline, "textline_orientation": textline}
+             "recognition": recognition, "use_textline_orientation": textline, "textline_orientation": textline,
+             "doc_preprocessor": doc}
     return entries, _pipeline_config(kind, path, modules, names), about
 
 
-def _modules(refuse, raw: dict[str, Any]) -> tuple[str, dict[str, dict]]:
-    """The file's pipeline kind, and its SubModules served, by key (text detection and recognition, and
-    text-line orientation where the file turns it on). Refused where the kind is not served, the document
-    preprocessor is asked for, a switch is not True or False, or a SubModule needed is missing."""
+def _modules(refuse, raw: dict[str, Any]) -> tuple[str, dict[str, dict], dict[str, bool] | None]:
+    """The file's pipeline kind; its SubModules served, by key (text detection and recognition, text-line
+    orientation and the document preprocessor's where the file turns them on); and the document
+    preprocessor's switches (None where the file turns it off). Refused where the kind is not served, a
+    switch is not True or False, or a SubModule or sub-pipeline needed is missing."""
     kind = raw.get("pipeline_name")
     if kind not in SUPPORTED:
         raise refuse(f"pipeline_name {kind!r} is not served here; served: {', '.join(SUPPORTED)}")
-    if raw.get("use_doc_preprocessor", True):  # PaddleX's default when the file leaves it out: on
-        raise refuse("use_doc_preprocessor: the document preprocessor (orientation, unwarping) is not served "
-                     "here yet (a file that leaves it out asks for it, as in PaddleX); set use_doc_preprocessor: "
-                     "False")
     given = raw.get("SubModules") or {}
-    switches = {}
-    for switch, key in OPTIONAL.items():
-        value = raw.get(switch, True)
-        if not isinstance(value, bool):
-            raise refuse(f"{switch} {value!r}: give True or False")
-        switches[switch] = value
-    wanted = [*SUPPORTED[kind], *(key for switch, key in OPTIONAL.items() if switches[switch])]
+    wanted = [*SUPPORTED[kind], *(key for switch, key in OPTIONAL.items() if _switch(refuse, raw, switch))]
     missing = [m for m in wanted if not isinstance(given.get(m), dict)]
     if missing:
         turned = [switch for switch, key in OPTIONAL.items() if key in missing]
         off = f"; or set {' and '.join(f'{s}: False' for s in turned)}" if turned else ""
         raise refuse(f"SubModules has no {', '.join(missing)}: give each its module_name, model_name and "
                      f"model_dir (a PaddleX export directory){off}")
-    return kind, {key: given[key] for key in wanted}
+    modules = {key: given[key] for key in wanted}
+    if not _switch(refuse, raw, "use_doc_preprocessor"):
+        return kind, modules, None
+    # As PaddleX's: a file that leaves use_doc_preprocessor out asks for it.
+    sub = (raw.get("SubPipelines") or {}).get("DocPreprocessor")
+    if not isinstance(sub, dict) or sub.get("pipeline_name") != "doc_preprocessor":
+        raise refuse("use_doc_preprocessor is on (a file that leaves it out asks for it, as PaddleX's) but "
+                     "SubPipelines has no DocPreprocessor with pipeline_name doc_preprocessor: give it (its "
+                     "SubModules DocOrientationClassify and DocUnwarping, as PaddleX's OCR.yaml has them), or "
+                     "set use_doc_preprocessor: False")
+    doc = {switch: _switch(refuse, sub, switch, "SubPipelines.DocPreprocessor.") for switch in DOC_PREPROCESSOR}
+    inner = sub.get("SubModules") or {}
+    for switch, key in DOC_PREPROCESSOR.items():
+        if doc[switch] and not isinstance(inner.get(key), dict):
+            raise refuse(f"SubPipelines.DocPreprocessor.SubModules has no {key}: give its module_name, model_name "
+                         f"and model_dir (a PaddleX export directory); or set {switch}: False in "
+                         "SubPipelines.DocPreprocessor")
+        if doc[switch]:
+            modules[key] = inner[key]
+    return kind, modules, doc
+
+
+def _switch(refuse, raw: dict[str, Any], switch: str, where: str = "") -> bool:
+    """A module's switch in the file: True or False, PaddleX's default (True) where it is left out."""
+    value = raw.get(switch, True)
+    if not isinstance(value, bool):
+        raise refuse(f"{where}{switch} {value!r}: give True or False")
+    return value
 
 
 def _classifier(refuse, key: str, directory: Path, labels: tuple[str, ...]) -> None:
@@ -152,18 +183,25 @@ def _classifier(refuse, key: str, directory: Path, labels: tuple[str, ...]) -> N
     topk = post.get("Topk")
     resize = ops.get("ResizeImage") or {}
     if not (resize.get("size") or resize.get("resize_short")) or not isinstance(topk, dict):
-        raise refuse(f"SubModules.{key}: {directory / 'inference.yml'} is not a classifier's inference.yml "
+        raise refuse(f"{_where(key)}: {directory / 'inference.yml'} is not a classifier's inference.yml "
                      "(PreProcess ResizeImage, PostProcess Topk): give the model_dir of its PaddleX export")
     given = topk.get("label_list")
-    if given is not None and len(given) != len(labels):
-        raise refuse(f"SubModules.{key}: a {key} model answers {len(labels)} classes ({', '.join(labels)}); "
+    # The text-line classes are read by number, the document's angle from the class's name.
+    named = key in DOC_PREPROCESSOR.values()
+    if given is not None and (len(given) != len(labels) or named and sorted(map(str, given)) != sorted(labels)):
+        raise refuse(f"{_where(key)}: a {key} model answers {len(labels)} classes ({', '.join(labels)}); "
                      f"{directory} has {len(given)} ({', '.join(map(str, given))})")
+
+
+def _where(key: str) -> str:
+    """Where the file gives a SubModule."""
+    return f"{'SubPipelines.DocPreprocessor.' if key in DOC_PREPROCESSOR.values() else ''}SubModules.{key}"
 
 
 def _batch_size(refuse, key: str, module: dict) -> int:
     size = module.get("batch_size", MODULE_BATCH_SIZE)
     if not isinstance(size, int) or isinstance(size, bool) or not 1 <= size <= 1024:
-        raise refuse(f"SubModules.{key}: batch_size {size!r}: give a whole number from 1 to 1024")
+        raise refuse(f"{_where(key)}: batch_size {size!r}: give a whole number from 1 to 1024")
     return size
 
 
@@ -176,10 +214,11 @@ def _pipeline_config(kind: str, path: Path, modules: dict[str, dict], names: dic
         outputs=[TensorOverride(name=s.name, datatype=s.datatype, shape=list(s.shape)) for s in OUTPUTS],
         pipeline=[
             Step(model=names["prepare"], inputs={"image": "image"},
-                 outputs={"x": "x", "page": "page", "shape": "shape"}),
+                 outputs={"x": "x", "page": "page", "shape": "shape",
+                          "doc_preprocessor_angle": "doc_preprocessor_angle"}),
             Step(model=names["TextDetection"], inputs={"x": "x"}, outputs={"fetch_name_0": "maps"}),
             Step(model=names["read"], inputs={"maps": "maps", "page": "page", "shape": "shape"},
-                 outputs={s.name: s.name for s in OUTPUTS}),
+                 outputs={s.name: s.name for s in OUTPUTS if s.name != "doc_preprocessor_angle"}),
         ])
 
 
@@ -201,11 +240,11 @@ def _model_dir(refuse, path: Path, module: dict, key: str) -> Path:
     would read it against its working directory, which a service's is not)."""
     given = module.get("model_dir")
     if not given:
-        raise refuse(f"SubModules.{key}: no model_dir: give the directory of its PaddleX export "
+        raise refuse(f"{_where(key)}: no model_dir: give the directory of its PaddleX export "
                      "(inference.json, inference.pdiparams, inference.yml); the service downloads nothing")
     directory = Path(given) if Path(given).is_absolute() else (path.parent / given)
     if not (directory / "inference.json").is_file() or not (directory / "inference.yml").is_file():
-        raise refuse(f"SubModules.{key}: model_dir {given!r} ({directory}) holds no PaddleX export: expected "
+        raise refuse(f"{_where(key)}: model_dir {given!r} ({directory}) holds no PaddleX export: expected "
                      "inference.json, inference.pdiparams and inference.yml there")
     return directory.resolve()
 

@@ -75,11 +75,13 @@ class Classifier:
 
 class Prepare(Model):
     """A PaddleX OCR pipeline's first step, on the CPU: an encoded image decoded (OpenCV, BGR, as PaddleX
-    reads it), resized and normalised for the text detector by PaddleX's own processors."""
+    reads it); with the document preprocessor, turned upright by the page-orientation classifier's angle
+    and flattened by the unwarping model, as PaddleX's ``doc_preprocessor`` pipeline does; resized and
+    normalised for the text detector by PaddleX's own processors."""
 
     inputs = (TensorSpec("image", "BYTES", (1,)),)
     outputs = (TensorSpec("x", "FP32", (1, 3, -1, -1)), TensorSpec("page", "UINT8", (1, -1, -1, 3)),
-               TensorSpec("shape", "FP64", (1, 4)))
+               TensorSpec("shape", "FP64", (1, 4)), TensorSpec("doc_preprocessor_angle", "INT32", (1,)))
 
     def load(self, context):
         from paddlex.inference.models.common.vision.processors import ToCHWImage
@@ -97,12 +99,28 @@ class Prepare(Model):
         self.normalize = NormalizeImage(scale=norm.get("scale"), mean=norm.get("mean"), std=norm.get("std"),
                                         order=norm.get("order", ""))
         self.chw = ToCHWImage()
+        parameters = context.parameters
+        self.doc = parameters.get("doc")
+        self.orientation = self.unwarping = None
+        if parameters.get("DocOrientationClassify_model") is not None:
+            from paddlex.inference.pipelines.components.common.warp_image import rotate_image
+
+            self.orientation, self.rotate = Classifier(parameters["DocOrientationClassify_dir"]), rotate_image
+            self.orientation_model = parameters["DocOrientationClassify_model"]
+        if parameters.get("DocUnwarping_model") is not None:
+            from paddlex.inference.models.common import Normalize, ToBatch
+            from paddlex.inference.models.image_unwarping.processors import DocTrPostProcess
+
+            # PaddleX's WarpRunnerPredictor's processors (it reads no inference.yml for them).
+            self.unwarping = (Normalize(mean=0.0, std=1.0, scale=1.0 / 255), ToCHWImage(), ToBatch())
+            self.unwarped, self.unwarping_model = DocTrPostProcess(), parameters["DocUnwarping_model"]
         return None
 
     def preprocess(self, inputs):
         import cv2
 
         asked = settings_of.requested(self.request_parameters)  # every OCR setting, Read's too: a bad one is a 400
+        settings_of.doc_preprocessing(self.context.parameters.get("doc"), asked)
         # (On the replica that only preprocesses too, which is not loaded: its context says.)
         if asked.get("use_textline_orientation") and self.context.parameters.get("textline_model") is None:
             raise InputError("parameter use_textline_orientation true: this pipeline has no text-line orientation "
@@ -121,13 +139,25 @@ class Prepare(Model):
         return {"image": page[None]}
 
     def execute(self, inputs):
-        page = inputs["image"].numpy()[0]
+        page, angle = inputs["image"].numpy()[0], -1
+        doc = settings_of.doc_preprocessing(self.doc, self.request_parameters)
+        if doc and doc["use_doc_orientation_classify"]:
+            scores = self.infer(self.orientation_model, {"x": self.orientation.prepare([page])}, parameters={})
+            _, _, labels = self.orientation.top(next(iter(scores.values())), 1)
+            angle = int(labels[0][0])  # PaddleX's: the class's name is the angle that sets the page upright
+            page = self.rotate(page, angle)
+        if doc and doc["use_doc_unwarping"]:
+            normalize, chw, batch = self.unwarping
+            flat = self.infer(self.unwarping_model, {"x": batch(chw(normalize([page])))[0]}, parameters={})
+            # PaddleX's: the model's image (RGB as it answers it, to BGR), its pipeline's channels reversed.
+            page = np.ascontiguousarray(self.unwarped([next(iter(flat.values()))])[0][:, :, ::-1])
         settings, _ = settings_of.used(self.settings, {}, self.request_parameters)
         resized, shapes = self.resize([page], limit_side_len=settings["limit_side_len"],
                                       limit_type=settings["limit_type"], max_side_limit=settings["max_side_limit"])
         x = self.chw(self.normalize(resized))[0]
         return {"x": np.ascontiguousarray(x[None], dtype=np.float32), "page": page[None],
-                "shape": np.asarray(shapes, dtype=np.float64).reshape(1, 4)}
+                "shape": np.asarray(shapes, dtype=np.float64).reshape(1, 4),
+                "doc_preprocessor_angle": np.asarray([angle], dtype=np.int32)}
 
 
 class Read(Model):

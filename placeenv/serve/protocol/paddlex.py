@@ -34,7 +34,9 @@ NUMBER = {"text_det_thresh": (0.0, 1.0), "text_det_box_thresh": (0.0, 1.0), "tex
           "text_rec_score_thresh": (0.0, 1.0)}
 LIMIT_TYPES = ("min", "max", "resize_long")
 #: The modules a request turns on or off (true or false; left out, the pipeline file's choice).
-SWITCHES = ("use_textline_orientation",)
+SWITCHES = ("use_textline_orientation", "use_doc_orientation_classify", "use_doc_unwarping")
+#: The document preprocessor's switches, as PaddleX's ``pipeline.predict`` names them.
+DOC_SWITCHES = ("use_doc_orientation_classify", "use_doc_unwarping")
 
 
 def _check(key: str, value: Any) -> None:
@@ -102,3 +104,22 @@ def shown(detection: Mapping[str, Any], recognition: Mapping[str, Any],
     params = {key: det[key] for key in ("limit_side_len", "limit_type", "thresh", "max_side_limit", "box_thresh",
                                         "unclip_ratio")}
     return params, values["recognition"]["score_thresh"]
+
+
+def doc_preprocessing(doc: Mapping[str, bool] | None, parameters: Mapping[str, Any]) -> dict[str, bool] | None:
+    """The document preprocessor's switches for a request, as PaddleX's OCR pipeline sets them: a request
+    that sends neither switch gets the file's (``doc``, None where the file turns the preprocessor off);
+    one that sends either runs it exactly where one is true, the other the file's where left out. None
+    where it does not run. ``InvalidInput`` naming the switch where the request asks for a module the
+    pipeline has no model for (PaddleX logs an error and answers nothing useful)."""
+    sent = {key: parameters.get(key) for key in DOC_SWITCHES}
+    if all(value is None for value in sent.values()):
+        return dict(doc) if doc is not None else None
+    if not any(value is True for value in sent.values()):
+        return None
+    for key, value in sent.items():
+        if value and not (doc or {}).get(key):
+            what = "has no document preprocessor" if doc is None else f"turns {key} off"
+            raise InvalidInput(f"parameter {key} true: this pipeline's file {what}, so it has no model for it; "
+                               "send false or leave it out")
+    return {key: doc[key] if value is None else value for key, value in sent.items()}

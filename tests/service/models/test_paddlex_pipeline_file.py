@@ -1,30 +1,36 @@
-"""Reading a PaddleX OCR pipeline file (models/paddlex.py): its optional text-line orientation, as PaddleX
-reads the file (a switch left out is on), and each refusal naming the setting and what to give."""
+"""Reading a PaddleX OCR pipeline file (models/paddlex.py): its optional text-line orientation and document
+preprocessor, as PaddleX reads the file (a switch left out is on), and each refusal naming the setting and
+what to give."""
 
 from __future__ import annotations
 
 import shutil
 
 import pytest
-from support import ocr_models, paddlex_reference, textline_model
+from support import docpre_models, ocr_models, paddlex_reference, textline_model
 
 from placeenv.serve.models import paddlex
 from placeenv.serve.models.configs import RepositoryError
 
 TEXTLINE = paddlex_reference.PIPELINE.with_name("ocr_textline_pipeline.yaml")
 CLASSIFIER = "PP-LCNet_x0_25_textline_ori"
+DOCPRE = paddlex_reference.DOCPRE_PIPELINE
 
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    """The three exports, as a user places them beside a pipeline file. Reading a file runs no network, so
-    the text-line classifier's place holds the recogniser's program with the classifier's inference.yml
-    (tests/e2e/test_paddlex_textline.py runs the trained one)."""
+    """The five exports, as a user places them beside a pipeline file. Reading a file runs no network, so
+    the places of the text-line classifier and the document preprocessor's models hold the recogniser's
+    program with their inference.yml (tests/e2e/test_paddlex_textline.py and test_paddlex_docpre.py run
+    theirs)."""
     directory = tmp_path_factory.mktemp("ocr")
     for kind in ("det", "rec"):
         shutil.copytree(ocr_models.models()[kind], directory / ocr_models.NAMES[kind])
-    shutil.copytree(ocr_models.models()["rec"], directory / CLASSIFIER)
-    (directory / CLASSIFIER / "inference.yml").write_text(textline_model.INFERENCE_YML)
+    for name, yml in ((CLASSIFIER, textline_model.INFERENCE_YML),
+                      (docpre_models.ORIENTATION, docpre_models.ORIENTATION_YML),
+                      (docpre_models.UNWARPING, docpre_models.UNWARPING_YML)):
+        shutil.copytree(ocr_models.models()["rec"], directory / name)
+        (directory / name / "inference.yml").write_text(yml)
     return directory
 
 
@@ -73,13 +79,14 @@ def test_a_batch_size_left_out_is_paddlexs_one(folder):
     # Left out, PaddleX's switch is on: the file needs the SubModule, or the switch off.
     (("use_textline_orientation: True\n", ""), "SubModules has no TextLineOrientation"),
     (("use_textline_orientation: True", "use_textline_orientation: yes please"), "give True or False"),
-    (("use_doc_preprocessor: False", "use_doc_preprocessor: True"), "set use_doc_preprocessor: False"),
+    (("use_doc_preprocessor: False", "use_doc_preprocessor: True"), "SubPipelines has no DocPreprocessor"),
     (("    batch_size: 6\n  TextRecognition", "    batch_size: 0\n  TextRecognition"),
      "SubModules.TextLineOrientation: batch_size 0"),
     (("model_dir: PP-LCNet_x0_25_textline_ori", "model_dir: nowhere"), "inference.json, inference.pdiparams"),
     (("model_dir: PP-LCNet_x0_25_textline_ori", "model_dir: PP-OCRv5_mobile_det"),
      "a classifier's inference.yml (PreProcess ResizeImage, PostProcess Topk)"),
     (("use_doc_preprocessor: False\n", ""), "set use_doc_preprocessor: False"),  # PaddleX's default: on
+    (("use_doc_preprocessor: False", "use_doc_preprocessor: 1"), "use_doc_preprocessor 1: give True or False"),
 ])
 def test_a_wrong_file_is_refused_naming_what_to_give(folder, change, says):
     text = TEXTLINE.read_text()
@@ -93,3 +100,56 @@ def test_a_wrong_file_is_refused_naming_what_to_give(folder, change, says):
     assert says in str(refused.value), str(refused.value)
     if "SubModules has no" in says:
         assert "use_textline_orientation: False" in str(refused.value)
+
+
+def test_the_document_preprocessors_models_are_the_repositorys(folder):
+    entries, config, about = _read(folder, DOCPRE.read_text())
+    assert set(entries) == {"ocr.prepare", "ocr.DocOrientationClassify", "ocr.DocUnwarping", "ocr.TextDetection",
+                            "ocr.read", "ocr.TextRecognition"}
+    assert about["doc_preprocessor"] == {"use_doc_orientation_classify": True, "use_doc_unwarping": True}
+    prepare = entries["ocr.prepare"].versions[1].context.parameters
+    assert prepare["DocOrientationClassify_model"] == "ocr.DocOrientationClassify"
+    assert prepare["DocUnwarping_model"] == "ocr.DocUnwarping"
+    assert entries["ocr.DocUnwarping"].max_batch_size == paddlex.MODULE_BATCH_SIZE
+    assert "doc_preprocessor_angle" in [o.name for o in config.outputs]
+
+
+def test_a_sub_pipeline_switch_that_is_off_leaves_its_model_out(folder):
+    entries, _, about = _read(folder, DOCPRE.read_text().replace("use_doc_unwarping: True", "use_doc_unwarping: False"))
+    assert "ocr.DocUnwarping" not in entries and "ocr.DocOrientationClassify" in entries
+    assert about["doc_preprocessor"] == {"use_doc_orientation_classify": True, "use_doc_unwarping": False}
+    assert entries["ocr.prepare"].versions[1].context.parameters["DocUnwarping_model"] is None
+    entries, _, about = _read(folder, DOCPRE.read_text().replace("use_doc_preprocessor: True",
+                                                                 "use_doc_preprocessor: False"))
+    assert about["doc_preprocessor"] is None and not {"ocr.DocUnwarping", "ocr.DocOrientationClassify"} & set(entries)
+
+
+@pytest.mark.parametrize("change, says", [
+    (("pipeline_name: doc_preprocessor", "pipeline_name: layout_parsing"),
+     "SubPipelines has no DocPreprocessor with pipeline_name doc_preprocessor"),
+    (("use_doc_unwarping: True", "use_doc_unwarping: maybe"),
+     "SubPipelines.DocPreprocessor.use_doc_unwarping 'maybe': give True or False"),
+    (("      DocUnwarping:\n        module_name: image_unwarping\n        model_name: UVDoc\n        model_dir: UVDoc\n",
+      ""), "SubPipelines.DocPreprocessor.SubModules has no DocUnwarping"),
+    (("model_dir: PP-LCNet_x1_0_doc_ori", f"model_dir: {CLASSIFIER}"),
+     "SubPipelines.DocPreprocessor.SubModules.DocOrientationClassify: a DocOrientationClassify model answers 4 "
+     "classes (0, 90, 180, 270)"),
+    (("model_dir: UVDoc", "model_dir: nowhere"), "SubPipelines.DocPreprocessor.SubModules.DocUnwarping: model_dir"),
+])
+def test_a_wrong_document_preprocessor_is_refused_naming_what_to_give(folder, change, says):
+    text = DOCPRE.read_text()
+    assert change[0] in text
+    with pytest.raises(RepositoryError) as refused:
+        _read(folder, text.replace(*change, 1))
+    assert says in str(refused.value), str(refused.value)
+    if "has no" in says:  # and the switch that turns it off
+        assert "False" in str(refused.value)
+
+
+def test_a_page_classifier_whose_classes_are_not_angles_is_refused(folder, tmp_path):
+    other = tmp_path / "named"
+    shutil.copytree(folder / docpre_models.ORIENTATION, other)
+    (other / "inference.yml").write_text(docpre_models.ORIENTATION_YML.replace("- '90'", "- '90_degree'"))
+    with pytest.raises(RepositoryError) as refused:
+        _read(folder, DOCPRE.read_text().replace("model_dir: PP-LCNet_x1_0_doc_ori", f"model_dir: {other}"))
+    assert "(0, 90_degree, 180, 270)" in str(refused.value)
