@@ -244,6 +244,44 @@ def reference_ocr(pipeline_yaml: Path | str, images: list[bytes | Path | str], t
     return run_reference(pipeline_yaml, images, timeout, fields)["results"]
 
 
+#: The script reference_classification runs in the venv: argv is the model's name, its export directory,
+#: the file's topk (JSON, null: none), a JSON list of [image path, topk or null] and the JSON file to write.
+CLASSIFIER_RUNNER = r'''
+import json, sys
+from paddlex import create_model
+topk = json.loads(sys.argv[3])
+model = create_model(model_name=sys.argv[1], model_dir=sys.argv[2], device="cpu",
+                     **({"topk": topk} if topk is not None else {}))
+results = []
+for path, k in json.loads(sys.argv[4]):
+    (result,) = list(model.predict(path, topk=k))
+    res = result.json["res"]
+    results.append({key: res.get(key) for key in ("class_ids", "scores", "label_names")})
+with open(sys.argv[5], "w") as out:
+    json.dump(results, out)
+'''
+
+
+def reference_classification(model_name: str, model_dir: Path | str, images: list[tuple[bytes, int | None]],
+                             topk: int | None = None, timeout: float = 900) -> list[dict]:
+    """PaddleX's image classification model (``create_model``, what its ``image_classification`` pipeline
+    runs: the pipeline itself needs ``paddlex[cv]``, whose packages its predictor does not use) on encoded
+    ``images``, each with a request's topk (None: none), the file's ``topk`` given to the model as the
+    pipeline gives it: per image ``class_ids, scores, label_names``."""
+    interpreter = python()
+    with tempfile.TemporaryDirectory(prefix="paddlex-reference-") as scratch:
+        asked = []
+        for i, (image, k) in enumerate(images):
+            path = Path(scratch) / f"{i:04d}.png"
+            path.write_bytes(image)
+            asked.append([str(path), k])
+        out, script = Path(scratch) / "out.json", Path(scratch) / "runner.py"
+        script.write_text(CLASSIFIER_RUNNER)
+        _run([str(interpreter), str(script), model_name, str(model_dir), json.dumps(topk), json.dumps(asked),
+              str(out)], f"PaddleX {PADDLEX}'s {model_name} in {venv_dir()}", timeout=timeout, env=environment())
+        return json.loads(out.read_text())
+
+
 def serve_command(pipeline_yaml: Path | str, port: int, host: str = "127.0.0.1") -> list[str]:
     """``paddlex --serve`` for ``pipeline_yaml`` on the CPU, from the reference venv."""
     return [str(python().parent / "paddlex"), "--serve", "--pipeline", str(pipeline_yaml),

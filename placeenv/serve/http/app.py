@@ -34,7 +34,7 @@ from .routes import InferRouter, ServiceApp, document
 log = logging.getLogger(__name__)
 
 #: The inference routes: one table, which ``InferRouter`` serves and ``document`` documents.
-INFER_ROUTES = (predict.ROUTE, *v2.INFER_ROUTES, paddlex.ROUTE)
+INFER_ROUTES = (predict.ROUTE, *v2.INFER_ROUTES, *paddlex.ROUTES)
 #: ``GET /``: where things are, for a person or a script that found the port; a 405 quotes the line
 #: of the method to use.
 ENDPOINTS = endpoints(INFER_ROUTES)

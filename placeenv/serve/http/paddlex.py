@@ -1,17 +1,18 @@
-"""``POST /ocr``: PaddleX serving's API for a PaddleX OCR pipeline file the repository serves
-(models/paddlex.py), so PaddleX's clients work unchanged: its request and response schemas, which
-this adapter takes from PaddleX itself (``paddlex.inference.serving.schemas.ocr``, imported at the
-first such request), its error shape ``{logId, errorCode, errorMsg}`` with the HTTP status as
-``errorCode``, its ``logId``.
+"""PaddleX serving's API for the PaddleX pipeline files the repository serves (models/paddlex.py), so
+PaddleX's clients work unchanged: ``POST /ocr`` for an OCR pipeline, ``POST /image-classification`` for
+an image classification one (``ENDPOINTS``). Their request and response schemas this adapter takes from
+PaddleX itself (``paddlex.inference.serving.schemas``, imported at the first such request); its error
+shape ``{logId, errorCode, errorMsg}`` with the HTTP status as ``errorCode``, its ``logId``.
 
-The request goes through the same gateway as v2 (one BYTES input, the file's bytes), so it is checked,
-counted, batched and answered as any. What differs from PaddleX serving, each a clear 422: a ``file``
-that is a URL is fetched only with ``--fetch-urls`` (else any client could make the service fetch
+A request goes through the same gateway as v2 (one BYTES input, the file's bytes), so it is checked,
+counted, batched and answered as any. What differs from PaddleX serving, each a clear 422: a file that
+is a URL is fetched only with ``--fetch-urls`` (else any client could make the service fetch
 addresses); a PDF (``fileType`` 0) is not served (send its pages as images); word boxes are not served
 yet, nor text-line orientation or the document preprocessor's modules by a pipeline whose file has no
-model for them. ``visualize`` draws nothing: the answer carries no images. The per-request settings (``textDetThresh`` ...) go to the pipeline as the request's
-parameters of PaddleX's ``pipeline.predict`` names (protocol/paddlex.py), and the answer's
-``text_det_params`` and ``text_rec_score_thresh`` show them as PaddleX's do.
+model for them. ``visualize`` draws nothing: the answer carries no images. The per-request settings
+(``textDetThresh`` ..., ``topk``) go to the pipeline as the request's parameters of PaddleX's
+``pipeline.predict`` names (protocol/paddlex.py), and OCR's ``text_det_params`` and
+``text_rec_score_thresh`` show them as PaddleX's do.
 """
 
 from __future__ import annotations
@@ -19,22 +20,23 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import dataclasses
 import io
 import json
 import urllib.request
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from fastapi import Response
 
-from ..protocol import paddlex as ocr_settings
+from ..protocol import paddlex as settings_of
 from ..protocol.errors import InvalidInput, ServiceError, UnknownModel
 from ..protocol.gateway import Gateway
 from ..protocol.request import InferRequest
 from .responses import JSON, PADDLEX_PATHS, refusal
 from .routes import Call, InferRoute
 
-(ROUTE_PATH,) = PADDLEX_PATHS  # PaddleX serving's OCR endpoint (its INFER_ENDPOINT), "/ocr"
 #: A request's settings PaddleX serving takes per request -> the request parameter each is (PaddleX serving
 #: hands them to ``pipeline.predict`` under these names).
 PER_REQUEST = {"textDetLimitSideLen": "text_det_limit_side_len", "textDetLimitType": "text_det_limit_type",
@@ -46,27 +48,43 @@ PER_REQUEST = {"textDetLimitSideLen": "text_det_limit_side_len", "textDetLimitTy
 NOT_SERVED = {"returnWordBox": "word boxes"}
 
 
-def _schemas():
-    """PaddleX serving's own schemas for OCR (the service extra installs paddlex)."""
+@dataclasses.dataclass(frozen=True)
+class Endpoint:
+    """One endpoint of PaddleX serving's API: its path, the PaddleX pipeline it serves, its schemas' module
+    (``paddlex.inference.serving.schemas.<schema>``), the request's field that holds the file, and how the
+    request becomes the pipeline's parameters and the pipeline's outputs its result."""
+
+    path: str
+    pipeline: str
+    schema: str
+    field: str
+    settings: Callable[[Any, dict[str, Any]], dict[str, Any]]  # (request, about) -> parameters
+    data: Callable[[Any], bytes]  # the request -> the file's bytes
+    result: Callable[..., Any]  # (schemas, models, outputs, about, parameters, data) -> its InferResult
+
+
+def _schemas(endpoint: Endpoint):
+    """PaddleX serving's own schemas for the endpoint (the service extra installs paddlex)."""
+    import importlib
+
     from paddlex.inference.serving.infra import models, utils
-    from paddlex.inference.serving.schemas import ocr
 
-    return ocr, models, utils
+    return importlib.import_module(f"paddlex.inference.serving.schemas.{endpoint.schema}"), models, utils
 
 
-async def ocr(gateway: Gateway, call: Call) -> Response:
-    """The adapter: PaddleX's request, ``Gateway.infer`` on the served OCR pipeline (which counts every
-    answer, refusals too), PaddleX's answer or error shape."""
-    schemas, models, utils = _schemas()
+async def answer(endpoint: Endpoint, gateway: Gateway, call: Call) -> Response:
+    """The adapter: PaddleX's request, ``Gateway.infer`` on the served pipeline (which counts every answer,
+    refusals too), PaddleX's answer or error shape."""
+    schemas, models, utils = _schemas(endpoint)
     asked: dict[str, Any] = {}
 
     def identify():
         asked["request"] = request = _parse(schemas, call.body)
-        asked["log_id"] = request.logId or utils.generate_log_id()
-        name, asked["about"] = _pipeline(gateway)
-        asked["parameters"] = _settings(request, asked["about"])
+        asked["log_id"] = getattr(request, "logId", None) or utils.generate_log_id()
+        name, asked["about"] = _pipeline(gateway, endpoint.pipeline)
+        asked["parameters"] = endpoint.settings(request, asked["about"])
         if "data" not in asked:
-            asked["data"] = _file(request, gateway.settings)
+            asked["data"] = endpoint.data(request)
         return name, None
 
     def read(model, version) -> InferRequest:
@@ -75,7 +93,7 @@ async def ocr(gateway: Gateway, call: Call) -> Response:
 
     try:
         try:
-            fetched = await _fetched(call.body, gateway)
+            fetched = await _fetched(call.body, endpoint.field, gateway)
         except ServiceError as exc:  # (before the gateway reads it: counted here)
             gateway.refuse(exc)
             raise
@@ -83,13 +101,10 @@ async def ocr(gateway: Gateway, call: Call) -> Response:
             asked["data"] = fetched
         result = await gateway.infer(identify, read)
     except ServiceError as exc:  # PaddleX's error shape, with the request's logId where it gave one
-        return refusal(exc, ROUTE_PATH, gateway.settings.retry_after_s, asked.get("log_id"))
-    width, height = _size(asked["data"])
-    answer = models.AIStudioResultResponse[schemas.InferResult](logId=asked["log_id"], result=schemas.InferResult(
-        ocrResults=[schemas.OCRResult(prunedResult=pruned_result(result.outputs, asked["about"],
-                                                                 asked["parameters"]))],
-        dataInfo=models.ImageInfo(width=width, height=height)))
-    return JSON(answer.model_dump(mode="json", exclude_none=True))
+        return refusal(exc, endpoint.path, gateway.settings.retry_after_s, asked.get("log_id"))
+    found = endpoint.result(schemas, models, result.outputs, asked["about"], asked["parameters"], asked["data"])
+    reply = models.AIStudioResultResponse[schemas.InferResult](logId=asked["log_id"], result=found)
+    return JSON(reply.model_dump(mode="json", exclude_none=True))
 
 
 def _parse(schemas, body: bytes):
@@ -105,21 +120,21 @@ def _parse(schemas, body: bytes):
         raise InvalidInput(json.dumps(errors)) from None
 
 
-def _pipeline(gateway: Gateway) -> tuple[str, dict[str, Any]]:
-    """The served PaddleX OCR pipeline: its name and settings."""
+def _pipeline(gateway: Gateway, kind: str) -> tuple[str, dict[str, Any]]:
+    """The served PaddleX pipeline of ``kind`` (its ``pipeline_name``): its name and settings."""
     found = [(m.name, m.config["paddlex"]) for m in gateway.catalog.models.values()
-             if (m.config.get("paddlex") or {}).get("pipeline_name") == "OCR"]
+             if (m.config.get("paddlex") or {}).get("pipeline_name") == kind]
     if not found:
-        raise UnknownModel("no PaddleX OCR pipeline is served: put PaddleX's OCR pipeline file in the model "
+        raise UnknownModel(f"no PaddleX {kind} pipeline is served: put PaddleX's {kind} pipeline file in the model "
                            "repository as <name>/pipeline.yaml (docs/models.md)")
     if len(found) > 1:
-        raise InvalidInput(f"several PaddleX OCR pipelines are served ({', '.join(n for n, _ in found)}): call "
+        raise InvalidInput(f"several PaddleX {kind} pipelines are served ({', '.join(n for n, _ in found)}): call "
                            "one with the Open Inference Protocol, /v2/models/<name>/infer")
     return found[0]
 
 
-def _settings(request, about: dict[str, Any]) -> dict[str, Any]:
-    """The request's settings as the pipeline's parameters, checked (a bad one named by its field);
+def _ocr_settings(request, about: dict[str, Any]) -> dict[str, Any]:
+    """The OCR request's settings as the pipeline's parameters, checked (a bad one named by its field);
     refuse what the served pipeline cannot do for it, naming it and what to send."""
     for key, what in NOT_SERVED.items():
         if getattr(request, key):
@@ -134,9 +149,9 @@ def _settings(request, about: dict[str, Any]) -> dict[str, Any]:
         if value is None:
             continue
         try:
-            ocr_settings.requested({name: value})
-            if name in ocr_settings.DOC_SWITCHES and value:  # refused where the pipeline has no model for it
-                ocr_settings.doc_preprocessing(about.get("doc_preprocessor"), {name: True})
+            settings_of.requested({name: value})
+            if name in settings_of.DOC_SWITCHES and value:  # refused where the pipeline has no model for it
+                settings_of.doc_preprocessing(about.get("doc_preprocessor"), {name: True})
         except InvalidInput as exc:
             raise InvalidInput(f"{key}: {exc}") from None
         found[name] = value
@@ -147,30 +162,35 @@ def _is_url(text: str) -> bool:
     return text.startswith(("http://", "https://"))
 
 
-def _file(request, settings) -> bytes:
-    """The file's bytes from base64; a URL (unless ``--fetch-urls`` fetched it), a PDF or no type refused."""
-    text = request.file
+def _ocr_file(request) -> bytes:
+    """The OCR request's file; a PDF or no type refused."""
+    if not _is_url(request.file):
+        if request.fileType is None:
+            raise InvalidInput("File type cannot be determined: send fileType 1 (an image)")
+        if request.fileType == 0:
+            raise InvalidInput("fileType 0: PDF files are not served here; send each page as an image (fileType 1)")
+    return _decoded("file", request.file)
+
+
+def _decoded(field: str, text: str) -> bytes:
+    """A request's file in ``field``, from base64; a URL (unless ``--fetch-urls`` fetched it) refused."""
     if _is_url(text):
-        raise InvalidInput("file: URLs are not fetched (a client could make the service fetch any address); "
+        raise InvalidInput(f"{field}: URLs are not fetched (a client could make the service fetch any address); "
                            "send the file's bytes in base64, or start the service with --fetch-urls")
-    if request.fileType is None:
-        raise InvalidInput("File type cannot be determined: send fileType 1 (an image)")
-    if request.fileType == 0:
-        raise InvalidInput("fileType 0: PDF files are not served here; send each page as an image (fileType 1)")
     try:
         return base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):
-        raise InvalidInput(f"Invalid input file: file is not base64 (it starts {text[:16]!r}); send the image "
+        raise InvalidInput(f"Invalid input file: {field} is not base64 (it starts {text[:16]!r}); send the image "
                            "file's bytes in base64") from None
 
 
-async def _fetched(body: bytes, gateway: Gateway) -> bytes | None:
-    """With ``--fetch-urls``, the bytes at a request's http(s) ``file`` URL (within the body limit); None
+async def _fetched(body: bytes, field: str, gateway: Gateway) -> bytes | None:
+    """With ``--fetch-urls``, the bytes at a request's http(s) URL in ``field`` (within the body limit); None
     for any other request (``identify`` reads it, and refuses a URL)."""
     if not gateway.settings.fetch_urls or b'"http' not in body:
         return None
     try:
-        text = json.loads(body).get("file")
+        text = json.loads(body).get(field)
     except (ValueError, AttributeError):
         return None
     if not isinstance(text, str) or not _is_url(text):
@@ -200,14 +220,37 @@ def _size(data: bytes) -> tuple[int, int]:
         return 0, 0
 
 
+def _ocr_result(schemas, models, outputs, about, parameters, data):
+    width, height = _size(data)
+    return schemas.InferResult(ocrResults=[schemas.OCRResult(prunedResult=pruned_result(outputs, about, parameters))],
+                               dataInfo=models.ImageInfo(width=width, height=height))
+
+
+def _classification_settings(request, about: dict[str, Any]) -> dict[str, Any]:
+    if request.topk is None:
+        return {}
+    try:
+        settings_of.topk({"topk": request.topk})
+    except InvalidInput as exc:
+        raise InvalidInput(f"topk: {exc}") from None
+    return {"topk": request.topk}
+
+
+def _classification_result(schemas, models, outputs, about, parameters, data):
+    """PaddleX serving's categories: each class's id, name and score, best first."""
+    return schemas.InferResult(categories=[
+        {"id": int(i), "name": name.decode("utf-8", "replace"), "score": float(score)}
+        for i, name, score in zip(outputs["class_ids"], outputs["label_names"], outputs["scores"])])
+
+
 def pruned_result(outputs: dict[str, np.ndarray], about: dict[str, Any],
                   parameters: dict[str, Any] | None = None) -> dict[str, Any]:
     """PaddleX's ``prunedResult`` of the OCR pipeline, from the served pipeline's outputs and settings, and
     the request's ``parameters`` (its settings, shown as PaddleX shows them)."""
-    det_params, score_thresh = ocr_settings.shown(about["detection"], about["recognition"], parameters or {})
-    textline = ocr_settings.switched("use_textline_orientation", about.get("use_textline_orientation", False),
+    det_params, score_thresh = settings_of.shown(about["detection"], about["recognition"], parameters or {})
+    textline = settings_of.switched("use_textline_orientation", about.get("use_textline_orientation", False),
                                      parameters or {})
-    doc = ocr_settings.doc_preprocessing(about.get("doc_preprocessor"), parameters or {})
+    doc = settings_of.doc_preprocessing(about.get("doc_preprocessor"), parameters or {})
     pruned: dict[str, Any] = {"model_settings": {"use_doc_preprocessor": doc is not None,
                                                  "use_textline_orientation": textline}}
     if doc is not None:
@@ -230,15 +273,40 @@ def pruned_result(outputs: dict[str, np.ndarray], about: dict[str, Any],
     }
 
 
-ROUTE = InferRoute(
-    ROUTE_PATH, ocr, summary="OCR (PaddleX serving's API)",
-    about='PaddleX serving\'s OCR API for a PaddleX OCR pipeline file the repository serves: a JSON body '
-          '{"file": "<base64 image>", "fileType": 1}',
-    responses={
-        404: {"description": "no PaddleX OCR pipeline is served"},
-        422: {"description": "PaddleX's error shape {logId, errorCode, errorMsg}: a body that is not PaddleX's "
-                             "request, a file that is not an image, a URL, a PDF, a setting not served"},
-        500: {"description": "the pipeline failed on this request"},
-        503: {"description": "overloaded, shutting down or not ready; see Retry-After"},
-        504: {"description": "not answered within the request timeout"},
-    })
+ENDPOINTS = (
+    Endpoint("/ocr", "OCR", "ocr", "file", _ocr_settings, _ocr_file, _ocr_result),
+    Endpoint("/image-classification", "image_classification", "image_classification", "image",
+             _classification_settings, lambda request: _decoded("image", request.image), _classification_result),
+)
+assert {e.path for e in ENDPOINTS} == PADDLEX_PATHS
+
+_RESPONSES = {
+    422: {"description": "PaddleX's error shape {logId, errorCode, errorMsg}: a body that is not PaddleX's request, "
+                         "a file that is not an image, a URL, a PDF, a setting not served"},
+    500: {"description": "the pipeline failed on this request"},
+    503: {"description": "overloaded, shutting down or not ready; see Retry-After"},
+    504: {"description": "not answered within the request timeout"},
+}
+
+
+def _handler(endpoint: Endpoint):
+    """The route's handler, named as the endpoint's schema (FastAPI's operationId starts with it)."""
+
+    async def handle(gateway: Gateway, call: Call) -> Response:
+        return await answer(endpoint, gateway, call)
+
+    handle.__name__ = endpoint.schema
+    return handle
+
+
+ROUTES = (
+    InferRoute("/ocr", _handler(ENDPOINTS[0]), summary="OCR (PaddleX serving's API)",
+               about='PaddleX serving\'s OCR API for a PaddleX OCR pipeline file the repository serves: a JSON '
+                     'body {"file": "<base64 image>", "fileType": 1}',
+               responses={404: {"description": "no PaddleX OCR pipeline is served"}, **_RESPONSES}),
+    InferRoute("/image-classification", _handler(ENDPOINTS[1]),
+               summary="Image classification (PaddleX serving's API)",
+               about='PaddleX serving\'s image classification API for a PaddleX image_classification pipeline file '
+                     'the repository serves: a JSON body {"image": "<base64 image>", "topk": 5}',
+               responses={404: {"description": "no PaddleX image_classification pipeline is served"}, **_RESPONSES}),
+)

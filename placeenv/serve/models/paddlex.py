@@ -37,7 +37,7 @@ from .entries import Entry, Version
 from .reading import config_fingerprint, load_entry
 
 #: PaddleX's pipelines served here, and the modules each needs.
-SUPPORTED = {"OCR": ("TextDetection", "TextRecognition")}
+SUPPORTED = {"OCR": ("TextDetection", "TextRecognition"), "image_classification": ("ImageClassification",)}
 #: The OCR pipeline's optional modules served here: the file's switch (PaddleX's default when the file
 #: leaves it out: on), and the SubModule it needs.
 OPTIONAL = {"use_textline_orientation": "TextLineOrientation"}
@@ -89,6 +89,20 @@ def read(name: str, path: Path, max_batch_size: int, max_batch_delay_ms: float
         return RepositoryError(name, path, f"PaddleX pipeline: {problem}")
 
     raw = _load_yaml(name, path)
+    kind = raw.get("pipeline_name")
+    if kind not in SUPPORTED:
+        raise refuse(f"pipeline_name {kind!r} is not served here; served: {', '.join(SUPPORTED)}")
+    try:
+        workers = cpu_workers()
+    except ValueError as exc:
+        raise refuse(str(exc)) from None
+    reader = _classification if kind == "image_classification" else _ocr
+    return reader(name, path, raw, refuse, workers, max_batch_size, max_batch_delay_ms)
+
+
+def _ocr(name: str, path: Path, raw: dict[str, Any], refuse, workers: int, max_batch_size: int,
+         max_batch_delay_ms: float) -> tuple[dict[str, Entry], ModelConfig, dict[str, Any]]:
+    """``read`` for PaddleX's ``OCR`` pipeline."""
     kind, modules, doc = _modules(refuse, raw)
     # Text-line orientation is served exactly where the file turns it on (_modules refuses it on without
     # its SubModule), so the module's presence is the file's switch.
@@ -116,10 +130,6 @@ def read(name: str, path: Path, max_batch_size: int, max_batch_delay_ms: float
                 "textline_batch_size": batches.get("TextLineOrientation"), "doc": doc,
                 **{f"{key}_{what}": (names[key] if what == "model" else str(dirs[key])) if key in modules else None
                    for key in DOC_PREPROCESSOR.values() for what in ("model", "dir")}}
-    try:
-        workers = cpu_workers()
-    except ValueError as exc:
-        raise refuse(str(exc)) from None
     for step, cls in (("prepare", paddlex_ocr.Prepare), ("read", paddlex_ocr.Read)):
         entries[names[step]] = _cpu_step(names[step], path.parent, cls, settings, fingerprint, workers)
     about = {"pipeline_name": kind, "text_type": raw.get("text_type", "general"), "detection": detection,
@@ -128,14 +138,53 @@ def read(name: str, path: Path, max_batch_size: int, max_batch_delay_ms: float
     return entries, _pipeline_config(kind, path, modules, names), about
 
 
+def _classification(name: str, path: Path, raw: dict[str, Any], refuse, workers: int, max_batch_size: int,
+                    max_batch_delay_ms: float) -> tuple[dict[str, Entry], ModelConfig, dict[str, Any]]:
+    """``read`` for PaddleX's ``image_classification`` pipeline:
+
+        image (BYTES) -> <name>.prepare (CPU: decode; PaddleX's resize, crop, normalisation)
+                      -> <name>.ImageClassification (a device, batched across requests)
+                      -> <name>.top (CPU: PaddleX's Topk) -> class_ids, scores, label_names
+    """
+    from . import paddlex_classification as steps
+
+    key = "ImageClassification"
+    module = (raw.get("SubModules") or {}).get(key)
+    if not isinstance(module, dict):
+        raise refuse(f"SubModules has no {key}: give its module_name, model_name and model_dir (a PaddleX export "
+                     "directory)")
+    directory = _model_dir(refuse, path, module, key)
+    _classifier(refuse, key, directory, None)
+    topk = module.get("topk")
+    if topk is not None and (type(topk) is not int or not 1 <= topk <= 100_000):
+        raise refuse(f"SubModules.{key}: topk {topk!r}: give a whole number from 1 to 100000, or leave it out (the "
+                     "export's inference.yml's)")
+    names = {step: f"{name}.{step}" for step in ("prepare", key, "top")}
+    model = _export(names[key], directory, module, _batch_size(refuse, key, module), max_batch_delay_ms, refuse)
+    (given,), (answer,) = model.default.inputs, model.default.outputs[:1]
+    entries = {names[key]: model}
+    settings, fingerprint = {"dir": str(directory), "topk": topk}, config_fingerprint(path)
+    for step, cls in (("prepare", steps.Prepare), ("top", steps.Top)):
+        entries[names[step]] = _cpu_step(names[step], path.parent, cls, settings, fingerprint, workers)
+    config = ModelConfig(
+        description=f"PaddleX's image_classification pipeline ({path.name}): {module.get('model_name')}",
+        inputs=[TensorOverride(name="image", datatype="BYTES", shape=[1])],
+        outputs=[TensorOverride(name=s.name, datatype=s.datatype, shape=list(s.shape)) for s in steps.OUTPUTS],
+        pipeline=[
+            Step(model=names["prepare"], inputs={"image": "image"}, outputs={"x": "x"}),
+            Step(model=names[key], inputs={given.name: "x"}, outputs={answer.name: "probabilities"}),
+            Step(model=names["top"], inputs={"probabilities": "probabilities"},
+                 outputs={s.name: s.name for s in steps.OUTPUTS}),
+        ])
+    return entries, config, {"pipeline_name": raw["pipeline_name"], "topk": topk}
+
+
 def _modules(refuse, raw: dict[str, Any]) -> tuple[str, dict[str, dict], dict[str, bool] | None]:
     """The file's pipeline kind; its SubModules served, by key (text detection and recognition, text-line
     orientation and the document preprocessor's where the file turns them on); and the document
     preprocessor's switches (None where the file turns it off). Refused where the kind is not served, a
     switch is not True or False, or a SubModule or sub-pipeline needed is missing."""
-    kind = raw.get("pipeline_name")
-    if kind not in SUPPORTED:
-        raise refuse(f"pipeline_name {kind!r} is not served here; served: {', '.join(SUPPORTED)}")
+    kind = raw["pipeline_name"]
     given = raw.get("SubModules") or {}
     wanted = [*SUPPORTED[kind], *(key for switch, key in OPTIONAL.items() if _switch(refuse, raw, switch))]
     missing = [m for m in wanted if not isinstance(given.get(m), dict)]
@@ -174,9 +223,9 @@ def _switch(refuse, raw: dict[str, Any], switch: str, where: str = "") -> bool:
     return value
 
 
-def _classifier(refuse, key: str, directory: Path, labels: tuple[str, ...]) -> None:
+def _classifier(refuse, key: str, directory: Path, labels: tuple[str, ...] | None) -> None:
     """Refuse a classifier export whose ``inference.yml`` PaddleX's classification predictor could not run
-    (no ``ResizeImage`` size, no ``Topk``), or whose classes are not the module's ``labels``."""
+    (no ``ResizeImage`` size, no ``Topk``), or whose classes are not the module's ``labels`` (any: None)."""
     from .paddlex_ocr import _transform_ops
 
     ops, post = _transform_ops(str(directory))
@@ -188,7 +237,7 @@ def _classifier(refuse, key: str, directory: Path, labels: tuple[str, ...]) -> N
     given = topk.get("label_list")
     # The text-line classes are read by number, the document's angle from the class's name.
     named = key in DOC_PREPROCESSOR.values()
-    if given is not None and (len(given) != len(labels) or named and sorted(map(str, given)) != sorted(labels)):
+    if labels is not None and given is not None and (len(given) != len(labels) or named and sorted(map(str, given)) != sorted(labels)):
         raise refuse(f"{_where(key)}: a {key} model answers {len(labels)} classes ({', '.join(labels)}); "
                      f"{directory} has {len(given)} ({', '.join(map(str, given))})")
 

@@ -31,6 +31,24 @@ def _transform_ops(directory: str) -> tuple[dict, dict]:
     return ops, found.get("PostProcess") or {}
 
 
+def decoded(inputs) -> np.ndarray:
+    """A request's one encoded image (its input ``image``), decoded as PaddleX reads it: OpenCV, BGR.
+    ``InputError`` naming what to send where it is not one image OpenCV can decode."""
+    import cv2
+
+    data = inputs["image"].reshape(-1)
+    if data.size != 1:
+        raise InputError(f"input 'image': one encoded image a request, got {data.size}")
+    blob = data[0]
+    if not isinstance(blob, (bytes, bytearray)) or not blob:
+        raise InputError("input 'image': expected the bytes of an encoded image (JPEG, PNG, BMP, TIFF, WebP)")
+    image = cv2.imdecode(np.frombuffer(blob, np.uint8), cv2.IMREAD_COLOR)
+    if image is None:
+        raise InputError(f"input 'image': not an image OpenCV can decode ({len(blob)} bytes, starting "
+                         f"{bytes(blob[:8])!r}); send a JPEG, PNG, BMP, TIFF or WebP file's bytes")
+    return image
+
+
 class Classifier:
     """PaddleX's image classification processors for an export, from its ``inference.yml`` as PaddleX's
     ``ClasRunnerPredictor`` builds them: the images (BGR, as the pipeline holds them) read as RGB,
@@ -117,8 +135,6 @@ class Prepare(Model):
         return None
 
     def preprocess(self, inputs):
-        import cv2
-
         asked = settings_of.requested(self.request_parameters)  # every OCR setting, Read's too: a bad one is a 400
         settings_of.doc_preprocessing(self.context.parameters.get("doc"), asked)
         # (On the replica that only preprocesses too, which is not loaded: its context says.)
@@ -126,17 +142,7 @@ class Prepare(Model):
             raise InputError("parameter use_textline_orientation true: this pipeline has no text-line orientation "
                              "model (its file turns use_textline_orientation off, or gives no TextLineOrientation "
                              "SubModule); send false or leave it out")
-        data = inputs["image"].reshape(-1)
-        if data.size != 1:
-            raise InputError(f"input 'image': one encoded image a request, got {data.size}")
-        blob = data[0]
-        if not isinstance(blob, (bytes, bytearray)) or not blob:
-            raise InputError("input 'image': expected the bytes of an encoded image (JPEG, PNG, BMP, TIFF, WebP)")
-        page = cv2.imdecode(np.frombuffer(blob, np.uint8), cv2.IMREAD_COLOR)
-        if page is None:
-            raise InputError(f"input 'image': not an image OpenCV can decode ({len(blob)} bytes, starting "
-                             f"{bytes(blob[:8])!r}); send a JPEG, PNG, BMP, TIFF or WebP file's bytes")
-        return {"image": page[None]}
+        return {"image": decoded(inputs)[None]}
 
     def execute(self, inputs):
         page, angle = inputs["image"].numpy()[0], -1

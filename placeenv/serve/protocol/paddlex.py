@@ -123,3 +123,13 @@ def doc_preprocessing(doc: Mapping[str, bool] | None, parameters: Mapping[str, A
             raise InvalidInput(f"parameter {key} true: this pipeline's file {what}, so it has no model for it; "
                                "send false or leave it out")
     return {key: doc[key] if value is None else value for key, value in sent.items()}
+
+
+def topk(parameters: Mapping[str, Any]) -> int | None:
+    """An image classification request's ``topk`` (how many classes its answer lists), checked; None
+    where it sends none (the pipeline's own)."""
+    value = parameters.get("topk")
+    if value is not None and (type(value) is not int or not 1 <= value <= 100_000):
+        raise InvalidInput(f"parameter topk {prefix(value)}: send a whole number from 1 to 100000 (left out: the "
+                           "pipeline file's topk)")
+    return value

@@ -34,6 +34,7 @@ from support.fuzzing import DIGIT_VALUES, near_valid_digits, valid_pixel
 
 from placeenv.serve.protocol.errors import InvalidInput
 from placeenv.serve.models import DATATYPES, InputError
+from placeenv.serve.http.responses import PADDLEX_PATHS
 
 BODY_LIMIT = 1024 * 1024
 MAX_EXAMPLES = 32  # the service's default max_examples_per_request
@@ -128,8 +129,8 @@ schema = schemathesis.pytest.from_fixture("api_schema")
 
 
 def _error_key(path: str) -> str:
-    """Where each API says what is wrong: v2's "error", PaddleX serving's "errorMsg" (/ocr), else "detail"."""
-    return "error" if path.startswith("/v2") else "errorMsg" if path == "/ocr" else "detail"
+    """Where each API says what is wrong: v2's "error", PaddleX serving's "errorMsg", else "detail"."""
+    return "error" if path.startswith("/v2") else "errorMsg" if path in PADDLEX_PATHS else "detail"
 
 
 def no_5xx(ctx, response, case):

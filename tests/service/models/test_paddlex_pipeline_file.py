@@ -153,3 +153,30 @@ def test_a_page_classifier_whose_classes_are_not_angles_is_refused(folder, tmp_p
     with pytest.raises(RepositoryError) as refused:
         _read(folder, DOCPRE.read_text().replace("model_dir: PP-LCNet_x1_0_doc_ori", f"model_dir: {other}"))
     assert "(0, 90_degree, 180, 270)" in str(refused.value)
+
+
+CLASSIFICATION = paddlex_reference.PIPELINE.with_name("image_classification_pipeline.yaml")
+
+
+def test_an_image_classification_file_is_a_pipeline_of_three_steps(folder):
+    entries, config, about = _read(folder, CLASSIFICATION.read_text())
+    assert set(entries) == {"ocr.prepare", "ocr.ImageClassification", "ocr.top"}
+    assert entries["ocr.ImageClassification"].max_batch_size == 4
+    assert about == {"pipeline_name": "image_classification", "topk": 5}
+    assert [o.name for o in config.outputs] == ["class_ids", "scores", "label_names"]
+    assert [step.model for step in config.pipeline] == ["ocr.prepare", "ocr.ImageClassification", "ocr.top"]
+
+
+@pytest.mark.parametrize("change, says", [
+    (("  ImageClassification:", "  Classification:"), "SubModules has no ImageClassification"),
+    (("topk: 5", "topk: 0"), "SubModules.ImageClassification: topk 0: give a whole number from 1"),
+    (("model_dir: PP-LCNet_x1_0_doc_ori", "model_dir: PP-OCRv5_mobile_det"), "not a classifier's inference.yml"),
+    (("pipeline_name: image_classification", "pipeline_name: object_detection"),
+     "pipeline_name 'object_detection' is not served here; served: OCR, image_classification"),
+])
+def test_a_wrong_classification_file_is_refused_naming_what_to_give(folder, change, says):
+    text = CLASSIFICATION.read_text()
+    assert change[0] in text
+    with pytest.raises(RepositoryError) as refused:
+        _read(folder, text.replace(*change, 1))
+    assert says in str(refused.value), str(refused.value)

@@ -1,0 +1,145 @@
+"""PaddleX's image classification pipeline, served from its file with no code, against PaddleX itself.
+
+The file is PaddleX's image_classification.yaml with its model a page-orientation classifier
+(tests/support/image_classification_pipeline.yaml; the stand-in tests/support/docpre_models.py builds,
+since no image classifier can be downloaded here). The images are the OCR tests' pages turned each way.
+PaddleX's own predictor on the same images is the reference (its pipeline is that predictor with the
+file's topk, and needs ``paddlex[cv]``, which the reference venv does not install): the same classes,
+in the same order, and scores within 0.01. PaddleX serving's ``/image-classification`` answers with its
+own schema.
+"""
+
+from __future__ import annotations
+
+import base64
+import concurrent.futures
+import shutil
+
+import cv2
+import httpx
+import numpy as np
+import pytest
+import tritonclient.http as th
+from loadtest import pages
+from support import docpre_models, paddlex_reference
+
+from support.servers import ServiceProcess
+
+PIPELINE = paddlex_reference.PIPELINE.with_name("image_classification_pipeline.yaml")
+TURN = {"0": None, "90": cv2.ROTATE_90_CLOCKWISE, "180": cv2.ROTATE_180, "270": cv2.ROTATE_90_COUNTERCLOCKWISE}
+#: Pages the classifier reads surely, and each one's turn (its class's name).
+PAGES = {0: "0", 2: "90", 4: "180", 5: "270", 9: "90", 11: "180", 12: "270", 17: "0"}
+
+
+@pytest.fixture(scope="module")
+def images():
+    found = []
+    for index, turn in PAGES.items():
+        image = cv2.imdecode(np.frombuffer(pages.page(index).data, np.uint8), cv2.IMREAD_COLOR)
+        found.append(cv2.imencode(".png", image if TURN[turn] is None else cv2.rotate(image, TURN[turn]))[1].tobytes())
+    return found
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory):
+    root = tmp_path_factory.mktemp("repository")
+    docpre_models.copy_to(docpre_models.ORIENTATION, root / "classify" / docpre_models.ORIENTATION)
+    shutil.copyfile(PIPELINE, root / "classify" / "pipeline.yaml")
+    return root
+
+
+@pytest.fixture(scope="module")
+def reference(images):
+    """PaddleX's answers: each image with no topk (the file's 5), then the first two with topk 2. PaddleX
+    3.7.2 answers an image's ``class_ids`` as its batch's array (one row here: one image a call), which
+    its predictor does not split (it splits lists); each image's are that row."""
+    asked = [(image, None) for image in images] + [(image, 2) for image in images[:2]]
+    found = paddlex_reference.reference_classification(
+        docpre_models.ORIENTATION, docpre_models.export(docpre_models.ORIENTATION), asked, topk=5)
+    for result in found:
+        assert np.shape(result["class_ids"])[0] == 1  # the batch's, of one image
+        result["class_ids"] = result["class_ids"][0]
+    return found
+
+
+@pytest.fixture(scope="module")
+def served(repository):
+    proc = ServiceProcess(devices="cpu", models="classify", model_repository=repository)
+    try:
+        yield proc.wait_ready()
+    finally:
+        proc.stop()
+
+
+def over_v2(url: str, data: bytes, parameters: dict | None = None) -> dict:
+    client = th.InferenceServerClient(url, network_timeout=120)
+    image = th.InferInput("image", [1], "BYTES")
+    image.set_data_from_numpy(np.array([data], dtype=object), binary_data=True)
+    result = client.infer("classify", [image], parameters=parameters)
+    return {"class_ids": result.as_numpy("class_ids").tolist(), "scores": result.as_numpy("scores").tolist(),
+            "label_names": [name.decode() for name in result.as_numpy("label_names")]}
+
+
+def _same(answer: dict, expected: dict) -> bool:
+    return (answer["class_ids"] == expected["class_ids"] and answer["label_names"] == expected["label_names"]
+            and np.allclose(answer["scores"], expected["scores"], atol=paddlex_reference.SCORE))
+
+
+def test_the_classes_are_paddlexs(served, images, reference):
+    url = served.url[len("http://"):]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:  # batches join across requests
+        answers = list(pool.map(lambda data: over_v2(url, data), images))
+    wrong = {i: (a, r) for i, (a, r) in enumerate(zip(answers, reference)) if not _same(a, r)}
+    assert wrong == {}, wrong
+    assert [a["label_names"][0] for a in answers] == list(PAGES.values())  # each page's turn, best first
+    assert all(len(a["class_ids"]) == 4 for a in answers)  # the file's topk 5, of 4 classes
+    # A request's topk, as PaddleX's predict takes it.
+    for image, expected in zip(images[:2], reference[len(images):]):
+        assert _same(over_v2(url, image, {"topk": 2}), expected) and len(expected["class_ids"]) == 2
+
+
+def test_paddlex_servings_api_answers_with_its_schema(served, images, reference):
+    from paddlex.inference.serving.infra.models import AIStudioResultResponse
+    from paddlex.inference.serving.schemas.image_classification import InferResult
+
+    for body, expected in (({}, reference[0]), ({"topk": 2}, reference[len(images)])):
+        answer = httpx.post(f"{served.url}/image-classification",
+                            json={"image": base64.b64encode(images[0]).decode(), **body}, timeout=120)
+        assert answer.status_code == 200, answer.text
+        result = AIStudioResultResponse[InferResult].model_validate(answer.json()).result
+        found = {"class_ids": [c.id for c in result.categories], "label_names": [c.name for c in result.categories],
+                 "scores": [c.score for c in result.categories]}
+        assert _same(found, expected), (found, expected)
+
+
+@pytest.mark.parametrize("body, says", [
+    ({"image": base64.b64encode(b"x").decode(), "topk": 0}, '"loc": "body.topk"'),  # PaddleX's own check
+    ({"image": base64.b64encode(b"x").decode(), "topk": 100_001}, "topk: parameter topk 100001"),
+    ({"image": "http://127.0.0.1:9/cat.png"}, "image: URLs are not fetched"),
+    ({"image": "***"}, "image is not base64"),
+    ({"image": base64.b64encode(b"not an image").decode()}, "not an image OpenCV can decode"),
+])
+def test_a_bad_request_is_a_422_in_paddlexs_error_shape(served, body, says):
+    answer = httpx.post(f"{served.url}/image-classification", json=body, timeout=30)
+    assert answer.status_code == 422, answer.text
+    found = answer.json()
+    assert set(found) == {"logId", "errorCode", "errorMsg"} and says in found["errorMsg"], found
+
+
+def test_a_bad_topk_over_v2_is_a_400_and_ocr_is_not_served(served, images):
+    from tritonclient.utils import InferenceServerException
+
+    with pytest.raises(InferenceServerException) as refused:
+        over_v2(served.url[len("http://"):], images[0], {"topk": "all"})
+    assert refused.value.status() == "400" and "parameter topk" in refused.value.message()
+    answer = httpx.post(f"{served.url}/ocr", json={"file": base64.b64encode(images[0]).decode(), "fileType": 1},
+                        timeout=30)
+    assert answer.status_code == 404 and "no PaddleX OCR pipeline is served" in answer.json()["errorMsg"]
+
+
+def test_the_classifier_is_a_model_of_the_repository_batched_as_the_file_says(served):
+    config = httpx.get(f"{served.url}/v2/models/classify.ImageClassification/config", timeout=30).json()
+    assert config["max_batch_size"] == 4
+    assert httpx.get(f"{served.url}/v2/models/classify", timeout=30).json()["outputs"] == [
+        {"name": "class_ids", "datatype": "INT32", "shape": [-1]}, {"name": "scores", "datatype": "FP32", "shape": [-1]},
+        {"name": "label_names", "datatype": "BYTES", "shape": [-1]}]
