@@ -16,7 +16,8 @@ make. Everything comes from PyPI: pip by name.
 ``reference_ocr(pipeline_yaml, images)`` runs that pipeline in the venv, in a subprocess (the
 script ``RUNNER`` below), on encoded images (bytes) or paths, and returns per image
 ``rec_texts, rec_scores, rec_polys, rec_boxes, dt_polys``; ``run_reference`` also returns the
-seconds each image took and the pipeline's creation time. ``serve(pipeline_yaml, port)`` starts
+seconds each image took and the pipeline's creation time. ``reference_classification`` runs PaddleX's
+image classification predictor (what its ``image_classification`` pipeline runs) the same way. ``serve(pipeline_yaml, port)`` starts
 ``paddlex --serve --pipeline FILE --port P``.
 
 Nothing here skips: what is missing is an ``Unavailable`` that says what to install.

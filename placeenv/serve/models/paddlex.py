@@ -21,7 +21,8 @@ processors (``models/paddlex_ocr.py``) on CPU workers under ``PlaceEnv('cpu')``:
 Supported: PaddleX's ``OCR`` pipeline with text detection and recognition; text-line orientation, and the
 document preprocessor (its ``SubPipelines.DocPreprocessor``: page orientation, unwarping), where the
 file turns them on and gives their models. A file that turns one on without its model is refused,
-naming the SubModule to give and the switch that turns it off.
+naming the SubModule to give and the switch that turns it off. PaddleX's ``image_classification``
+pipeline (``_classification``; its CPU steps in ``models/paddlex_classification.py``).
 """
 
 from __future__ import annotations
