@@ -2,7 +2,7 @@
 
     python benchmarks/paddlex_serving.py [--rounds 3] [--requests 16] [--clients 4 8] [--passes 1]
                                          [--api auto|ocr|v2] [--workers-per-device N]
-                                         [--ours-default-run-mode] [--textline-orientation]
+                                         [--ours-default-run-mode] [--textline-orientation | --doc-preprocessor]
     python benchmarks/paddlex_serving.py --cpu-scaling [--rounds 3] [--requests 16]
 
 Needs the PaddleX reference venv (tests/support/paddlex_reference.py: paddlex 3.7.2 and its serving under
@@ -31,7 +31,9 @@ engineer's tests, docs/benchmarks.md, "PaddleX serving").
 ``--textline-orientation`` runs both on the file with text-line orientation on
 (tests/support/ocr_textline_pipeline.yaml, the classifier tests/support/textline_model.py trains, its
 ``batch_size`` 1 on both sides: PaddleX 3.7.2 gives every crop of a larger batch its first crop's class)
-and pages with every third line upside down.
+and pages with every third line upside down. ``--doc-preprocessor`` runs both on the file with the document
+preprocessor on (tests/support/ocr_docpre_pipeline.yaml, the page-orientation and unwarping stand-ins
+tests/support/docpre_models.py builds) and the pages bowed and turned by 0, 90, 180 and 270 degrees in turn.
 
 ``--cpu-scaling`` measures instead how the pipeline's CPU steps scale from 1 to 2 CPU workers
 (``PLACEENV_PADDLEX_CPU_WORKERS``, models/paddlex.py): two services, 1 and 2 workers, interleaved, the
@@ -74,6 +76,7 @@ from bench_service import save_results  # noqa: E402
 
 from placeenv.testing import free_port  # noqa: E402
 from loadtest import pages as page_maker  # noqa: E402
+from tests.support import docpre_models  # noqa: E402
 from tests.support import paddlex_reference as reference  # noqa: E402
 
 logging.getLogger("httpx").setLevel(logging.WARNING)  # importing PaddleX would log every request
@@ -563,6 +566,8 @@ def main() -> None:
     parser.add_argument("--textline-orientation", action="store_true",
                         help="both on the file with text-line orientation on (batch size 1), pages with lines "
                         "upside down")
+    parser.add_argument("--doc-preprocessor", action="store_true",
+                        help="both on the file with the document preprocessor on, pages bowed and turned")
     parser.add_argument("--ours-default-run-mode", action="store_true",
                         help="ours: the file without the detector's engine_config (PaddleX's own default file, "
                         "which PaddleX cannot run on Paddle 3.3; PaddleX keeps its run_mode: paddle)")
@@ -571,11 +576,20 @@ def main() -> None:
     say(("CPU scaling: our OCR pipeline with 1 and 2 CPU workers" if args.cpu_scaling else
          "PaddleX serving against ours on PaddleX's OCR pipeline file")
         + f", {args.rounds} rounds, {args.pages} pages; {machine()}")
+    if args.textline_orientation and args.doc_preprocessor:
+        parser.error("--textline-orientation and --doc-preprocessor: one file at a time")
     datas = [p.data for p in page_maker.pages(args.pages, upside_down=3 if args.textline_orientation else 0)]
+    if args.doc_preprocessor:
+        datas = [docpre_models.turned(data, docpre_models.TURNS[i % 4], bow=True) for i, data in enumerate(datas)]
     with tempfile.TemporaryDirectory(prefix="paddlex-serving-") as scratch:
         tmp = Path(scratch)
-        pipeline = (reference.textline_pipeline_file(tmp, batch_size=1) if args.textline_orientation
-                    else reference.pipeline_file(tmp))
+        if args.textline_orientation:
+            pipeline = reference.textline_pipeline_file(tmp, batch_size=1)
+        elif args.doc_preprocessor:
+            pipeline = reference.pipeline_file(tmp, reference.place_docpre_models(tmp / "models"),
+                                               template=reference.DOCPRE_PIPELINE)
+        else:
+            pipeline = reference.pipeline_file(tmp)
         (tmp / "repository" / MODEL).mkdir(parents=True)
         shutil.copyfile(pipeline, tmp / "repository" / MODEL / "pipeline.yaml")
         if args.ours_default_run_mode:
@@ -599,7 +613,8 @@ def main() -> None:
         print(found["stages"])
     print(f"\n({time.monotonic() - began:.0f} s in all)")
     save_results("paddlex_serving" + ("_cpu_scaling" if args.cpu_scaling else "")
-                 + ("_textline" if args.textline_orientation else ""), args,
+                 + ("_textline" if args.textline_orientation else "")
+                 + ("_docpre" if args.doc_preprocessor else ""), args,
                  **{k: v for k, v in found.items()})
 
 

@@ -15,29 +15,22 @@ import base64
 import concurrent.futures
 import shutil
 
-import cv2
 import httpx
 import numpy as np
 import pytest
 import tritonclient.http as th
 from loadtest import pages
 from support import docpre_models, paddlex_reference
-
 from support.servers import ServiceProcess
 
 PIPELINE = paddlex_reference.PIPELINE.with_name("image_classification_pipeline.yaml")
-TURN = {"0": None, "90": cv2.ROTATE_90_CLOCKWISE, "180": cv2.ROTATE_180, "270": cv2.ROTATE_90_COUNTERCLOCKWISE}
 #: Pages the classifier reads surely, and each one's turn (its class's name).
 PAGES = {0: "0", 2: "90", 4: "180", 5: "270", 9: "90", 11: "180", 12: "270", 17: "0"}
 
 
 @pytest.fixture(scope="module")
 def images():
-    found = []
-    for index, turn in PAGES.items():
-        image = cv2.imdecode(np.frombuffer(pages.page(index).data, np.uint8), cv2.IMREAD_COLOR)
-        found.append(cv2.imencode(".png", image if TURN[turn] is None else cv2.rotate(image, TURN[turn]))[1].tobytes())
-    return found
+    return [docpre_models.turned(pages.page(index).data, int(turn)) for index, turn in PAGES.items()]
 
 
 @pytest.fixture(scope="module")

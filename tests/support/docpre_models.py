@@ -157,6 +157,24 @@ def bowed(bgr: np.ndarray) -> np.ndarray:
     return cv2.remap(bgr, xs, ys - shift, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
 
 
+#: The angles a page is turned by: each the angle PaddleX's ``rotate_image(page, angle)`` turns it back by
+#: (counter-clockwise), so 90 is a page turned clockwise, its left edge at the top.
+TURNS = (0, 90, 180, 270)
+
+
+def turned(data: bytes, angle: int, bow: bool = False) -> bytes:
+    """An encoded page (with ``bow``, bowed first: ``bowed()``) turned so that PaddleX's
+    ``rotate_image(page, angle)`` sets it upright; PNG."""
+    import cv2
+
+    image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    image = bowed(image) if bow else image
+    turn = {90: cv2.ROTATE_90_CLOCKWISE, 180: cv2.ROTATE_180, 270: cv2.ROTATE_90_COUNTERCLOCKWISE}.get(angle)
+    if turn is not None:
+        image = cv2.rotate(image, turn)
+    return cv2.imencode(".png", image)[1].tobytes()
+
+
 def cache_dir() -> Path:
     import paddle
 

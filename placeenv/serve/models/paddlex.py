@@ -124,13 +124,15 @@ def _ocr(name: str, path: Path, raw: dict[str, Any], refuse, workers: int, max_b
         _classifier(refuse, key, dirs[key], LABELS[key])
     entries = {names[key]: _export(names[key], dirs[key], module, batches[key], max_batch_delay_ms, refuse)
                for key, module in modules.items()}
-    settings = {"detection": detection, "recognition": recognition, "det_dir": str(dirs["TextDetection"]),
-                "rec_dir": str(dirs["TextRecognition"]), "rec_model": names["TextRecognition"],
-                "text_type": raw.get("text_type"), "textline_model": names["TextLineOrientation"] if textline else None,
-                "textline_dir": str(dirs["TextLineOrientation"]) if textline else None,
-                "textline_batch_size": batches.get("TextLineOrientation"), "doc": doc,
-                **{f"{key}_{what}": (names[key] if what == "model" else str(dirs[key])) if key in modules else None
-                   for key in DOC_PREPROCESSOR.values() for what in ("model", "dir")}}
+    def where(key: str) -> str | None:  # a module's export directory; None where the file does not use it
+        return str(dirs[key]) if key in dirs else None
+
+    settings = {"detection": detection, "recognition": recognition, "det_dir": where("TextDetection"),
+                "rec_dir": where("TextRecognition"), "rec_model": names["TextRecognition"],
+                "text_type": raw.get("text_type"), "textline_model": names.get("TextLineOrientation"),
+                "textline_dir": where("TextLineOrientation"), "textline_batch_size": batches.get("TextLineOrientation"),
+                "doc": doc, "orientation_model": names.get("DocOrientationClassify"),
+                "orientation_dir": where("DocOrientationClassify"), "unwarping_model": names.get("DocUnwarping")}
     for step, cls in (("prepare", paddlex_ocr.Prepare), ("read", paddlex_ocr.Read)):
         entries[names[step]] = _cpu_step(names[step], path.parent, cls, settings, fingerprint, workers)
     about = {"pipeline_name": kind, "text_type": raw.get("text_type", "general"), "detection": detection,

@@ -120,18 +120,18 @@ class Prepare(Model):
         parameters = context.parameters
         self.doc = parameters.get("doc")
         self.orientation = self.unwarping = None
-        if parameters.get("DocOrientationClassify_model") is not None:
+        if parameters.get("orientation_model") is not None:
             from paddlex.inference.pipelines.components.common.warp_image import rotate_image
 
-            self.orientation, self.rotate = Classifier(parameters["DocOrientationClassify_dir"]), rotate_image
-            self.orientation_model = parameters["DocOrientationClassify_model"]
-        if parameters.get("DocUnwarping_model") is not None:
+            self.orientation, self.rotate = Classifier(parameters["orientation_dir"]), rotate_image
+            self.orientation_model = parameters["orientation_model"]
+        if parameters.get("unwarping_model") is not None:
             from paddlex.inference.models.common import Normalize, ToBatch
             from paddlex.inference.models.image_unwarping.processors import DocTrPostProcess
 
             # PaddleX's WarpRunnerPredictor's processors (it reads no inference.yml for them).
             self.unwarping = (Normalize(mean=0.0, std=1.0, scale=1.0 / 255), ToCHWImage(), ToBatch())
-            self.unwarped, self.unwarping_model = DocTrPostProcess(), parameters["DocUnwarping_model"]
+            self.unwarped, self.unwarping_model = DocTrPostProcess(), parameters["unwarping_model"]
         return None
 
     def preprocess(self, inputs):

@@ -1,7 +1,9 @@
-"""A PaddleX OCR pipeline's per-request settings: their names (those of PaddleX's ``pipeline.predict``),
-their checks, and how a request's value meets the pipeline file's. The OCR steps read them from a
-request's parameters (models/paddlex_ocr.py); ``POST /ocr`` maps PaddleX serving's fields to them and
-shows them in its answer (http/paddlex.py). No Paddle, no PaddleX: a front end checks them too.
+"""A PaddleX pipeline's per-request settings: their names (those of PaddleX's ``pipeline.predict``), their
+checks, and how a request's value meets the pipeline file's: OCR's (``SETTINGS``, ``SWITCHES``; the
+document preprocessor's two switches as PaddleX's OCR pipeline combines them, ``doc_preprocessing``) and
+image classification's ``topk``. The pipelines' CPU steps read them from a request's parameters
+(models/paddlex_ocr.py, paddlex_classification.py); PaddleX serving's endpoints map its fields to them
+and show them in their answers (http/paddlex.py). No Paddle, no PaddleX: a front end checks them too.
 
 PaddleX's quirk, copied: its text detector takes ``value or default``, so a falsy limit side length,
 limit type, threshold, box threshold or unclip ratio (0, "") runs with the pipeline file's value, while

@@ -108,8 +108,8 @@ def test_the_document_preprocessors_models_are_the_repositorys(folder):
                             "ocr.read", "ocr.TextRecognition"}
     assert about["doc_preprocessor"] == {"use_doc_orientation_classify": True, "use_doc_unwarping": True}
     prepare = entries["ocr.prepare"].versions[1].context.parameters
-    assert prepare["DocOrientationClassify_model"] == "ocr.DocOrientationClassify"
-    assert prepare["DocUnwarping_model"] == "ocr.DocUnwarping"
+    assert prepare["orientation_model"] == "ocr.DocOrientationClassify"
+    assert prepare["unwarping_model"] == "ocr.DocUnwarping"
     assert entries["ocr.DocUnwarping"].max_batch_size == paddlex.MODULE_BATCH_SIZE
     assert "doc_preprocessor_angle" in [o.name for o in config.outputs]
 
@@ -118,7 +118,7 @@ def test_a_sub_pipeline_switch_that_is_off_leaves_its_model_out(folder):
     entries, _, about = _read(folder, DOCPRE.read_text().replace("use_doc_unwarping: True", "use_doc_unwarping: False"))
     assert "ocr.DocUnwarping" not in entries and "ocr.DocOrientationClassify" in entries
     assert about["doc_preprocessor"] == {"use_doc_orientation_classify": True, "use_doc_unwarping": False}
-    assert entries["ocr.prepare"].versions[1].context.parameters["DocUnwarping_model"] is None
+    assert entries["ocr.prepare"].versions[1].context.parameters["unwarping_model"] is None
     entries, _, about = _read(folder, DOCPRE.read_text().replace("use_doc_preprocessor: True",
                                                                  "use_doc_preprocessor: False"))
     assert about["doc_preprocessor"] is None and not {"ocr.DocUnwarping", "ocr.DocOrientationClassify"} & set(entries)
