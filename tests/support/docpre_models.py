@@ -1,5 +1,5 @@
 """The document preprocessor's two models as PaddleX exports them, for the tests of PaddleX's OCR pipeline
-with ``use_doc_preprocessor`` (issue 44): a page-orientation classifier under PaddleOCR's
+with ``use_doc_preprocessor``: a page-orientation classifier under PaddleOCR's
 ``PP-LCNet_x1_0_doc_ori`` name and an unwarping model under ``UVDoc``'s.
 
 PaddleOCR's own exports are downloaded by PaddleX from its model hosts, which this machine cannot reach,

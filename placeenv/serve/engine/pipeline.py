@@ -216,7 +216,7 @@ class PipelineRun:
             return
         work = Work(step.model, step.version, examples, list(step.outputs), self.work.arrived, self.work.deadline,
                     sum(_size(v) for v in arrays.values()) <= self.inline_bytes, self.work.priority,
-                    self.work.own_deadline, self.work.parameters)
+                    self.work.own_deadline, self.work.parameters if step.parameters else None)
         self.started[step.index] = time.perf_counter()
         options = StepOptions(planned.keep, prefer, (self.plan.pipeline.name, step.label), (self.plan.pipeline.name,))
         self.run(self.generation, work, arrays, functools.partial(self._settled, planned), options, self)

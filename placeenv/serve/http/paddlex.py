@@ -61,6 +61,9 @@ class Endpoint:
     settings: Callable[[Any, dict[str, Any]], dict[str, Any]]  # (request, about) -> parameters
     data: Callable[[Any], bytes]  # the request -> the file's bytes
     result: Callable[..., Any]  # (schemas, models, outputs, about, parameters, data) -> its InferResult
+    summary: str  # what the API's documentation calls it
+    about: str  # what GET / and a 405 say of it
+    refused: str  # what its 422s refuse
 
 
 def _schemas(endpoint: Endpoint):
@@ -72,7 +75,7 @@ def _schemas(endpoint: Endpoint):
     return importlib.import_module(f"paddlex.inference.serving.schemas.{endpoint.schema}"), models, utils
 
 
-async def answer(endpoint: Endpoint, gateway: Gateway, call: Call) -> Response:
+async def serve(endpoint: Endpoint, gateway: Gateway, call: Call) -> Response:
     """The adapter: PaddleX's request, ``Gateway.infer`` on the served pipeline (which counts every answer,
     refusals too), PaddleX's answer or error shape."""
     schemas, models, utils = _schemas(endpoint)
@@ -229,10 +232,9 @@ def _ocr_result(schemas, models, outputs, about, parameters, data):
 def _classification_settings(request, about: dict[str, Any]) -> dict[str, Any]:
     if request.topk is None:
         return {}
-    try:
-        settings_of.topk({"topk": request.topk})
-    except InvalidInput as exc:
-        raise InvalidInput(f"topk: {exc}") from None
+    if request.topk > settings_of.TOPK_MAX:  # (PaddleX's schema refuses one below 1)
+        raise InvalidInput(f"topk {request.topk}: send a whole number from 1 to {settings_of.TOPK_MAX}, or leave it "
+                           "out (the pipeline file's topk, else its model's)")
     return {"topk": request.topk}
 
 
@@ -274,39 +276,32 @@ def pruned_result(outputs: dict[str, np.ndarray], about: dict[str, Any],
 
 
 ENDPOINTS = (
-    Endpoint("/ocr", "OCR", "ocr", "file", _ocr_settings, _ocr_file, _ocr_result),
+    Endpoint("/ocr", "OCR", "ocr", "file", _ocr_settings, _ocr_file, _ocr_result, "OCR (PaddleX serving's API)",
+             'PaddleX serving\'s OCR API for a PaddleX OCR pipeline file the repository serves: a JSON body '
+             '{"file": "<base64 image>", "fileType": 1}',
+             "a body that is not PaddleX's request, a file that is not an image, a URL, a PDF, a setting not served"),
     Endpoint("/image-classification", "image_classification", "image_classification", "image",
-             _classification_settings, lambda request: _decoded("image", request.image), _classification_result),
+             _classification_settings, lambda request: _decoded("image", request.image), _classification_result,
+             "Image classification (PaddleX serving's API)",
+             'PaddleX serving\'s image classification API for a PaddleX image_classification pipeline file the '
+             'repository serves: a JSON body {"image": "<base64 image>", "topk": 5}',
+             "a body that is not PaddleX's request, an image that is not one, a URL, a topk out of bounds"),
 )
 assert {e.path for e in ENDPOINTS} == PADDLEX_PATHS
 
-_RESPONSES = {
-    422: {"description": "PaddleX's error shape {logId, errorCode, errorMsg}: a body that is not PaddleX's request, "
-                         "a file that is not an image, a URL, a PDF, a setting not served"},
-    500: {"description": "the pipeline failed on this request"},
-    503: {"description": "overloaded, shutting down or not ready; see Retry-After"},
-    504: {"description": "not answered within the request timeout"},
-}
 
-
-def _handler(endpoint: Endpoint):
-    """The route's handler, named as the endpoint's schema (FastAPI's operationId starts with it)."""
-
+def _route(endpoint: Endpoint) -> InferRoute:
     async def handle(gateway: Gateway, call: Call) -> Response:
-        return await answer(endpoint, gateway, call)
+        return await serve(endpoint, gateway, call)
 
-    handle.__name__ = endpoint.schema
-    return handle
+    handle.__name__ = endpoint.schema  # FastAPI's operationId starts with it
+    return InferRoute(endpoint.path, handle, summary=endpoint.summary, about=endpoint.about, responses={
+        404: {"description": f"no PaddleX {endpoint.pipeline} pipeline is served"},
+        422: {"description": f"PaddleX's error shape {{logId, errorCode, errorMsg}}: {endpoint.refused}"},
+        500: {"description": "the pipeline failed on this request"},
+        503: {"description": "overloaded, shutting down or not ready; see Retry-After"},
+        504: {"description": "not answered within the request timeout"},
+    })
 
 
-ROUTES = (
-    InferRoute("/ocr", _handler(ENDPOINTS[0]), summary="OCR (PaddleX serving's API)",
-               about='PaddleX serving\'s OCR API for a PaddleX OCR pipeline file the repository serves: a JSON '
-                     'body {"file": "<base64 image>", "fileType": 1}',
-               responses={404: {"description": "no PaddleX OCR pipeline is served"}, **_RESPONSES}),
-    InferRoute("/image-classification", _handler(ENDPOINTS[1]),
-               summary="Image classification (PaddleX serving's API)",
-               about='PaddleX serving\'s image classification API for a PaddleX image_classification pipeline file '
-                     'the repository serves: a JSON body {"image": "<base64 image>", "topk": 5}',
-               responses={404: {"description": "no PaddleX image_classification pipeline is served"}, **_RESPONSES}),
-)
+ROUTES = tuple(_route(endpoint) for endpoint in ENDPOINTS)

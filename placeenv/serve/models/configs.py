@@ -61,6 +61,9 @@ class Step(BaseModel):
         description="each input of the model -> the tensor it reads: a pipeline input or another step's output")
     outputs: dict[str, str] = Field(
         default_factory=dict, description="outputs of the model -> the tensor each becomes (others are dropped)")
+    parameters: bool = Field(
+        True, description="false: the model reads none of the request's parameters, so it runs without them and "
+                          "its batches join requests whatever parameters they sent")
 
 
 class Latest(BaseModel):

@@ -87,6 +87,7 @@ class PipelineStep:
     version: int
     inputs: dict[str, str]  # the model's input -> the tensor it reads
     outputs: dict[str, str]  # the model's output -> the tensor it becomes
+    parameters: bool = True  # whether the request's parameters go to the model (a batch joins equal ones only)
 
     def __str__(self) -> str:
         return f"step {self.index} ({self.model!r})"

@@ -76,7 +76,8 @@ def _linked_steps(refuse, name: str, listed: list[Step], entries: dict[str, Entr
             made[tensor] = (dataclasses.replace(gives[output], name=tensor), f"{where}'s output {output!r}")
         counts[step.model] = counts.get(step.model, 0) + 1
         label = step.model if counts[step.model] == 1 else f"{step.model}#{index}"
-        steps.append(PipelineStep(index, label, step.model, version.number, dict(step.inputs), dict(step.outputs)))
+        steps.append(PipelineStep(index, label, step.model, version.number, dict(step.inputs), dict(step.outputs),
+                                  step.parameters))
     return steps
 
 

@@ -31,6 +31,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..protocol.paddlex import TOPK_MAX
 from .base import ModelContext, TensorSpec
 from .inference import InferenceOptions
 from .configs import InstanceGroup, ModelConfig, RepositoryError, Step, TensorOverride
@@ -55,8 +56,8 @@ RECOGNITION_DEFAULTS = {"batch_size": 6, "score_thresh": 0.0}
 #: PaddleX's batch size of a module whose settings leave it out (its create_model's).
 MODULE_BATCH_SIZE = 1
 
-#: CPU workers of the pipeline's CPU steps: the OCR page's decode, resize and crops (numpy and OpenCV,
-#: which release the GIL for much of it) on two threads. The environment variable
+#: CPU workers of a pipeline's CPU steps: an image's decode, resizes and crops (numpy and OpenCV, which
+#: release the GIL for much of it) on two threads. The environment variable
 #: ``PLACEENV_PADDLEX_CPU_WORKERS`` (a whole number, 1 to 64), read when a pipeline file is read, sets
 #: another count, for tuning and ``benchmarks/paddlex_serving.py --cpu-scaling``.
 CPU_WORKERS = 2
@@ -120,25 +121,31 @@ def _ocr(name: str, path: Path, raw: dict[str, Any], refuse, workers: int, max_b
             batches[key] = _batch_size(refuse, key, module)
     from . import paddlex_ocr  # the CPU steps' classes (PaddleX's processors load with their replicas)
 
-    for key in LABELS.keys() & modules.keys():
-        _classifier(refuse, key, dirs[key], LABELS[key])
-    entries = {names[key]: _export(names[key], dirs[key], module, batches[key], max_batch_delay_ms, refuse)
+    shorts = {key: _classifier(refuse, key, dirs[key], LABELS[key]) for key in LABELS.keys() & modules.keys()}
+    entries = {names[key]: _export(names[key], key, dirs[key], module, batches[key], max_batch_delay_ms, refuse)
                for key, module in modules.items()}
-    def where(key: str) -> str | None:  # a module's export directory; None where the file does not use it
+    # Each export's one input and its first output, by module (PaddleX's predictors feed and read them so).
+    io = {key: (entries[names[key]].default.inputs[0].name, entries[names[key]].default.outputs[0].name)
+          for key in modules}
+
+    def export_dir(key: str) -> str | None:  # None where the file does not use the module
         return str(dirs[key]) if key in dirs else None
 
-    settings = {"detection": detection, "recognition": recognition, "det_dir": where("TextDetection"),
-                "rec_dir": where("TextRecognition"), "rec_model": names["TextRecognition"],
+    settings = {"detection": detection, "recognition": recognition, "det_dir": export_dir("TextDetection"),
+                "rec_dir": export_dir("TextRecognition"), "rec_model": names["TextRecognition"],
                 "text_type": raw.get("text_type"), "textline_model": names.get("TextLineOrientation"),
-                "textline_dir": where("TextLineOrientation"), "textline_batch_size": batches.get("TextLineOrientation"),
-                "doc": doc, "orientation_model": names.get("DocOrientationClassify"),
-                "orientation_dir": where("DocOrientationClassify"), "unwarping_model": names.get("DocUnwarping")}
+                "textline_dir": export_dir("TextLineOrientation"),
+                "textline_batch_size": batches.get("TextLineOrientation"), "doc": doc,
+                "orientation_model": names.get("DocOrientationClassify"),
+                "orientation_dir": export_dir("DocOrientationClassify"),
+                "orientation_short": shorts.get("DocOrientationClassify"),
+                "unwarping_model": names.get("DocUnwarping"), "io": io}
     for step, cls in (("prepare", paddlex_ocr.Prepare), ("read", paddlex_ocr.Read)):
         entries[names[step]] = _cpu_step(names[step], path.parent, cls, settings, fingerprint, workers)
     about = {"pipeline_name": kind, "text_type": raw.get("text_type", "general"), "detection": detection,
              "recognition": recognition, "use_textline_orientation": textline, "textline_orientation": textline,
              "doc_preprocessor": doc}
-    return entries, _pipeline_config(kind, path, modules, names), about
+    return entries, _pipeline_config(kind, path, modules, names, io["TextDetection"]), about
 
 
 def _classification(name: str, path: Path, raw: dict[str, Any], refuse, workers: int, max_batch_size: int,
@@ -157,16 +164,16 @@ def _classification(name: str, path: Path, raw: dict[str, Any], refuse, workers:
         raise refuse(f"SubModules has no {key}: give its module_name, model_name and model_dir (a PaddleX export "
                      "directory)")
     directory = _model_dir(refuse, path, module, key)
-    _classifier(refuse, key, directory, None)
+    short = _classifier(refuse, key, directory, None)
     topk = module.get("topk")
-    if topk is not None and (type(topk) is not int or not 1 <= topk <= 100_000):
-        raise refuse(f"SubModules.{key}: topk {topk!r}: give a whole number from 1 to 100000, or leave it out (the "
-                     "export's inference.yml's)")
+    if topk is not None and (type(topk) is not int or not 1 <= topk <= TOPK_MAX):
+        raise refuse(f"SubModules.{key}: topk {topk!r}: give a whole number from 1 to {TOPK_MAX}, or leave it out "
+                     "(the export's inference.yml's)")
     names = {step: f"{name}.{step}" for step in ("prepare", key, "top")}
-    model = _export(names[key], directory, module, _batch_size(refuse, key, module), max_batch_delay_ms, refuse)
-    (given,), (answer,) = model.default.inputs, model.default.outputs[:1]
+    model = _export(names[key], key, directory, module, _batch_size(refuse, key, module), max_batch_delay_ms, refuse)
+    given, scores = model.default.inputs[0].name, model.default.outputs[0].name
     entries = {names[key]: model}
-    settings, fingerprint = {"dir": str(directory), "topk": topk}, config_fingerprint(path)
+    settings, fingerprint = {"dir": str(directory), "topk": topk, "short": short}, config_fingerprint(path)
     for step, cls in (("prepare", steps.Prepare), ("top", steps.Top)):
         entries[names[step]] = _cpu_step(names[step], path.parent, cls, settings, fingerprint, workers)
     config = ModelConfig(
@@ -175,7 +182,7 @@ def _classification(name: str, path: Path, raw: dict[str, Any], refuse, workers:
         outputs=[TensorOverride(name=s.name, datatype=s.datatype, shape=list(s.shape)) for s in steps.OUTPUTS],
         pipeline=[
             Step(model=names["prepare"], inputs={"image": "image"}, outputs={"x": "x"}),
-            Step(model=names[key], inputs={given.name: "x"}, outputs={answer.name: "probabilities"}),
+            Step(model=names[key], inputs={given: "x"}, outputs={scores: "probabilities"}, parameters=False),
             Step(model=names["top"], inputs={"probabilities": "probabilities"},
                  outputs={s.name: s.name for s in steps.OUTPUTS}),
         ])
@@ -183,10 +190,10 @@ def _classification(name: str, path: Path, raw: dict[str, Any], refuse, workers:
 
 
 def _modules(refuse, raw: dict[str, Any]) -> tuple[str, dict[str, dict], dict[str, bool] | None]:
-    """The file's pipeline kind; its SubModules served, by key (text detection and recognition, text-line
+    """An OCR file's kind; its SubModules served, by key (text detection and recognition, text-line
     orientation and the document preprocessor's where the file turns them on); and the document
-    preprocessor's switches (None where the file turns it off). Refused where the kind is not served, a
-    switch is not True or False, or a SubModule or sub-pipeline needed is missing."""
+    preprocessor's switches (None where the file turns it off). Refused where a switch is not True or
+    False, or a SubModule or sub-pipeline needed is missing."""
     kind = raw["pipeline_name"]
     given = raw.get("SubModules") or {}
     wanted = [*SUPPORTED[kind], *(key for switch, key in OPTIONAL.items() if _switch(refuse, raw, switch))]
@@ -226,23 +233,28 @@ def _switch(refuse, raw: dict[str, Any], switch: str, where: str = "") -> bool:
     return value
 
 
-def _classifier(refuse, key: str, directory: Path, labels: tuple[str, ...] | None) -> None:
-    """Refuse a classifier export whose ``inference.yml`` PaddleX's classification predictor could not run
-    (no ``ResizeImage`` size, no ``Topk``), or whose classes are not the module's ``labels`` (any: None)."""
+def _classifier(refuse, key: str, directory: Path, labels: tuple[str, ...] | None) -> int | None:
+    """A classifier export's ``ResizeImage resize_short`` (None: a fixed size). Refused where its
+    ``inference.yml`` is not one PaddleX's classification predictor runs (no ``ResizeImage`` size, no
+    ``Topk`` with its ``topk``), or its classes are not the module's ``labels`` (any: None)."""
     from .paddlex_ocr import _transform_ops
 
     ops, post = _transform_ops(str(directory))
     topk = post.get("Topk")
     resize = ops.get("ResizeImage") or {}
-    if not (resize.get("size") or resize.get("resize_short")) or not isinstance(topk, dict):
+    if (not (resize.get("size") or resize.get("resize_short")) or not isinstance(topk, dict)
+            or topk.get("topk") is None):
         raise refuse(f"{_where(key)}: {directory / 'inference.yml'} is not a classifier's inference.yml "
-                     "(PreProcess ResizeImage, PostProcess Topk): give the model_dir of its PaddleX export")
+                     "(PreProcess ResizeImage, PostProcess Topk with topk): give the model_dir of its PaddleX export")
     given = topk.get("label_list")
-    # The text-line classes are read by number, the document's angle from the class's name.
+    # The text-line classes are read by number, the page's angle from the class's name: that needs the names.
     named = key in DOC_PREPROCESSOR.values()
-    if labels is not None and given is not None and (len(given) != len(labels) or named and sorted(map(str, given)) != sorted(labels)):
+    if labels is not None and (given is None and named or given is not None and (
+            len(given) != len(labels) or named and sorted(map(str, given)) != sorted(labels))):
+        has = "no label_list" if given is None else f"{len(given)} ({', '.join(map(str, given))})"
         raise refuse(f"{_where(key)}: a {key} model answers {len(labels)} classes ({', '.join(labels)}); "
-                     f"{directory} has {len(given)} ({', '.join(map(str, given))})")
+                     f"{directory} has {has}")
+    return resize.get("resize_short")
 
 
 def _where(key: str) -> str:
@@ -257,8 +269,10 @@ def _batch_size(refuse, key: str, module: dict) -> int:
     return size
 
 
-def _pipeline_config(kind: str, path: Path, modules: dict[str, dict], names: dict[str, str]) -> ModelConfig:
-    """The pipeline's config over its models (``names``, by step): its steps, inputs and outputs."""
+def _pipeline_config(kind: str, path: Path, modules: dict[str, dict], names: dict[str, str],
+                     detector: tuple[str, str]) -> ModelConfig:
+    """The pipeline's config over its models (``names``, by step; the ``detector``'s input and output
+    names): its steps, inputs and outputs."""
     return ModelConfig(
         description=f"PaddleX's {kind} pipeline ({path.name}): "
                     + ", ".join(str(m.get("model_name")) for m in modules.values()),
@@ -268,7 +282,8 @@ def _pipeline_config(kind: str, path: Path, modules: dict[str, dict], names: dic
             Step(model=names["prepare"], inputs={"image": "image"},
                  outputs={"x": "x", "page": "page", "shape": "shape",
                           "doc_preprocessor_angle": "doc_preprocessor_angle"}),
-            Step(model=names["TextDetection"], inputs={"x": "x"}, outputs={"fetch_name_0": "maps"}),
+            Step(model=names["TextDetection"], inputs={detector[0]: "x"}, outputs={detector[1]: "maps"},
+                 parameters=False),
             Step(model=names["read"], inputs={"maps": "maps", "page": "page", "shape": "shape"},
                  outputs={s.name: s.name for s in OUTPUTS if s.name != "doc_preprocessor_angle"}),
         ])
@@ -301,19 +316,21 @@ def _model_dir(refuse, path: Path, module: dict, key: str) -> Path:
     return directory.resolve()
 
 
-def _export(name: str, directory: Path, module: dict, batch: int, delay_ms: float, refuse) -> Entry:
-    """A SubModule's export as a model: a Predictor (oneDNN as the module's ``engine_config.run_mode``
-    says: ``paddle`` off, ``mkldnn`` on; else on, and off where it cannot run the program)."""
+def _export(name: str, key: str, directory: Path, module: dict, batch: int, delay_ms: float, refuse) -> Entry:
+    """SubModule ``key``'s export as model ``name``: a Predictor (oneDNN as the module's
+    ``engine_config.run_mode`` says: ``paddle`` off, ``mkldnn`` on; else on, and off where it cannot run the
+    program). Refused unless it takes one tensor (the image, as PaddleX's predictors feed it), and for
+    the unwarping model unless it answers an image."""
     engine = module.get("engine_config") or {}
     run_mode = engine.get("run_mode")
     # Unset, the service's default (every core), not PaddleX's 10: here a Predictor's runs leave the GIL and
     # overlap, and more threads than cores then take turns on them (docs/benchmarks.md, "Predictor runs").
     cpu_threads = engine.get("cpu_threads")
     if cpu_threads is not None and (not isinstance(cpu_threads, int) or not 1 <= cpu_threads <= 1024):
-        raise refuse(f"SubModules: {name}: engine_config cpu_threads {cpu_threads!r}: give a whole number from 1 "
+        raise refuse(f"{_where(key)}: engine_config cpu_threads {cpu_threads!r}: give a whole number from 1 "
                      "to 1024, or leave it out (every core)")
     if run_mode not in (None, "paddle", "mkldnn"):
-        raise refuse(f"SubModules: {name}: engine_config run_mode {run_mode!r} is not served here; use paddle "
+        raise refuse(f"{_where(key)}: engine_config run_mode {run_mode!r} is not served here; use paddle "
                      "or mkldnn (on a CPU), or leave it out")
     config = ModelConfig(
         description=f"PaddleX {module.get('module_name')}: {module.get('model_name')} ({directory})",
@@ -321,7 +338,18 @@ def _export(name: str, directory: Path, module: dict, batch: int, delay_ms: floa
         # No batch_padding for the recogniser: a group padded wider to join another page's changes its scores
         # (by up to 0.015 on the test pages), and PaddleX's own groups of batch_size fill a batch already.
         inference=InferenceOptions(onednn=run_mode != "paddle", cpu_threads=cpu_threads))
-    return load_entry(name, directory, config, None, batch, delay_ms)
+    entry = load_entry(name, directory, config, None, batch, delay_ms)
+    version = entry.default
+    if len(version.inputs) != 1 or not version.outputs:
+        raise refuse(f"{_where(key)}: {directory} takes {len(version.inputs)} inputs "
+                     f"({', '.join(s.name for s in version.inputs)}) and answers {len(version.outputs)}; a "
+                     f"{module.get('module_name')} export takes one, the image: give the model_dir of its PaddleX "
+                     "export")
+    shape = version.outputs[0].shape
+    if key == "DocUnwarping" and (len(shape) != 4 or shape[1] not in (3, -1)):
+        raise refuse(f"{_where(key)}: {directory} answers {list(shape)}; an unwarping model answers the page, "
+                     "[N, 3, H, W]: give the model_dir of UVDoc's PaddleX export")
+    return entry
 
 
 def _cpu_step(name: str, directory: Path, cls, settings: dict, fingerprint: str, workers: int) -> Entry:

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..protocol import paddlex as settings_of
 from .base import Model, TensorSpec
-from .paddlex_ocr import Classifier, decoded
+from .paddlex_ocr import Classifier, check_resize, decoded
 
 OUTPUTS = (TensorSpec("class_ids", "INT32", (-1,)), TensorSpec("scores", "FP32", (-1,)),
            TensorSpec("label_names", "BYTES", (-1,)))
@@ -33,7 +33,9 @@ class Prepare(Model):
 
     def preprocess(self, inputs):
         settings_of.topk(self.request_parameters)  # a bad topk is the request's 400 before any step runs
-        return {"image": decoded(inputs)[None]}
+        image = decoded(inputs)
+        check_resize(image, self.context.parameters["short"])
+        return {"image": image[None]}
 
     def execute(self, inputs):
         x = self.classifier.prepare([inputs["image"].numpy()[0]])

@@ -1,7 +1,9 @@
 """The CPU steps of a PaddleX OCR pipeline (``models/paddlex.py``), with PaddleX's own processors as a
-library (``paddlex[ocr-core]``, the service extra): the same resize, normalisation, DB postprocess, box
-sort, crops, recogniser groups and CTC decode as PaddleX's ``OCR`` pipeline, so the answers are PaddleX's.
-Only the networks run elsewhere: the export's models, on the devices, batched across requests.
+library (``paddlex[ocr-core]``, the service extra): the same page orientation and unwarping (its
+``doc_preprocessor`` pipeline's), resize, normalisation, DB postprocess, box sort, crops, text-line
+orientation, recogniser groups and CTC decode as PaddleX's ``OCR`` pipeline, so the answers are
+PaddleX's. Only the networks run elsewhere: the exports' models, on the devices, batched across requests.
+``Classifier`` and ``decoded`` serve the image classification pipeline's steps too.
 
 Each step's settings are its context's ``parameters`` (the pipeline file's, with PaddleX's defaults),
 overridden by the request's parameters of PaddleX's ``pipeline.predict`` names (``text_det_thresh`` ...,
@@ -47,6 +49,21 @@ def decoded(inputs) -> np.ndarray:
         raise InputError(f"input 'image': not an image OpenCV can decode ({len(blob)} bytes, starting "
                          f"{bytes(blob[:8])!r}); send a JPEG, PNG, BMP, TIFF or WebP file's bytes")
     return image
+
+
+#: The most pixels a classifier's resize may make of one image (``check_resize``).
+MAX_RESIZED_PIXELS = 1 << 24
+
+
+def check_resize(image: np.ndarray, short: int | None) -> None:
+    """``InputError`` for an image whose classifier resize (its shorter side to ``short``, the export's
+    ``resize_short``; None: a fixed size) would make over ``MAX_RESIZED_PIXELS``: a thin strip of a few bytes
+    would otherwise take gigabytes. Run in ``preprocess``, where the replica may not be loaded."""
+    height, width = image.shape[:2]
+    if short and short * short * max(height, width) / max(min(height, width), 1) > MAX_RESIZED_PIXELS:
+        raise InputError(f"input 'image': {width}x{height} px, its shorter side resized to {short} px for the "
+                         f"classifier, would make over {MAX_RESIZED_PIXELS // 1_000_000} million pixels; send an image "
+                         f"whose sides are within 1:{MAX_RESIZED_PIXELS // short ** 2}")
 
 
 class Classifier:
@@ -118,7 +135,7 @@ class Prepare(Model):
                                         order=norm.get("order", ""))
         self.chw = ToCHWImage()
         parameters = context.parameters
-        self.doc = parameters.get("doc")
+        self.doc, self.io = parameters.get("doc"), parameters["io"]
         self.orientation = self.unwarping = None
         if parameters.get("orientation_model") is not None:
             from paddlex.inference.pipelines.components.common.warp_image import rotate_image
@@ -136,27 +153,34 @@ class Prepare(Model):
 
     def preprocess(self, inputs):
         asked = settings_of.requested(self.request_parameters)  # every OCR setting, Read's too: a bad one is a 400
-        settings_of.doc_preprocessing(self.context.parameters.get("doc"), asked)
+        doc = settings_of.doc_preprocessing(self.context.parameters.get("doc"), asked)
         # (On the replica that only preprocesses too, which is not loaded: its context says.)
         if asked.get("use_textline_orientation") and self.context.parameters.get("textline_model") is None:
             raise InputError("parameter use_textline_orientation true: this pipeline has no text-line orientation "
                              "model (its file turns use_textline_orientation off, or gives no TextLineOrientation "
                              "SubModule); send false or leave it out")
-        return {"image": decoded(inputs)[None]}
+        page = decoded(inputs)
+        if (doc or {}).get("use_doc_orientation_classify"):
+            check_resize(page, self.context.parameters["orientation_short"])
+        return {"image": page[None]}
 
     def execute(self, inputs):
         page, angle = inputs["image"].numpy()[0], -1
         doc = settings_of.doc_preprocessing(self.doc, self.request_parameters)
         if doc and doc["use_doc_orientation_classify"]:
-            scores = self.infer(self.orientation_model, {"x": self.orientation.prepare([page])}, parameters={})
-            _, _, labels = self.orientation.top(next(iter(scores.values())), 1)
+            given, answer = self.io["DocOrientationClassify"]
+            scores = self.infer(self.orientation_model, {given: self.orientation.prepare([page])}, [answer],
+                                parameters={})
+            _, _, labels = self.orientation.top(scores[answer], 1)
             angle = int(labels[0][0])  # PaddleX's: the class's name is the angle that sets the page upright
             page = self.rotate(page, angle)
         if doc and doc["use_doc_unwarping"]:
             normalize, chw, batch = self.unwarping
-            flat = self.infer(self.unwarping_model, {"x": batch(chw(normalize([page])))[0]}, parameters={})
-            # PaddleX's: the model's image (RGB as it answers it, to BGR), its pipeline's channels reversed.
-            page = np.ascontiguousarray(self.unwarped([next(iter(flat.values()))])[0][:, :, ::-1])
+            given, answer = self.io["DocUnwarping"]
+            flat = self.infer(self.unwarping_model, {given: batch(chw(normalize([page])))[0]}, [answer], parameters={})
+            # PaddleX's: DocTrPostProcess reverses the model's channels (BGR, as it was given the page), and its
+            # pipeline reverses them back.
+            page = np.ascontiguousarray(self.unwarped([flat[answer]])[0][:, :, ::-1])
         settings, _ = settings_of.used(self.settings, {}, self.request_parameters)
         resized, shapes = self.resize([page], limit_side_len=settings["limit_side_len"],
                                       limit_type=settings["limit_type"], max_side_limit=settings["max_side_limit"])
@@ -187,7 +211,7 @@ class Read(Model):
 
         parameters = context.parameters
         self.detection, self.recognition = parameters["detection"], parameters["recognition"]
-        self.rec_model = parameters["rec_model"]
+        self.rec_model, self.io = parameters["rec_model"], parameters["io"]
         _, post = _transform_ops(parameters["det_dir"])
         self.post = DBPostProcess(thresh=self.detection["thresh"], box_thresh=self.detection["box_thresh"],
                                   unclip_ratio=self.detection["unclip_ratio"],
@@ -242,11 +266,12 @@ class Read(Model):
         """Each crop's class by the text-line orientation model (0: upright, 1: turned 180 degrees), in
         groups of its batch size, all queued at once (a crop's class does not depend on its group)."""
         groups = [crops[start:start + self.textline_batch] for start in range(0, len(crops), self.textline_batch)]
-        answers = self.infer_all(self.textline_model, [{"x": self.textline.prepare(group)} for group in groups],
-                                 parameters={})
+        given, scores = self.io["TextLineOrientation"]
+        answers = self.infer_all(self.textline_model, [{given: self.textline.prepare(group)} for group in groups],
+                                 [scores], parameters={})
         found = []
         for answer in answers:
-            ids, _, _ = self.textline.top(next(iter(answer.values())), 1)
+            ids, _, _ = self.textline.top(answer[scores], 1)
             found.extend(int(row[0]) for row in ids)
         return found
 
@@ -259,10 +284,11 @@ class Read(Model):
         batches = [self.rec_batch(self.rec_resize([crops[i] for i in group]))[0] for group in groups]
         # The recogniser reads no parameters: called without the request's ({}), its crops share forward
         # passes with every request's, whatever their settings (a batch joins only equal parameters).
-        answers = self.infer_all(self.rec_model, [{"x": batch} for batch in batches], outputs=["fetch_name_0"],
+        given, probabilities = self.io["TextRecognition"]
+        answers = self.infer_all(self.rec_model, [{given: batch} for batch in batches], outputs=[probabilities],
                                  parameters={})
         found: dict[int, tuple[str, float]] = {}
         for group, answer in zip(groups, answers):
-            texts, scores = self.decode([answer["fetch_name_0"]])
+            texts, scores = self.decode([answer[probabilities]])
             found.update((i, (text, float(score))) for i, text, score in zip(group, texts, scores))
         return [found[i] for i in range(len(crops))]

@@ -37,6 +37,8 @@ NUMBER = {"text_det_thresh": (0.0, 1.0), "text_det_box_thresh": (0.0, 1.0), "tex
 LIMIT_TYPES = ("min", "max", "resize_long")
 #: The modules a request turns on or off (true or false; left out, the pipeline file's choice).
 SWITCHES = ("use_textline_orientation", "use_doc_orientation_classify", "use_doc_unwarping")
+#: The most classes an image classification answer lists (a bound of ours: PaddleX takes any above 0).
+TOPK_MAX = 100_000
 #: The document preprocessor's switches, as PaddleX's ``pipeline.predict`` names them.
 DOC_SWITCHES = ("use_doc_orientation_classify", "use_doc_unwarping")
 
@@ -131,7 +133,7 @@ def topk(parameters: Mapping[str, Any]) -> int | None:
     """An image classification request's ``topk`` (how many classes its answer lists), checked; None
     where it sends none (the pipeline's own)."""
     value = parameters.get("topk")
-    if value is not None and (type(value) is not int or not 1 <= value <= 100_000):
-        raise InvalidInput(f"parameter topk {prefix(value)}: send a whole number from 1 to 100000 (left out: the "
-                           "pipeline file's topk)")
+    if value is not None and (type(value) is not int or not 1 <= value <= TOPK_MAX):
+        raise InvalidInput(f"parameter topk {prefix(value)}: send a whole number from 1 to {TOPK_MAX} (left out: the "
+                           "pipeline file's topk, else its model's)")
     return value

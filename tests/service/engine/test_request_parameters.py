@@ -6,7 +6,8 @@ model ``request.parameters()`` (tests/repository: ``params`` shows what its prep
   parameters the service reads (``timeout``, ``priority``) and Triton's reserved ones never reach it;
 * a batch joins only requests of the same parameters (``dispatch.batch_key``): queued together, requests
   of two parameter sets and none run as a batch of each, and the same parameters share one (the control);
-* a model's call has its request's parameters, or its own when it gives them;
+* a model's call has its request's parameters, or its own when it gives them; a pipeline's step has them,
+  unless the step says ``parameters: false`` (tests/repository/params_pipeline);
 * what a parameter may be (a bool, a whole number, a number, a short string; 32 at most) is a 400 naming it.
 """
 
@@ -28,7 +29,7 @@ X = np.arange(8, dtype=np.float32).reshape(2, 4)
 @pytest.fixture(scope="module")
 def service_settings():
     # One worker: what a held worker leaves queued is what its next batches are made of.
-    return {"MODELS": "gate,params,params_caller", "DEVICES": "sim:0", "WORKERS_PER_DEVICE": 1,
+    return {"MODELS": "gate,params,params_caller,params_pipeline", "DEVICES": "sim:0", "WORKERS_PER_DEVICE": 1,
             "MODEL_REPOSITORY": TEST_REPOSITORY, "MAX_BATCH_SIZE": MAX_BATCH, "GRPC_PORT": free_port()}
 
 
@@ -108,6 +109,16 @@ def test_a_models_call_has_its_requests_parameters_or_its_own(service):
     rows, y = over_rest(service.url, "params_caller", {"call_with": "inner", "add": 1})
     assert rows == [{"tag": "inner"}] * 2 and np.array_equal(y, X)  # its own, in place of the request's
     assert over_rest(service.url, "params_caller", None)[0] == [{}, {}]
+
+
+def test_a_pipeline_step_has_its_requests_parameters_unless_it_says_parameters_false(service):
+    answer = httpx.post(f"{service.url}/v2/models/params_pipeline/infer", json=body(X, SENT), timeout=30)
+    assert answer.status_code == 200, answer.text
+    outputs = {o["name"]: o for o in answer.json()["outputs"]}
+    assert [json.loads(t) for t in outputs["seen"]["data"]] == [SENT, SENT]
+    assert [json.loads(t) for t in outputs["seen_without"]["data"]] == [{}, {}]
+    np.testing.assert_array_equal(np.reshape(outputs["y"]["data"], X.shape), X + 2)
+    np.testing.assert_array_equal(np.reshape(outputs["y_without"]["data"], X.shape), X)  # "add" not read
 
 
 @pytest.mark.parametrize("parameters, says", [

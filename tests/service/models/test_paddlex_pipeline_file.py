@@ -20,17 +20,16 @@ DOCPRE = paddlex_reference.DOCPRE_PIPELINE
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     """The five exports, as a user places them beside a pipeline file. Reading a file runs no network, so
-    the places of the text-line classifier and the document preprocessor's models hold the recogniser's
-    program with their inference.yml (tests/e2e/test_paddlex_textline.py and test_paddlex_docpre.py run
-    theirs)."""
+    the text-line classifier's place holds the recogniser's program with the classifier's inference.yml
+    (tests/e2e/test_paddlex_textline.py runs the trained one); the document preprocessor's are its stand-ins
+    (built in seconds)."""
     directory = tmp_path_factory.mktemp("ocr")
     for kind in ("det", "rec"):
         shutil.copytree(ocr_models.models()[kind], directory / ocr_models.NAMES[kind])
-    for name, yml in ((CLASSIFIER, textline_model.INFERENCE_YML),
-                      (docpre_models.ORIENTATION, docpre_models.ORIENTATION_YML),
-                      (docpre_models.UNWARPING, docpre_models.UNWARPING_YML)):
-        shutil.copytree(ocr_models.models()["rec"], directory / name)
-        (directory / name / "inference.yml").write_text(yml)
+    shutil.copytree(ocr_models.models()["rec"], directory / CLASSIFIER)
+    (directory / CLASSIFIER / "inference.yml").write_text(textline_model.INFERENCE_YML)
+    for name in (docpre_models.ORIENTATION, docpre_models.UNWARPING):
+        docpre_models.copy_to(name, directory / name)
     return directory
 
 
@@ -84,7 +83,7 @@ def test_a_batch_size_left_out_is_paddlexs_one(folder):
      "SubModules.TextLineOrientation: batch_size 0"),
     (("model_dir: PP-LCNet_x0_25_textline_ori", "model_dir: nowhere"), "inference.json, inference.pdiparams"),
     (("model_dir: PP-LCNet_x0_25_textline_ori", "model_dir: PP-OCRv5_mobile_det"),
-     "a classifier's inference.yml (PreProcess ResizeImage, PostProcess Topk)"),
+     "a classifier's inference.yml (PreProcess ResizeImage, PostProcess Topk with topk)"),
     (("use_doc_preprocessor: False\n", ""), "set use_doc_preprocessor: False"),  # PaddleX's default: on
     (("use_doc_preprocessor: False", "use_doc_preprocessor: 1"), "use_doc_preprocessor 1: give True or False"),
 ])
@@ -142,17 +141,33 @@ def test_a_wrong_document_preprocessor_is_refused_naming_what_to_give(folder, ch
     with pytest.raises(RepositoryError) as refused:
         _read(folder, text.replace(*change, 1))
     assert says in str(refused.value), str(refused.value)
-    if "has no" in says:  # and the switch that turns it off
-        assert "False" in str(refused.value)
+    if "SubPipelines has no" in says:  # and the switch that turns it off
+        assert "or set use_doc_preprocessor: False" in str(refused.value)
+    elif "has no" in says:
+        assert "or set use_doc_unwarping: False in SubPipelines.DocPreprocessor" in str(refused.value)
 
 
-def test_a_page_classifier_whose_classes_are_not_angles_is_refused(folder, tmp_path):
+def test_an_unwarping_model_that_does_not_answer_a_page_is_refused(folder):
+    with pytest.raises(RepositoryError) as refused:  # the recogniser's export answers [N, T, classes]
+        _read(folder, DOCPRE.read_text().replace("model_dir: UVDoc", "model_dir: PP-OCRv5_mobile_rec"))
+    assert "DocUnwarping: " in str(refused.value) and "an unwarping model answers the page, [N, 3, H, W]" in \
+        str(refused.value)
+
+
+@pytest.mark.parametrize("change, says", [
+    (("- '90'", "- '90_degree'"), "(0, 90_degree, 180, 270)"),
+    (("  Topk:\n    topk: 1\n    label_list:\n    - '0'\n    - '90'\n    - '180'\n    - '270'\n", "  Topk:\n    topk: 1\n"),
+     "has no label_list"),
+    (("    topk: 1\n", ""), "PostProcess Topk with topk"),
+])
+def test_a_page_classifier_whose_classes_are_not_named_angles_is_refused(folder, tmp_path, change, says):
     other = tmp_path / "named"
     shutil.copytree(folder / docpre_models.ORIENTATION, other)
-    (other / "inference.yml").write_text(docpre_models.ORIENTATION_YML.replace("- '90'", "- '90_degree'"))
+    assert change[0] in docpre_models.ORIENTATION_YML
+    (other / "inference.yml").write_text(docpre_models.ORIENTATION_YML.replace(*change))
     with pytest.raises(RepositoryError) as refused:
         _read(folder, DOCPRE.read_text().replace("model_dir: PP-LCNet_x1_0_doc_ori", f"model_dir: {other}"))
-    assert "(0, 90_degree, 180, 270)" in str(refused.value)
+    assert says in str(refused.value), str(refused.value)
 
 
 CLASSIFICATION = paddlex_reference.PIPELINE.with_name("image_classification_pipeline.yaml")
