@@ -19,10 +19,8 @@ import cv2
 import httpx
 import numpy as np
 import pytest
-import tritonclient.http as th
 from loadtest import pages
 from support import docpre_models, paddlex_reference
-from support.servers import ServiceProcess
 
 PIPELINE = paddlex_reference.PIPELINE.with_name("image_classification_pipeline.yaml")
 #: Pages the classifier reads surely, and each one's turn (its class's name).
@@ -58,18 +56,12 @@ def reference(images):
 
 @pytest.fixture(scope="module")
 def served(repository):
-    proc = ServiceProcess(devices="cpu", models="classify", model_repository=repository)
-    try:
-        yield proc.wait_ready()
-    finally:
-        proc.stop()
+    with paddlex_reference.served(repository, "classify") as proc:
+        yield proc
 
 
 def over_v2(url: str, data: bytes, parameters: dict | None = None) -> dict:
-    client = th.InferenceServerClient(url, network_timeout=120)
-    image = th.InferInput("image", [1], "BYTES")
-    image.set_data_from_numpy(np.array([data], dtype=object), binary_data=True)
-    result = client.infer("classify", [image], parameters=parameters)
+    result = paddlex_reference.over_v2(url, "classify", data, parameters)
     return {"class_ids": result.as_numpy("class_ids").tolist(), "scores": result.as_numpy("scores").tolist(),
             "label_names": [name.decode() for name in result.as_numpy("label_names")]}
 

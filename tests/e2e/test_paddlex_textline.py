@@ -23,12 +23,9 @@ import concurrent.futures
 import shutil
 
 import httpx
-import numpy as np
 import pytest
-import tritonclient.http as th
 from loadtest import pages
 from support import paddlex_reference
-from support.servers import ServiceProcess
 
 differences = paddlex_reference.differences
 
@@ -66,18 +63,12 @@ def reference(tmp_path_factory, page_set):
 
 @pytest.fixture(scope="module")
 def served(repository):
-    proc = ServiceProcess(devices="cpu", models="ocr", model_repository=repository)
-    try:
-        yield proc.wait_ready()
-    finally:
-        proc.stop()
+    with paddlex_reference.served(repository, "ocr") as proc:
+        yield proc
 
 
 def over_v2(url: str, data: bytes, parameters: dict | None = None) -> dict:
-    client = th.InferenceServerClient(url, network_timeout=120)
-    image = th.InferInput("image", [1], "BYTES")
-    image.set_data_from_numpy(np.array([data], dtype=object), binary_data=True)
-    result = client.infer("ocr", [image], parameters=parameters)
+    result = paddlex_reference.over_v2(url, "ocr", data, parameters)
     answer = {key: result.as_numpy(key) for key in FIELDS}
     answer["rec_texts"] = [text.decode() for text in answer["rec_texts"]]
     answer["textline_orientation_angles"] = answer["textline_orientation_angles"].tolist()

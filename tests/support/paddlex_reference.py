@@ -296,6 +296,29 @@ def serve(pipeline_yaml: Path | str, port: int, host: str = "127.0.0.1", **popen
                             **popen)
 
 
+@contextlib.contextmanager
+def served(repository: Path, models: str):
+    """The service on ``repository``'s ``models``, on the CPU, until the block ends."""
+    from .servers import ServiceProcess
+
+    proc = ServiceProcess(devices="cpu", models=models, model_repository=repository)
+    try:
+        yield proc.wait_ready()
+    finally:
+        proc.stop()
+
+
+def over_v2(url: str, model: str, data: bytes, parameters: dict | None = None):
+    """tritonclient's result of ``model`` (a served PaddleX pipeline) on one encoded image over v2 REST (``url``:
+    host:port), its outputs binary."""
+    import tritonclient.http as th
+
+    client = th.InferenceServerClient(url, network_timeout=120)
+    image = th.InferInput("image", [1], "BYTES")
+    image.set_data_from_numpy(np.array([data], dtype=object), binary_data=True)
+    return client.infer(model, [image], parameters=parameters)
+
+
 def differences(answer: dict, expected: dict) -> list[str]:
     """What differs between an answer and PaddleX's beyond the tolerances (nothing: [])."""
     if list(answer["rec_texts"]) != list(expected["rec_texts"]):
