@@ -11,7 +11,8 @@ quality 35 to 95 or PNG, and page sizes from 640x480 to 1600x1200.
 The fonts are Debian's DejaVu TrueType files in /usr/share/fonts/truetype/dejavu/, from Debian's
 ``fonts-dejavu-core`` (a fresh CI machine needs it); ``fonts()`` fails naming the package when
 one is missing. The bytes also depend on Pillow's drawing and encoders (and FreeType's
-rendering), so a reference is compared per run, never stored.
+rendering), so a reference answer is kept only by the pages' bytes (tests/support/paddlex_reference.py),
+never by their numbers.
 """
 
 from __future__ import annotations

@@ -17,7 +17,11 @@ make. Everything comes from PyPI: pip by name.
 script ``RUNNER`` below), on encoded images (bytes) or paths, and returns per image
 ``rec_texts, rec_scores, rec_polys, rec_boxes, dt_polys``; ``run_reference`` also returns the
 seconds each image took and the pipeline's creation time. ``reference_classification`` runs PaddleX's
-image classification predictor (what its ``image_classification`` pipeline runs) the same way. ``serve(pipeline_yaml, port)`` starts
+image classification predictor (what its ``image_classification`` pipeline runs) the same way. Both keep
+PaddleX's answers under the venv (``answers/``), by the digest of every input of the run (the runner, the
+pipeline file with its exports' files, the images, the fields) and of the venv's marker: the same inputs
+get PaddleX's same answer without a second PaddleX run, and any change (a page drawn differently by
+another Pillow, an export, PaddleX's venv) runs PaddleX again. ``serve(pipeline_yaml, port)`` starts
 ``paddlex --serve --pipeline FILE --port P``.
 
 Nothing here skips: what is missing is an ``Unavailable`` that says what to install.
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -241,8 +246,54 @@ def run_reference(pipeline_yaml: Path | str, images: list[bytes | Path | str], t
 
 def reference_ocr(pipeline_yaml: Path | str, images: list[bytes | Path | str], timeout: float = 1800,
                   fields: tuple[str, ...] = FIELDS) -> list[dict]:
-    """Per image, PaddleX's ``rec_texts, rec_scores, rec_polys, rec_boxes, dt_polys`` (JSON), or ``fields``."""
-    return run_reference(pipeline_yaml, images, timeout, fields)["results"]
+    """Per image, PaddleX's ``rec_texts, rec_scores, rec_polys, rec_boxes, dt_polys`` (JSON), or ``fields``:
+    PaddleX's answers for exactly these inputs, kept (``_kept``)."""
+    pipeline_yaml = Path(pipeline_yaml)
+    return _kept([RUNNER, _pipeline_text(pipeline_yaml), json.dumps(fields), *map(_content, images)],
+                 lambda: run_reference(pipeline_yaml, images, timeout, fields)["results"])
+
+
+def _content(image: bytes | Path | str) -> bytes:
+    return bytes(image) if isinstance(image, (bytes, bytearray)) else Path(image).read_bytes()
+
+
+def _pipeline_text(pipeline_yaml: Path) -> str:
+    """The pipeline file with each ``model_dir`` given as its files' digest, not its (temporary) place."""
+    lines = []
+    for line in pipeline_yaml.read_text().splitlines():
+        key, sep, value = line.partition("model_dir:")
+        if sep and Path(value.strip()).is_dir():
+            line = f"{key}model_dir: {_directory_digest(Path(value.strip()))}"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def _directory_digest(directory: Path) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+        digest.update(str(path.relative_to(directory)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def _kept(inputs: list[str | bytes], compute):
+    """``compute()``'s answer, kept under the reference venv by the digest of ``inputs`` (every input of the
+    reference run: the runner, the pipeline file and its exports' files, the images, the fields asked) and of
+    the venv's marker (a venv made anew answers anew). PaddleX's answer is a function of these alone, and a
+    run costs a PaddleX start and a pass over the images: CI runs each once a machine."""
+    python()  # the venv, made first: its marker is part of the key
+    digest = hashlib.sha256((venv_dir() / MARKER).read_bytes())
+    for part in inputs:
+        data = part.encode() if isinstance(part, str) else part
+        digest.update(hashlib.sha256(data).digest())
+    kept = venv_dir() / "answers" / f"{digest.hexdigest()[:32]}.json"
+    if kept.is_file():
+        return json.loads(kept.read_text())
+    found = compute()
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    staging = kept.with_suffix(f".{os.getpid()}.tmp")
+    staging.write_text(json.dumps(found))
+    os.replace(staging, kept)  # whole: a reader never sees half an answer
+    return found
 
 
 #: The script reference_classification runs in the venv: argv is the model's name, its export directory,
@@ -269,6 +320,13 @@ def reference_classification(model_name: str, model_dir: Path | str, images: lis
     runs: the pipeline itself needs ``paddlex[cv]``, whose packages its predictor does not use) on encoded
     ``images``, each with a request's topk (None: none), the file's ``topk`` given to the model as the
     pipeline gives it: per image ``class_ids, scores, label_names``."""
+    return _kept([CLASSIFIER_RUNNER, model_name, _directory_digest(Path(model_dir)), json.dumps(topk),
+                  *(part for image, k in images for part in (image, json.dumps(k)))],
+                 lambda: _classify(model_name, model_dir, images, topk, timeout))
+
+
+def _classify(model_name: str, model_dir: Path | str, images: list[tuple[bytes, int | None]], topk: int | None,
+              timeout: float) -> list[dict]:
     interpreter = python()
     with tempfile.TemporaryDirectory(prefix="paddlex-reference-") as scratch:
         asked = []
