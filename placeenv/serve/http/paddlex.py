@@ -142,10 +142,6 @@ def _ocr_settings(request, about: dict[str, Any]) -> dict[str, Any]:
     for key, what in NOT_SERVED.items():
         if getattr(request, key):
             raise InvalidInput(f"{key}: {what} are not served here; send {key}: false or leave it out")
-    if request.useTextlineOrientation and not about.get("textline_orientation"):
-        raise InvalidInput("useTextlineOrientation: the served pipeline has no text-line orientation model (its "
-                           "file turns use_textline_orientation off or gives no TextLineOrientation); send "
-                           "useTextlineOrientation: false or leave it out")
     found = {}
     for key, name in PER_REQUEST.items():
         value = getattr(request, key)
@@ -153,7 +149,9 @@ def _ocr_settings(request, about: dict[str, Any]) -> dict[str, Any]:
             continue
         try:
             settings_of.requested({name: value})
-            if name in settings_of.DOC_SWITCHES and value:  # refused where the pipeline has no model for it
+            # Refused where the pipeline has no model for it.
+            settings_of.textline_orientation(about["use_textline_orientation"], {name: value})
+            if name in settings_of.DOC_SWITCHES and value:
                 settings_of.doc_preprocessing(about.get("doc_preprocessor"), {name: True})
         except InvalidInput as exc:
             raise InvalidInput(f"{key}: {exc}") from None
@@ -250,8 +248,7 @@ def pruned_result(outputs: dict[str, np.ndarray], about: dict[str, Any],
     """PaddleX's ``prunedResult`` of the OCR pipeline, from the served pipeline's outputs and settings, and
     the request's ``parameters`` (its settings, shown as PaddleX shows them)."""
     det_params, score_thresh = settings_of.shown(about["detection"], about["recognition"], parameters or {})
-    textline = settings_of.switched("use_textline_orientation", about.get("use_textline_orientation", False),
-                                     parameters or {})
+    textline = settings_of.textline_orientation(about["use_textline_orientation"], parameters or {})
     doc = settings_of.doc_preprocessing(about.get("doc_preprocessor"), parameters or {})
     pruned: dict[str, Any] = {"model_settings": {"use_doc_preprocessor": doc is not None,
                                                  "use_textline_orientation": textline}}

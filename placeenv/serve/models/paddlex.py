@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ..protocol.paddlex import TOPK_MAX
-from .base import ModelContext, TensorSpec
+from .base import ModelContext
 from .inference import InferenceOptions
 from .configs import InstanceGroup, ModelConfig, RepositoryError, Step, TensorOverride
 from .entries import Entry, Version
@@ -72,12 +72,6 @@ def cpu_workers() -> int:
     if not given.isdigit() or not 1 <= int(given) <= 64:
         raise ValueError(f"{CPU_WORKERS_VARIABLE}={given!r}: expected a whole number of CPU workers, 1 to 64")
     return int(given)
-
-
-OUTPUTS = (TensorSpec("rec_texts", "BYTES", (-1,)), TensorSpec("rec_scores", "FP32", (-1,)),
-           TensorSpec("rec_polys", "INT32", (-1, 4, 2)), TensorSpec("rec_boxes", "INT32", (-1, 4)),
-           TensorSpec("dt_polys", "INT32", (-1, 4, 2)), TensorSpec("textline_orientation_angles", "INT32", (-1,)),
-           TensorSpec("doc_preprocessor_angle", "INT32", (1,)))
 
 
 def read(name: str, path: Path, max_batch_size: int, max_batch_delay_ms: float
@@ -143,8 +137,7 @@ def _ocr(name: str, path: Path, raw: dict[str, Any], refuse, workers: int, max_b
     for step, cls in (("prepare", paddlex_ocr.Prepare), ("read", paddlex_ocr.Read)):
         entries[names[step]] = _cpu_step(names[step], path.parent, cls, settings, fingerprint, workers)
     about = {"pipeline_name": kind, "text_type": raw.get("text_type", "general"), "detection": detection,
-             "recognition": recognition, "use_textline_orientation": textline, "textline_orientation": textline,
-             "doc_preprocessor": doc}
+             "recognition": recognition, "use_textline_orientation": textline, "doc_preprocessor": doc}
     return entries, _pipeline_config(kind, path, modules, names, io["TextDetection"]), about
 
 
@@ -272,12 +265,16 @@ def _batch_size(refuse, key: str, module: dict) -> int:
 def _pipeline_config(kind: str, path: Path, modules: dict[str, dict], names: dict[str, str],
                      detector: tuple[str, str]) -> ModelConfig:
     """The pipeline's config over its models (``names``, by step; the ``detector``'s input and output
-    names): its steps, inputs and outputs."""
+    names): its steps, inputs and outputs (the read step's, and the prepare step's page angle)."""
+    from .paddlex_ocr import Prepare, Read
+
+    angle = next(s for s in Prepare.outputs if s.name == "doc_preprocessor_angle")
     return ModelConfig(
         description=f"PaddleX's {kind} pipeline ({path.name}): "
                     + ", ".join(str(m.get("model_name")) for m in modules.values()),
         inputs=[TensorOverride(name="image", datatype="BYTES", shape=[1])],
-        outputs=[TensorOverride(name=s.name, datatype=s.datatype, shape=list(s.shape)) for s in OUTPUTS],
+        outputs=[TensorOverride(name=s.name, datatype=s.datatype, shape=list(s.shape))
+                 for s in (*Read.outputs, angle)],
         pipeline=[
             Step(model=names["prepare"], inputs={"image": "image"},
                  outputs={"x": "x", "page": "page", "shape": "shape",
@@ -285,7 +282,7 @@ def _pipeline_config(kind: str, path: Path, modules: dict[str, dict], names: dic
             Step(model=names["TextDetection"], inputs={detector[0]: "x"}, outputs={detector[1]: "maps"},
                  parameters=False),
             Step(model=names["read"], inputs={"maps": "maps", "page": "page", "shape": "shape"},
-                 outputs={s.name: s.name for s in OUTPUTS if s.name != "doc_preprocessor_angle"}),
+                 outputs={s.name: s.name for s in Read.outputs}),
         ])
 
 

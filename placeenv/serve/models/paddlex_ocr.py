@@ -153,12 +153,9 @@ class Prepare(Model):
 
     def preprocess(self, inputs):
         asked = settings_of.requested(self.request_parameters)  # every OCR setting, Read's too: a bad one is a 400
-        doc = settings_of.doc_preprocessing(self.context.parameters.get("doc"), asked)
         # (On the replica that only preprocesses too, which is not loaded: its context says.)
-        if asked.get("use_textline_orientation") and self.context.parameters.get("textline_model") is None:
-            raise InputError("parameter use_textline_orientation true: this pipeline has no text-line orientation "
-                             "model (its file turns use_textline_orientation off, or gives no TextLineOrientation "
-                             "SubModule); send false or leave it out")
+        doc = settings_of.doc_preprocessing(self.context.parameters.get("doc"), asked)
+        settings_of.textline_orientation(self.context.parameters.get("textline_model") is not None, asked)
         page = decoded(inputs)
         if (doc or {}).get("use_doc_orientation_classify"):
             check_resize(page, self.context.parameters["orientation_short"])
@@ -243,8 +240,7 @@ class Read(Model):
                 if crop.size > 0 and crop.shape[0] > 0 and crop.shape[1] > 0]
         crops = [crop for crop, _ in kept]
         angles = [-1] * len(crops)
-        if crops and self.textline is not None and settings_of.switched(
-                "use_textline_orientation", True, self.request_parameters):
+        if crops and settings_of.textline_orientation(self.textline is not None, self.request_parameters):
             # PaddleX's: each crop classified, class 1 (180 degrees) turned before it is read.
             angles = self._orientations(crops)
             crops = [self.rotate(crop, angle * 180) for crop, angle in zip(crops, angles)]

@@ -89,10 +89,16 @@ def used(detection: Mapping[str, Any], recognition: Mapping[str, Any],
     return groups["detection"], groups["recognition"]
 
 
-def switched(key: str, default: bool, parameters: Mapping[str, Any]) -> bool:
-    """A module's switch for a request: the request's ``key`` where it sends one, else ``default`` (the file's)."""
-    value = parameters.get(key)
-    return default if value is None else value
+def textline_orientation(served: bool, parameters: Mapping[str, Any]) -> bool:
+    """Whether a request's lines are classified: its ``use_textline_orientation`` where it sends one, else
+    the file's (``served``: the file turns it on exactly where it gives the model). ``InvalidInput`` where
+    it asks for it from a pipeline without the model."""
+    value = parameters.get("use_textline_orientation")
+    if value and not served:
+        raise InvalidInput("parameter use_textline_orientation true: this pipeline has no text-line orientation "
+                           "model (its file turns use_textline_orientation off, or gives no TextLineOrientation "
+                           "SubModule); send false or leave it out")
+    return served if value is None else value
 
 
 def shown(detection: Mapping[str, Any], recognition: Mapping[str, Any],

@@ -44,7 +44,7 @@ def test_text_line_orientation_is_a_model_of_the_repository_with_the_files_batch
     assert set(entries) == {"ocr.prepare", "ocr.TextDetection", "ocr.read", "ocr.TextLineOrientation",
                             "ocr.TextRecognition"}
     assert entries["ocr.TextLineOrientation"].max_batch_size == 6
-    assert about["use_textline_orientation"] is True and about["textline_orientation"] is True
+    assert about["use_textline_orientation"] is True
     read = entries["ocr.read"].versions[1].context.parameters
     assert read["textline_model"] == "ocr.TextLineOrientation" and read["textline_batch_size"] == 6
     assert "textline_orientation_angles" in [o.name for o in config.outputs]
@@ -54,7 +54,7 @@ def test_a_switch_that_is_off_leaves_the_model_out(folder):
     entries, _, about = _read(folder, TEXTLINE.read_text().replace("use_textline_orientation: True",
                                                                    "use_textline_orientation: False"))
     assert "ocr.TextLineOrientation" not in entries
-    assert about["textline_orientation"] is False
+    assert about["use_textline_orientation"] is False
     assert entries["ocr.read"].versions[1].context.parameters["textline_model"] is None
 
 
