@@ -69,6 +69,14 @@ def _extra_ca_certs() -> str:
     return "\n".join(c for c in pem.findall(system.read_text()) if c not in known) if system.exists() else ""
 
 
+def _prune(env: dict) -> None:
+    """Stopped containers and untagged images go: each build that changes a layer untags the last
+    one's images (about 2 GB an api build), and the data root outlives the run. The tagged images
+    stay, so the next build reuses their unchanged layers."""
+    _run(["docker", "container", "prune", "-f"], env, timeout=300)
+    _run(["docker", "image", "prune", "-f"], env, timeout=300)
+
+
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     """A dockerd of our own (its socket, data root and exec root), stopped at the end whatever happens."""
@@ -94,6 +102,7 @@ def engine(tmp_path_factory):
             return (run_dir / "dockerd.log").read_text()[-3000:]
 
         wait_until(answers, 60, lambda: f"dockerd did not answer: {tail()}", interval=0.5)
+        _prune(env)  # what a run killed before its teardown left
         yield env
     finally:
         daemon.send_signal(signal.SIGTERM)
@@ -168,6 +177,7 @@ def stack(engine, base_image, tmp_path_factory):
         logs = _run([*compose, "logs", "--no-color", "--tail=40"], env, check=False)
         print(logs.stdout[-6000:])
         _run([*compose, "--profile", "load", "down", "-v", "--remove-orphans"], env, check=False, timeout=300)
+        _prune(env)
 
 
 def _container(stack, service: str) -> str:
