@@ -33,7 +33,7 @@ engineer's tests, docs/benchmarks.md, "PaddleX serving").
 ``batch_size`` 1 on both sides: PaddleX 3.7.2 gives every crop of a larger batch its first crop's class)
 and pages with every third line upside down. ``--doc-preprocessor`` runs both on the file with the document
 preprocessor on (tests/support/ocr_docpre_pipeline.yaml, the page-orientation and unwarping stand-ins
-tests/support/docpre_models.py builds) and the pages bowed and turned by 0, 90, 180 and 270 degrees in turn.
+tests/support/standin_models.py builds) and the pages bowed and turned by 0, 90, 180 and 270 degrees in turn.
 
 ``--cpu-scaling`` measures instead how the pipeline's CPU steps scale from 1 to 2 CPU workers
 (``PLACEENV_PADDLEX_CPU_WORKERS``, models/paddlex.py): two services, 1 and 2 workers, interleaved, the
@@ -76,7 +76,7 @@ from bench_service import save_results  # noqa: E402
 
 from placeenv.testing import free_port  # noqa: E402
 from loadtest import pages as page_maker  # noqa: E402
-from tests.support import docpre_models  # noqa: E402
+from tests.support import standin_models  # noqa: E402
 from tests.support import paddlex_reference as reference  # noqa: E402
 
 logging.getLogger("httpx").setLevel(logging.WARNING)  # importing PaddleX would log every request
@@ -580,7 +580,7 @@ def main() -> None:
         parser.error("--textline-orientation and --doc-preprocessor: one file at a time")
     datas = [p.data for p in page_maker.pages(args.pages, upside_down=3 if args.textline_orientation else 0)]
     if args.doc_preprocessor:
-        datas = [docpre_models.turned(data, docpre_models.TURNS[i % 4], bow=True) for i, data in enumerate(datas)]
+        datas = [standin_models.turned(data, standin_models.TURNS[i % 4], bow=True) for i, data in enumerate(datas)]
     with tempfile.TemporaryDirectory(prefix="paddlex-serving-") as scratch:
         tmp = Path(scratch)
         if args.textline_orientation:

@@ -1,7 +1,7 @@
 """PaddleX's image classification pipeline, served from its file with no code, against PaddleX itself.
 
 The file is PaddleX's image_classification.yaml with its model a page-orientation classifier
-(tests/support/image_classification_pipeline.yaml; the stand-in tests/support/docpre_models.py builds,
+(tests/support/image_classification_pipeline.yaml; the stand-in tests/support/standin_models.py builds,
 since no image classifier can be downloaded here). The images are the OCR tests' pages turned each way.
 PaddleX's own predictor on the same images is the reference (its pipeline is that predictor with the
 file's topk, and needs ``paddlex[cv]``, which the reference venv does not install): the same classes,
@@ -20,7 +20,7 @@ import httpx
 import numpy as np
 import pytest
 from loadtest import pages
-from support import docpre_models, paddlex_reference
+from support import standin_models, paddlex_reference
 
 PIPELINE = paddlex_reference.PIPELINE.with_name("image_classification_pipeline.yaml")
 #: Pages the classifier reads surely, and each one's turn (its class's name).
@@ -29,13 +29,13 @@ PAGES = {0: "0", 2: "90", 4: "180", 5: "270", 9: "90", 11: "180", 12: "270", 17:
 
 @pytest.fixture(scope="module")
 def images():
-    return [docpre_models.turned(pages.page(index).data, int(turn)) for index, turn in PAGES.items()]
+    return [standin_models.turned(pages.page(index).data, int(turn)) for index, turn in PAGES.items()]
 
 
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory):
     root = tmp_path_factory.mktemp("repository")
-    docpre_models.copy_to(docpre_models.ORIENTATION, root / "classify" / docpre_models.ORIENTATION)
+    standin_models.copy_to(standin_models.ORIENTATION, root / "classify" / standin_models.ORIENTATION)
     shutil.copyfile(PIPELINE, root / "classify" / "pipeline.yaml")
     return root
 
@@ -47,7 +47,7 @@ def reference(images):
     its predictor does not split (it splits lists); each image's are that row."""
     asked = [(image, None) for image in images] + [(image, 2) for image in images[:2]]
     found = paddlex_reference.reference_classification(
-        docpre_models.ORIENTATION, docpre_models.export(docpre_models.ORIENTATION), asked, topk=5)
+        standin_models.ORIENTATION, standin_models.export(standin_models.ORIENTATION), asked, topk=5)
     for result in found:
         assert np.shape(result["class_ids"])[0] == 1  # the batch's, of one image
         result["class_ids"] = result["class_ids"][0]

@@ -4,7 +4,7 @@ PaddleX itself.
 The file is PaddleX's OCR.yaml with ``use_doc_preprocessor: True`` and its ``DocPreprocessor``
 sub-pipeline, page orientation and unwarping both on (tests/support/ocr_docpre_pipeline.yaml). Its two
 models are stand-ins with PP-LCNet_x1_0_doc_ori's and UVDoc's names, inputs, outputs and
-``inference.yml`` (tests/support/docpre_models.py: PaddleOCR's cannot be downloaded on this machine). The
+``inference.yml`` (tests/support/standin_models.py: PaddleOCR's cannot be downloaded on this machine). The
 pages are the OCR tests' (loadtest/pages.py), bowed as a photographed page is, then turned a quarter,
 half or three quarters, or not at all. PaddleX's own pipeline on the same pages is the reference: the
 same texts, angles, polygons within 2 px and scores within 0.01. The control: the same pages with the
@@ -21,7 +21,7 @@ import httpx
 import numpy as np
 import pytest
 from loadtest import pages
-from support import docpre_models, paddlex_reference
+from support import standin_models, paddlex_reference
 
 differences = paddlex_reference.differences
 
@@ -39,7 +39,7 @@ def page_set():
 
 @pytest.fixture(scope="module")
 def images(page_set):
-    return [docpre_models.turned(page.data, angle, bow=True) for page, angle in page_set]
+    return [standin_models.turned(page.data, angle, bow=True) for page, angle in page_set]
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +75,7 @@ def over_v2(url: str, data: bytes, parameters: dict | None = None) -> dict:
     return answer
 
 
-def _read(answers, page_set, angles=docpre_models.TURNS) -> float:
+def _read(answers, page_set, angles=standin_models.TURNS) -> float:
     """The share of the lines of the pages turned by ``angles`` whose text is among their page's texts."""
     lines = [(line, answer["rec_texts"]) for (page, angle), answer in zip(page_set, answers)
              if angle in angles for line in page.lines]

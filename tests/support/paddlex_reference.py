@@ -16,8 +16,9 @@ make. Everything comes from PyPI: pip by name.
 ``reference_ocr(pipeline_yaml, images)`` runs that pipeline in the venv, in a subprocess (the
 script ``RUNNER`` below), on encoded images (bytes) or paths, and returns per image
 ``rec_texts, rec_scores, rec_polys, rec_boxes, dt_polys``; ``run_reference`` also returns the
-seconds each image took and the pipeline's creation time. ``reference_classification`` runs PaddleX's
-image classification predictor (what its ``image_classification`` pipeline runs) the same way. Both keep
+seconds each image took and the pipeline's creation time. ``reference_model`` runs a PaddleX model's
+predictor (what its single-model pipelines, ``image_classification`` and ``object_detection``, run) the
+same way, ``reference_classification`` the image classifier's. Both keep
 PaddleX's answers under the venv (``answers/``), by the digest of every input of the run (the runner, the
 pipeline file with its exports' files, the images, the fields) and of the venv's marker: the same inputs
 get PaddleX's same answer without a second PaddleX run, and any change (a page drawn differently by
@@ -180,13 +181,13 @@ def textline_pipeline_file(directory: Path | str, batch_size: int = 6) -> Path:
 
 def place_docpre_models(directory: Path) -> Path:
     """The four exports ``DOCPRE_PIPELINE`` names, in ``directory`` (made): PP-OCRv5_mobile det and rec, and
-    the document preprocessor's two stand-ins (``docpre_models``)."""
-    from . import docpre_models  # (imported here: it takes this module's lock)
+    the document preprocessor's two stand-ins (``standin_models``)."""
+    from . import standin_models  # (imported here: it takes this module's lock)
 
     for kind in ("det", "rec"):
         shutil.copytree(ocr_models.models()[kind], Path(directory) / ocr_models.NAMES[kind])
-    for name in (docpre_models.ORIENTATION, docpre_models.UNWARPING):
-        docpre_models.copy_to(name, Path(directory) / name)
+    for name in (standin_models.ORIENTATION, standin_models.UNWARPING):
+        standin_models.copy_to(name, Path(directory) / name)
     return Path(directory)
 
 
@@ -296,49 +297,61 @@ def _kept(inputs: list[str | bytes], compute):
     return found
 
 
-#: The script reference_classification runs in the venv: argv is the model's name, its export directory,
-#: the file's topk (JSON, null: none), a JSON list of [image path, topk or null] and the JSON file to write.
-CLASSIFIER_RUNNER = r'''
+#: The script reference_model runs in the venv: argv is the model's name, its export directory, the
+#: model's settings (JSON), a JSON list of [image path, predict's keyword arguments], the result's keys
+#: (JSON) and the JSON file to write.
+MODEL_RUNNER = r'''
 import json, sys
 from paddlex import create_model
-topk = json.loads(sys.argv[3])
-model = create_model(model_name=sys.argv[1], model_dir=sys.argv[2], device="cpu",
-                     **({"topk": topk} if topk is not None else {}))
+model = create_model(model_name=sys.argv[1], model_dir=sys.argv[2], device="cpu", **json.loads(sys.argv[3]))
+keys = json.loads(sys.argv[5])
 results = []
-for path, k in json.loads(sys.argv[4]):
-    (result,) = list(model.predict(path, topk=k))
+for path, asked in json.loads(sys.argv[4]):
+    (result,) = list(model.predict(path, **{k: {int(c): t for c, t in v.items()} if isinstance(v, dict) else v
+                                            for k, v in asked.items()}))
     res = result.json["res"]
-    results.append({key: res.get(key) for key in ("class_ids", "scores", "label_names")})
-with open(sys.argv[5], "w") as out:
+    results.append({key: res.get(key) for key in keys})
+with open(sys.argv[6], "w") as out:
     json.dump(results, out)
 '''
 
 
-def reference_classification(model_name: str, model_dir: Path | str, images: list[tuple[bytes, int | None]],
-                             topk: int | None = None, timeout: float = 900) -> list[dict]:
-    """PaddleX's image classification model (``create_model``, what its ``image_classification`` pipeline
-    runs: the pipeline itself needs ``paddlex[cv]``, whose packages its predictor does not use) on encoded
-    ``images``, each with a request's topk (None: none), the file's ``topk`` given to the model as the
-    pipeline gives it: per image ``class_ids, scores, label_names``."""
-    return _kept([CLASSIFIER_RUNNER, model_name, _directory_digest(Path(model_dir)), json.dumps(topk),
-                  *(part for image, k in images for part in (image, json.dumps(k)))],
-                 lambda: _classify(model_name, model_dir, images, topk, timeout))
+def reference_model(model_name: str, model_dir: Path | str, images: list[tuple[bytes, dict]], settings: dict,
+                    keys: tuple[str, ...], timeout: float = 900) -> list[dict]:
+    """PaddleX's model (``create_model`` with the file's ``settings``, what PaddleX's single-model pipelines
+    run: the pipelines themselves need ``paddlex[cv]``, whose packages their predictors do not use) on
+    encoded ``images``, each with its ``predict`` keyword arguments (a dict's keys are class ids): per image
+    the result's ``keys``; kept (``_kept``)."""
+    return _kept([MODEL_RUNNER, model_name, _directory_digest(Path(model_dir)), json.dumps(settings), json.dumps(keys),
+                  *(part for image, asked in images for part in (image, json.dumps(asked, sort_keys=True)))],
+                 lambda: _predict(model_name, model_dir, images, settings, keys, timeout))
 
 
-def _classify(model_name: str, model_dir: Path | str, images: list[tuple[bytes, int | None]], topk: int | None,
-              timeout: float) -> list[dict]:
+def _predict(model_name: str, model_dir: Path | str, images: list[tuple[bytes, dict]], settings: dict,
+             keys: tuple[str, ...], timeout: float) -> list[dict]:
     interpreter = python()
     with tempfile.TemporaryDirectory(prefix="paddlex-reference-") as scratch:
         asked = []
-        for i, (image, k) in enumerate(images):
+        for i, (image, kwargs) in enumerate(images):
             path = Path(scratch) / f"{i:04d}.png"
             path.write_bytes(image)
-            asked.append([str(path), k])
+            asked.append([str(path), kwargs])
         out, script = Path(scratch) / "out.json", Path(scratch) / "runner.py"
-        script.write_text(CLASSIFIER_RUNNER)
-        _run([str(interpreter), str(script), model_name, str(model_dir), json.dumps(topk), json.dumps(asked),
-              str(out)], f"PaddleX {PADDLEX}'s {model_name} in {venv_dir()}", timeout=timeout, env=environment())
+        script.write_text(MODEL_RUNNER)
+        _run([str(interpreter), str(script), model_name, str(model_dir), json.dumps(settings), json.dumps(asked),
+              json.dumps(keys), str(out)], f"PaddleX {PADDLEX}'s {model_name} in {venv_dir()}", timeout=timeout,
+             env=environment())
         return json.loads(out.read_text())
+
+
+def reference_classification(model_name: str, model_dir: Path | str, images: list[tuple[bytes, int | None]],
+                             topk: int | None = None, timeout: float = 900) -> list[dict]:
+    """PaddleX's image classification model on encoded ``images``, each with a request's topk (None: none),
+    the file's ``topk`` given to the model as the pipeline gives it: per image ``class_ids, scores,
+    label_names``."""
+    return reference_model(model_name, model_dir, [(image, {"topk": k}) for image, k in images],
+                           {"topk": topk} if topk is not None else {}, ("class_ids", "scores", "label_names"),
+                           timeout)
 
 
 def serve_command(pipeline_yaml: Path | str, port: int, host: str = "127.0.0.1") -> list[str]:

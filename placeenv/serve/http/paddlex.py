@@ -1,8 +1,9 @@
 """PaddleX serving's API for the PaddleX pipeline files the repository serves (models/paddlex.py), so
 PaddleX's clients work unchanged: ``POST /ocr`` for an OCR pipeline, ``POST /image-classification`` for
-an image classification one (``ENDPOINTS``). Their request and response schemas this adapter takes from
-PaddleX itself (``paddlex.inference.serving.schemas``, imported at the first such request); its error
-shape ``{logId, errorCode, errorMsg}`` with the HTTP status as ``errorCode``, its ``logId``.
+an image classification one, ``POST /object-detection`` for an object detection one (``ENDPOINTS``).
+Their request and response schemas this adapter takes from PaddleX itself
+(``paddlex.inference.serving.schemas``, imported at the first such request); its error shape
+``{logId, errorCode, errorMsg}`` with the HTTP status as ``errorCode``, its ``logId``.
 
 A request goes through the same gateway as v2 (one BYTES input, the file's bytes), so it is checked,
 counted, batched and answered as any. What differs from PaddleX serving, each a clear 422: a file that
@@ -10,7 +11,7 @@ is a URL is fetched only with ``--fetch-urls`` (else any client could make the s
 addresses); a PDF (``fileType`` 0) is not served (send its pages as images); word boxes are not served
 yet, nor text-line orientation or the document preprocessor's modules by a pipeline whose file has no
 model for them. ``visualize`` draws nothing: the answer carries no images. The per-request settings
-(``textDetThresh`` ..., ``topk``) go to the pipeline as the request's parameters of PaddleX's
+(``textDetThresh`` ..., ``topk``, ``threshold``) go to the pipeline as the request's parameters of PaddleX's
 ``pipeline.predict`` names (protocol/paddlex.py), and OCR's ``text_det_params`` and
 ``text_rec_score_thresh`` show them as PaddleX's do.
 """
@@ -243,6 +244,29 @@ def _classification_result(schemas, models, outputs, about, parameters, data):
         for i, name, score in zip(outputs["class_ids"], outputs["label_names"], outputs["scores"])])
 
 
+def _detection_settings(request, about: dict[str, Any]) -> dict[str, Any]:
+    """The request's threshold as the pipeline's parameter: a number, or per class a JSON object (request
+    parameters are single values)."""
+    if request.threshold is None:
+        return {}
+    given = request.threshold if not isinstance(request.threshold, dict) else json.dumps(
+        {str(key): value for key, value in request.threshold.items()})
+    try:
+        settings_of.threshold({"threshold": given})
+    except InvalidInput as exc:
+        raise InvalidInput(f"threshold: {exc}") from None
+    return {"threshold": given}
+
+
+def _detection_result(schemas, models, outputs, about, parameters, data):
+    """PaddleX serving's detected objects: each box's ``[x1, y1, x2, y2]``, class id and name, score."""
+    return schemas.InferResult(detectedObjects=[
+        {"bbox": [float(v) for v in box], "categoryId": int(i), "categoryName": name.decode("utf-8", "replace"),
+         "score": float(score)}
+        for box, i, name, score in zip(outputs["coordinates"], outputs["class_ids"], outputs["label_names"],
+                                       outputs["scores"])])
+
+
 def pruned_result(outputs: dict[str, np.ndarray], about: dict[str, Any],
                   parameters: dict[str, Any] | None = None) -> dict[str, Any]:
     """PaddleX's ``prunedResult`` of the OCR pipeline, from the served pipeline's outputs and settings, and
@@ -283,6 +307,12 @@ ENDPOINTS = (
              'PaddleX serving\'s image classification API for a PaddleX image_classification pipeline file the '
              'repository serves: a JSON body {"image": "<base64 image>", "topk": 5}',
              "a body that is not PaddleX's request, an image that is not one, a URL, a topk out of bounds"),
+    Endpoint("/object-detection", "object_detection", "object_detection", "image", _detection_settings,
+             lambda request: _decoded("image", request.image), _detection_result,
+             "Object detection (PaddleX serving's API)",
+             'PaddleX serving\'s object detection API for a PaddleX object_detection pipeline file the repository '
+             'serves: a JSON body {"image": "<base64 image>", "threshold": 0.5}',
+             "a body that is not PaddleX's request, an image that is not one, a URL, a threshold out of bounds"),
 )
 assert {e.path for e in ENDPOINTS} == PADDLEX_PATHS
 

@@ -60,7 +60,7 @@ def error_key(path: str) -> str:
 
 
 #: The paths of PaddleX serving's API (http/paddlex.py), whose errors are its shape.
-PADDLEX_PATHS = frozenset({"/ocr", "/image-classification"})
+PADDLEX_PATHS = frozenset({"/ocr", "/image-classification", "/object-detection"})
 
 
 def error_body(path: str, detail: Any, status: int, log_id: str | None = None) -> dict[str, Any]:

@@ -22,16 +22,18 @@ Supported: PaddleX's ``OCR`` pipeline with text detection and recognition; text-
 document preprocessor (its ``SubPipelines.DocPreprocessor``: page orientation, unwarping), where the
 file turns them on and gives their models. A file that turns one on without its model is refused,
 naming the SubModule to give and the switch that turns it off. PaddleX's ``image_classification``
-pipeline (``_classification``; its CPU steps in ``models/paddlex_classification.py``).
+pipeline (``_classification``; its CPU steps in ``models/paddlex_classification.py``), and its
+``object_detection`` pipeline (``_detection``; ``models/paddlex_detection.py``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any
 
-from ..protocol.paddlex import TOPK_MAX
+from ..protocol.paddlex import TOPK_MAX, is_score
 from .base import ModelContext
 from .inference import InferenceOptions
 from .configs import InstanceGroup, ModelConfig, RepositoryError, Step, TensorOverride
@@ -39,7 +41,8 @@ from .entries import Entry, Version
 from .reading import config_fingerprint, load_entry
 
 #: PaddleX's pipelines served here, and the modules each needs.
-SUPPORTED = {"OCR": ("TextDetection", "TextRecognition"), "image_classification": ("ImageClassification",)}
+SUPPORTED = {"OCR": ("TextDetection", "TextRecognition"), "image_classification": ("ImageClassification",),
+             "object_detection": ("ObjectDetection",)}
 #: The OCR pipeline's optional modules served here: the file's switch (PaddleX's default when the file
 #: leaves it out: on), and the SubModule it needs.
 OPTIONAL = {"use_textline_orientation": "TextLineOrientation"}
@@ -92,7 +95,7 @@ def read(name: str, path: Path, max_batch_size: int, max_batch_delay_ms: float
         workers = cpu_workers()
     except ValueError as exc:
         raise refuse(str(exc)) from None
-    reader = _classification if kind == "image_classification" else _ocr
+    reader = {"image_classification": _classification, "object_detection": _detection}.get(kind, _ocr)
     return reader(name, path, raw, refuse, workers, max_batch_size, max_batch_delay_ms)
 
 
@@ -152,34 +155,131 @@ def _classification(name: str, path: Path, raw: dict[str, Any], refuse, workers:
     from . import paddlex_classification as steps
 
     key = "ImageClassification"
-    module = (raw.get("SubModules") or {}).get(key)
-    if not isinstance(module, dict):
-        raise refuse(f"SubModules has no {key}: give its module_name, model_name and model_dir (a PaddleX export "
-                     "directory)")
+    module = _module(refuse, raw, key)
     directory = _model_dir(refuse, path, module, key)
     short = _classifier(refuse, key, directory, None)
     topk = module.get("topk")
     if topk is not None and (type(topk) is not int or not 1 <= topk <= TOPK_MAX):
         raise refuse(f"SubModules.{key}: topk {topk!r}: give a whole number from 1 to {TOPK_MAX}, or leave it out "
                      "(the export's inference.yml's)")
-    names = {step: f"{name}.{step}" for step in ("prepare", key, "top")}
-    model = _export(names[key], key, directory, module, _batch_size(refuse, key, module), max_batch_delay_ms, refuse)
+    model = _export(f"{name}.{key}", key, directory, module, _batch_size(refuse, key, module), max_batch_delay_ms,
+                    refuse)
     given, scores = model.default.inputs[0].name, model.default.outputs[0].name
-    entries = {names[key]: model}
-    settings, fingerprint = {"dir": str(directory), "topk": topk, "short": short}, config_fingerprint(path)
-    for step, cls in (("prepare", steps.Prepare), ("top", steps.Top)):
+    entries, config = _between_cpu_steps(
+        name, path, raw, key, model, (steps.Prepare, "top", steps.Top, steps.OUTPUTS),
+        {"dir": str(directory), "topk": topk, "short": short}, workers,
+        ({"x": "x"}, {given: "x"}, {scores: "probabilities"}, {"probabilities": "probabilities"}))
+    return entries, config, {"pipeline_name": raw["pipeline_name"], "topk": topk}
+
+
+def _detection(name: str, path: Path, raw: dict[str, Any], refuse, workers: int, max_batch_size: int,
+               max_batch_delay_ms: float) -> tuple[dict[str, Entry], ModelConfig, dict[str, Any]]:
+    """``read`` for PaddleX's ``object_detection`` pipeline:
+
+        image (BYTES) -> <name>.prepare (CPU: decode; PaddleX's steps from the export's Preprocess)
+                      -> <name>.ObjectDetection (a device, batched across requests, its boxes a row an image)
+                      -> <name>.boxes (CPU: PaddleX's DetPostProcess)
+                      -> class_ids, scores, label_names, coordinates
+    """
+    from . import paddlex_detection as steps
+
+    key = "ObjectDetection"
+    module = _module(refuse, raw, key)
+    directory = _model_dir(refuse, path, module, key)
+    settings = _detection_settings(refuse, key, module)
+    model_name = _detector(refuse, key, directory, module)
+    model = _export(f"{name}.{key}", key, directory, module, _batch_size(refuse, key, module), max_batch_delay_ms,
+                    refuse)
+    version = model.default
+    # PaddleX's ToBatch feeds the export's inputs by position: the image's size first for some architectures.
+    keys = steps.BATCH_KEYS if len(version.inputs) == 3 else steps.BATCH_KEYS[1:]
+    boxes, counts = (spec.name for spec in version.outputs[:2])
+    entries, config = _between_cpu_steps(
+        name, path, raw, key, model, (steps.Prepare, "boxes", steps.Boxes, steps.OUTPUTS),
+        {"dir": str(directory), "model_name": model_name, "settings": settings}, workers,
+        ({**{k: k for k in keys}, "size": "size"}, {spec.name: k for spec, k in zip(version.inputs, keys)},
+         {boxes: "detections", counts: "counts"}, {"detections": "detections", "counts": "counts", "size": "size"}))
+    return entries, config, {"pipeline_name": raw["pipeline_name"], "threshold": settings["threshold"]}
+
+
+def _module(refuse, raw: dict[str, Any], key: str) -> dict[str, Any]:
+    """A single-model pipeline's SubModule ``key``, refused where the file has none."""
+    module = (raw.get("SubModules") or {}).get(key)
+    if not isinstance(module, dict):
+        raise refuse(f"SubModules has no {key}: give its module_name, model_name and model_dir (a PaddleX export "
+                     "directory)")
+    return module
+
+
+def _between_cpu_steps(name: str, path: Path, raw: dict[str, Any], key: str, model: Entry, steps: tuple,
+                       settings: dict[str, Any], workers: int, links: tuple[dict, ...]
+                       ) -> tuple[dict[str, Entry], ModelConfig]:
+    """A single-model pipeline's models and config: ``<name>.prepare`` (CPU) -> ``model`` (the devices, run
+    without the request's parameters, so that its batches join any requests) -> the last CPU step.
+    ``steps``: the prepare step's class, the last step's name and class, the pipeline's outputs; ``links``:
+    the prepare step's outputs, the model's inputs, its outputs and the last step's inputs (each a model's
+    name -> the pipeline's tensor)."""
+    prepare, last_name, last, outputs = steps
+    names = {"prepare": f"{name}.prepare", key: model.name, last_name: f"{name}.{last_name}"}
+    entries, fingerprint = {model.name: model}, config_fingerprint(path)
+    for step, cls in (("prepare", prepare), (last_name, last)):
         entries[names[step]] = _cpu_step(names[step], path.parent, cls, settings, fingerprint, workers)
     config = ModelConfig(
-        description=f"PaddleX's image_classification pipeline ({path.name}): {module.get('model_name')}",
+        description=f"PaddleX's {raw['pipeline_name']} pipeline ({path.name}): "
+                    f"{raw['SubModules'][key].get('model_name')}",
         inputs=[TensorOverride(name="image", datatype="BYTES", shape=[1])],
-        outputs=[TensorOverride(name=s.name, datatype=s.datatype, shape=list(s.shape)) for s in steps.OUTPUTS],
+        outputs=[TensorOverride(name=s.name, datatype=s.datatype, shape=list(s.shape)) for s in outputs],
         pipeline=[
-            Step(model=names["prepare"], inputs={"image": "image"}, outputs={"x": "x"}),
-            Step(model=names[key], inputs={given: "x"}, outputs={scores: "probabilities"}, parameters=False),
-            Step(model=names["top"], inputs={"probabilities": "probabilities"},
-                 outputs={s.name: s.name for s in steps.OUTPUTS}),
+            Step(model=names["prepare"], inputs={"image": "image"}, outputs=links[0]),
+            Step(model=model.name, inputs=links[1], outputs=links[2], parameters=False),
+            Step(model=names[last_name], inputs=links[3], outputs={s.name: s.name for s in outputs}),
         ])
-    return entries, config, {"pipeline_name": raw["pipeline_name"], "topk": topk}
+    return entries, config
+
+
+def _detection_settings(refuse, key: str, module: dict) -> dict[str, Any]:
+    """The file's settings of its detector (``paddlex_detection.SETTINGS``), checked as PaddleX's predictor
+    checks them; those it leaves out None."""
+    from .paddlex_detection import SETTINGS
+
+    found = {setting: module.get(setting) for setting in SETTINGS}
+    problems = {
+        "img_size": lambda v: (type(v) is int and v > 0) or (isinstance(v, list) and len(v) == 2
+                                                             and all(type(s) is int and s > 0 for s in v)),
+        "threshold": lambda v: is_score(v) or (isinstance(v, dict) and bool(v) and all(
+            type(k) is int and is_score(s) for k, s in v.items())),
+        "layout_nms": lambda v: isinstance(v, bool),
+        "layout_unclip_ratio": lambda v: type(v) is float or (isinstance(v, list) and len(v) == 2 and all(
+            type(s) in (int, float) for s in v)) or isinstance(v, dict),
+        "layout_merge_bboxes_mode": lambda v: v in ("union", "large", "small") or isinstance(v, dict),
+    }
+    wanted = {"img_size": "a whole number of pixels, or [width, height]",
+              "threshold": "a number from 0 to 1, or per class id such a number",
+              "layout_nms": "true or false", "layout_unclip_ratio": "a number with a point, [width, height] or per "
+              "class id", "layout_merge_bboxes_mode": "union, large or small, or per class id"}
+    for setting, value in found.items():
+        if value is not None and not problems[setting](value):
+            raise refuse(f"SubModules.{key}: {setting} {value!r}: give {wanted[setting]}, or leave it out")
+    if found["threshold"] is not None and not isinstance(found["threshold"], dict):
+        found["threshold"] = float(found["threshold"])  # (PaddleX's postprocess filters only by a float)
+    return found
+
+
+def _detector(refuse, key: str, directory: Path, module: dict) -> str:
+    """A detector export's model name (the file's, else its ``inference.yml``'s). Refused where its
+    ``inference.yml`` is not one PaddleX's detection predictor runs: no ``label_list``, or a
+    ``Preprocess`` step PaddleX's predictor does not build."""
+    from .paddlex_detection import read_config
+
+    config = read_config(directory)
+    steps = config.get("Preprocess")
+    built = {"Resize", "NormalizeImage", "Permute", "Pad", "PadStride", "WarpAffine"}
+    unknown = [step.get("type") for step in steps or [] if not isinstance(step, dict) or step.get("type") not in built]
+    if not isinstance(steps, list) or unknown or not isinstance(config.get("label_list"), list):
+        what = f"Preprocess steps {unknown} PaddleX does not build" if unknown else "no Preprocess list or label_list"
+        raise refuse(f"{_where(key)}: {directory / 'inference.yml'} is not a detector's inference.yml ({what}): give "
+                     "the model_dir of its PaddleX export")
+    return str(module.get("model_name") or (config.get("Global") or {}).get("model_name") or "")
 
 
 def _modules(refuse, raw: dict[str, Any]) -> tuple[str, dict[str, dict], dict[str, bool] | None]:
@@ -317,7 +417,10 @@ def _export(name: str, key: str, directory: Path, module: dict, batch: int, dela
     """SubModule ``key``'s export as model ``name``: a Predictor (oneDNN as the module's
     ``engine_config.run_mode`` says: ``paddle`` off, ``mkldnn`` on; else on, and off where it cannot run the
     program). Refused unless it takes one tensor (the image, as PaddleX's predictors feed it), and for
-    the unwarping model unless it answers an image."""
+    the unwarping model unless it answers an image; a detector unless it takes and answers what
+    PaddleDetection's exports do, its answers then a row an image (``paddlex_detection.per_image``)."""
+    from .paddlex_detection import per_image
+
     engine = module.get("engine_config") or {}
     run_mode = engine.get("run_mode")
     # Unset, the service's default (every core), not PaddleX's 10: here a Predictor's runs leave the GIL and
@@ -337,12 +440,25 @@ def _export(name: str, key: str, directory: Path, module: dict, batch: int, dela
         inference=InferenceOptions(onednn=run_mode != "paddle", cpu_threads=cpu_threads))
     entry = load_entry(name, directory, config, None, batch, delay_ms)
     version = entry.default
+    shape = version.outputs[0].shape if version.outputs else ()
+    if key == "ObjectDetection":
+        given = ", ".join(f"{s.name} {list(s.shape)}" for s in (*version.inputs, *version.outputs))
+        counts = version.outputs[1].shape if len(version.outputs) > 1 else ()
+        if len(version.inputs) not in (2, 3) or len(shape) != 2 or shape[1] not in (6, -1) or len(counts) != 1:
+            raise refuse(f"{_where(key)}: {directory} takes {len(version.inputs)} inputs and answers "
+                         f"{len(version.outputs)} ({given}); a PaddleDetection export takes the image and its scale "
+                         "factor (and for some its size) and answers its boxes [M, 6] and their count an image [N]: "
+                         "give the model_dir of its PaddleX export")
+        boxes = version.outputs[0]
+        version.model_class = per_image(version.model_class, boxes.name, version.outputs[1].name)
+        version.context = dataclasses.replace(version.context, outputs=(
+            dataclasses.replace(boxes, shape=(-1, -1, shape[1])), *version.outputs[1:]))
+        return entry
     if len(version.inputs) != 1 or not version.outputs:
         raise refuse(f"{_where(key)}: {directory} takes {len(version.inputs)} inputs "
                      f"({', '.join(s.name for s in version.inputs)}) and answers {len(version.outputs)}; a "
                      f"{module.get('module_name')} export takes one, the image: give the model_dir of its PaddleX "
                      "export")
-    shape = version.outputs[0].shape
     if key == "DocUnwarping" and (len(shape) != 4 or shape[1] not in (3, -1)):
         raise refuse(f"{_where(key)}: {directory} answers {list(shape)}; an unwarping model answers the page, "
                      "[N, 3, H, W]: give the model_dir of UVDoc's PaddleX export")

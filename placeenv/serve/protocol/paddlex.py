@@ -13,6 +13,7 @@ taken as sent (PaddleX tests those against None).
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -143,3 +144,31 @@ def topk(parameters: Mapping[str, Any]) -> int | None:
         raise InvalidInput(f"parameter topk {prefix(value)}: send a whole number from 1 to {TOPK_MAX} (left out: the "
                            "pipeline file's topk, else its model's)")
     return value
+
+
+def threshold(parameters: Mapping[str, Any]) -> float | dict[int, float] | None:
+    """An object detection request's ``threshold`` (the score a box must pass), checked: a number from 0 to
+    1, or per class a JSON object of class id -> such a number (PaddleX's dict: a class it leaves out
+    passes at 0.5), as the float or dict PaddleX's postprocess takes. None where it sends none (the
+    pipeline's own)."""
+    value = parameters.get("threshold")
+    if value is None:
+        return None
+    if type(value) is str:
+        try:
+            given = json.loads(value)
+            value = {int(key): given[key] for key in given} if isinstance(given, dict) else None
+        except (ValueError, TypeError):
+            value = None
+    if isinstance(value, dict) and value and all(is_score(v) for v in value.values()):
+        return {int(key): float(v) for key, v in value.items()}
+    if not isinstance(value, dict) and is_score(value):
+        return float(value)  # (PaddleX's postprocess filters only by a float: an int 1 would pass every box)
+    raise InvalidInput(f"parameter threshold {prefix(value if value is not None else parameters['threshold'])}: send "
+                       'a number from 0 to 1, or per class a JSON object such as {"0": 0.5, "2": 0.7} (left out: '
+                       "the pipeline file's threshold, else its model's)")
+
+
+def is_score(value: Any) -> bool:
+    """Whether ``value`` is a number from 0 to 1 (not a bool)."""
+    return type(value) in (int, float) and math.isfinite(value) and 0 <= value <= 1

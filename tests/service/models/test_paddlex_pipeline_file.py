@@ -7,7 +7,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from support import docpre_models, ocr_models, paddlex_reference, textline_model
+from support import standin_models, ocr_models, paddlex_reference, textline_model
 
 from placeenv.serve.models import paddlex
 from placeenv.serve.models.configs import RepositoryError
@@ -19,17 +19,17 @@ DOCPRE = paddlex_reference.DOCPRE_PIPELINE
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    """The five exports, as a user places them beside a pipeline file. Reading a file runs no network, so
+    """The six exports, as a user places them beside a pipeline file. Reading a file runs no network, so
     the text-line classifier's place holds the recogniser's program with the classifier's inference.yml
-    (tests/e2e/test_paddlex_textline.py runs the trained one); the document preprocessor's are its stand-ins
-    (built in seconds)."""
+    (tests/e2e/test_paddlex_textline.py runs the trained one); the document preprocessor's and the
+    detector are stand-ins (built in seconds)."""
     directory = tmp_path_factory.mktemp("ocr")
     for kind in ("det", "rec"):
         shutil.copytree(ocr_models.models()[kind], directory / ocr_models.NAMES[kind])
     shutil.copytree(ocr_models.models()["rec"], directory / CLASSIFIER)
     (directory / CLASSIFIER / "inference.yml").write_text(textline_model.INFERENCE_YML)
-    for name in (docpre_models.ORIENTATION, docpre_models.UNWARPING):
-        docpre_models.copy_to(name, directory / name)
+    for name in (standin_models.ORIENTATION, standin_models.UNWARPING, standin_models.DETECTION):
+        standin_models.copy_to(name, directory / name)
     return directory
 
 
@@ -162,9 +162,9 @@ def test_an_unwarping_model_that_does_not_answer_a_page_is_refused(folder):
 ])
 def test_a_page_classifier_whose_classes_are_not_named_angles_is_refused(folder, tmp_path, change, says):
     other = tmp_path / "named"
-    shutil.copytree(folder / docpre_models.ORIENTATION, other)
-    assert change[0] in docpre_models.ORIENTATION_YML
-    (other / "inference.yml").write_text(docpre_models.ORIENTATION_YML.replace(*change))
+    shutil.copytree(folder / standin_models.ORIENTATION, other)
+    assert change[0] in standin_models.ORIENTATION_YML
+    (other / "inference.yml").write_text(standin_models.ORIENTATION_YML.replace(*change))
     with pytest.raises(RepositoryError) as refused:
         _read(folder, DOCPRE.read_text().replace("model_dir: PP-LCNet_x1_0_doc_ori", f"model_dir: {other}"))
     assert says in str(refused.value), str(refused.value)
@@ -182,16 +182,57 @@ def test_an_image_classification_file_is_a_pipeline_of_three_steps(folder):
     assert [step.model for step in config.pipeline] == ["ocr.prepare", "ocr.ImageClassification", "ocr.top"]
 
 
-@pytest.mark.parametrize("change, says", [
-    (("  ImageClassification:", "  Classification:"), "SubModules has no ImageClassification"),
-    (("topk: 5", "topk: 0"), "SubModules.ImageClassification: topk 0: give a whole number from 1"),
-    (("model_dir: PP-LCNet_x1_0_doc_ori", "model_dir: PP-OCRv5_mobile_det"), "not a classifier's inference.yml"),
-    (("pipeline_name: image_classification", "pipeline_name: object_detection"),
-     "pipeline_name 'object_detection' is not served here; served: OCR, image_classification"),
+DETECTION = paddlex_reference.PIPELINE.with_name("object_detection_pipeline.yaml")
+
+
+def test_an_object_detection_file_is_a_pipeline_of_three_steps_feeding_the_exports_inputs(folder):
+    entries, config, about = _read(folder, DETECTION.read_text())
+    assert set(entries) == {"ocr.prepare", "ocr.ObjectDetection", "ocr.boxes"}
+    detector = entries["ocr.ObjectDetection"]
+    assert detector.max_batch_size == 4
+    assert about == {"pipeline_name": "object_detection", "threshold": None}
+    assert [o.name for o in config.outputs] == ["class_ids", "scores", "label_names", "coordinates"]
+    prepare, detect, boxes = config.pipeline
+    # PaddleX's ToBatch feeds a PicoDet the image and its scales, by position; the boxes come a row an image.
+    assert detect.inputs == {"image": "img", "scale_factor": "scale_factors"} and not detect.parameters
+    assert [s.shape for s in detector.default.outputs] == [(-1, -1, 6), (-1,)]
+    settings = entries["ocr.boxes"].versions[1].context.parameters
+    assert settings["model_name"] == "PicoDet-S" and settings["settings"]["threshold"] is None
+    _, _, about = _read(folder, DETECTION.read_text().replace("threshold: null", "threshold: {0: 0.7, 2: 1}"))
+    assert about["threshold"] == {0: 0.7, 2: 1}
+
+
+@pytest.mark.parametrize("pipeline, change, says", [
+    (CLASSIFICATION, ("  ImageClassification:", "  Classification:"), "SubModules has no ImageClassification"),
+    (CLASSIFICATION, ("topk: 5", "topk: 0"), "SubModules.ImageClassification: topk 0: give a whole number from 1"),
+    (CLASSIFICATION, ("model_dir: PP-LCNet_x1_0_doc_ori", "model_dir: PP-OCRv5_mobile_det"),
+     "not a classifier's inference.yml"),
+    (CLASSIFICATION, ("pipeline_name: image_classification", "pipeline_name: semantic_segmentation"),
+     "pipeline_name 'semantic_segmentation' is not served here; served: OCR, image_classification, "
+     "object_detection"),
+    (DETECTION, ("  ObjectDetection:", "  Detection:"), "SubModules has no ObjectDetection"),
+    (DETECTION, ("threshold: null", "threshold: 1.5"),
+     "SubModules.ObjectDetection: threshold 1.5: give a number from 0 to 1"),
+    (DETECTION, ("threshold: null", "threshold: {red: 0.5}"),
+     "threshold {'red': 0.5}: give a number from 0 to 1, or per class"),
+    (DETECTION, ("img_size: null", "img_size: [320]"),
+     "img_size [320]: give a whole number of pixels, or [width, height]"),
+    (DETECTION, ("batch_size: 4", "batch_size: 0"), "batch_size 0: give a whole number from 1 to 1024"),
+    (DETECTION, ("model_dir: PicoDet-S", "model_dir: PP-LCNet_x1_0_doc_ori"), "is not a detector's inference.yml"),
 ])
-def test_a_wrong_classification_file_is_refused_naming_what_to_give(folder, change, says):
-    text = CLASSIFICATION.read_text()
+def test_a_wrong_single_model_file_is_refused_naming_what_to_give(folder, pipeline, change, says):
+    text = pipeline.read_text()
     assert change[0] in text
     with pytest.raises(RepositoryError) as refused:
         _read(folder, text.replace(*change, 1))
     assert says in str(refused.value), str(refused.value)
+
+
+def test_a_detector_that_does_not_answer_paddledetections_boxes_is_refused(folder, tmp_path):
+    other = tmp_path / "one-input"
+    shutil.copytree(folder / standin_models.ORIENTATION, other)
+    shutil.copyfile(folder / standin_models.DETECTION / "inference.yml", other / "inference.yml")
+    with pytest.raises(RepositoryError) as refused:
+        _read(folder, DETECTION.read_text().replace("model_dir: PicoDet-S", f"model_dir: {other}"))
+    assert "takes 1 inputs and answers 1 (x [-1, 3, 224, 224]" in str(refused.value)
+    assert "a PaddleDetection export takes the image and its scale factor" in str(refused.value)

@@ -1,11 +1,13 @@
-"""The document preprocessor's two models as PaddleX exports them, for the tests of PaddleX's OCR pipeline
-with ``use_doc_preprocessor``: a page-orientation classifier under PaddleOCR's
-``PP-LCNet_x1_0_doc_ori`` name and an unwarping model under ``UVDoc``'s.
+"""Models as PaddleX exports them that this machine cannot download, built here in seconds: the document
+preprocessor's two, for the tests of PaddleX's OCR pipeline with ``use_doc_preprocessor``, a
+page-orientation classifier under PaddleOCR's ``PP-LCNet_x1_0_doc_ori`` name and an unwarping model under
+``UVDoc``'s; and an object detector under PaddleDetection's ``PicoDet-S`` name, for PaddleX's
+``object_detection`` pipeline.
 
-PaddleOCR's own exports are downloaded by PaddleX from its model hosts, which this machine cannot reach,
-and no package of the index ships them. These stand-ins have the real ones' names, inputs, outputs and
-``inference.yml``, so PaddleX's own ``create_pipeline`` runs them as it runs PaddleOCR's; what they compute
-is fixed, not learnt, and built in seconds:
+PaddleOCR's and PaddleDetection's own exports are downloaded by PaddleX from its model hosts, which this
+machine cannot reach, and no package of the index ships them. These stand-ins have the real ones' names,
+inputs, outputs and ``inference.yml``, so PaddleX's own ``create_pipeline`` runs them as it runs the real
+ones; what they compute is fixed, not learnt:
 
 - **orientation** (``orientation_network``): a 224x224 crop (the real model's ``ResizeImage resize_short
   256``, ``CropImage 224``, ImageNet ``NormalizeImage``) -> the scores of ``0``, ``90``, ``180``, ``270``.
@@ -17,10 +19,17 @@ is fixed, not learnt, and built in seconds:
 - **unwarping** (``unwarping_network``): a page (BGR, 0..1, any size) -> the same page with each column
   moved up by ``BOW`` of the page's height times ``sin(pi x / width)``, by ``grid_sample``: it flattens
   exactly the bowed pages ``bowed()`` makes, as UVDoc flattens a photographed page.
+- **detection** (``detection_network``): PicoDet's export, inputs ``image`` (``Resize`` to 320x320 without
+  keeping the ratio, ImageNet ``NormalizeImage``, ``Permute``) and ``scale_factor``, outputs the boxes
+  ``[M, 6]`` (class, score, x1, y1, x2, y2 in the original image) and their count an image ``[N]``, as
+  PaddleDetection's NMS answers. It finds the red, green and blue rectangles ``shapes()`` draws: a box for
+  each cell of a 4x4 grid, of the colour covering most of it, its extent from the colour's mean and
+  spread there (a uniform rectangle spans its mean +- sqrt(3) standard deviations), its score
+  ``1 - exp(-8 * the share of the cell covered)``.
 
-``export(kind)`` builds one into the per-user cache (``placeenv/doc-preprocessor-<digest>/<name>``, the
+``export(kind)`` builds them into the per-user cache (``placeenv/stand-in-models-<digest>/<name>``, the
 digest of this file and Paddle's version), in a fresh interpreter on the CPU, under a file lock;
-``python -m support.docpre_models`` (from tests/) does the same.
+``python -m support.standin_models`` (from tests/) does the same.
 """
 
 from __future__ import annotations
@@ -39,7 +48,11 @@ from .paddlex_reference import locked
 
 ORIENTATION = "PP-LCNet_x1_0_doc_ori"
 UNWARPING = "UVDoc"
+DETECTION = "PicoDet-S"
 LABELS = ("0", "90", "180", "270")
+#: The detector's classes, its input's side and its grid of cells (a box a cell).
+COLOURS = {"red": (0, 0, 255), "green": (0, 255, 0), "blue": (255, 0, 0)}  # BGR
+SIDE, GRID = 320, 4
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 #: The bow ``bowed()`` gives a page and the unwarping model takes out: the middle column moved down by
 #: this share of the page's height.
@@ -81,6 +94,29 @@ PostProcess:
   DocTrPostProcess:
     scale: 255.0
 """
+
+
+DETECTION_YML = f"""\
+mode: paddle
+draw_threshold: 0.5
+metric: COCO
+use_dynamic_shape: false
+Global:
+  model_name: {DETECTION}
+arch: GFL
+min_subgraph_size: 3
+Preprocess:
+- interp: 2
+  keep_ratio: false
+  target_size: [{SIDE}, {SIDE}]
+  type: Resize
+- is_scale: true
+  mean: {list(MEAN)}
+  std: {list(STD)}
+  type: NormalizeImage
+- type: Permute
+label_list:
+{''.join(f"- {label}{chr(10)}" for label in COLOURS)}"""
 
 
 def orientation_network():
@@ -146,6 +182,89 @@ def unwarping_network():
     return Unwarping()
 
 
+def detection_network():
+    """The detector stand-in: ``(image, scale_factor) -> (boxes [N * 16, 6], counts [N])``."""
+    import paddle
+
+    nn, F = paddle.nn, paddle.nn.functional
+    cell = SIDE // GRID
+
+    def constant(value):
+        return nn.initializer.Assign(np.asarray(value, np.float32))
+
+    class Detector(nn.Layer):
+        def __init__(self):
+            super().__init__()
+            self.mean = self.create_parameter([1, 3, 1, 1], default_initializer=constant(
+                np.reshape(MEAN, (1, 3, 1, 1))))
+            self.std = self.create_parameter([1, 3, 1, 1], default_initializer=constant(
+                np.reshape(STD, (1, 3, 1, 1))))
+            # The pixel centres, as shares of the side (small numbers keep E[x^2] - E[x]^2 exact in FP32).
+            centres = (np.arange(SIDE, dtype=np.float32) + 0.5) / SIDE
+            self.xs = self.create_parameter([1, 1, 1, SIDE], default_initializer=constant(
+                centres.reshape(1, 1, 1, SIDE)))
+            self.ys = self.create_parameter([1, 1, SIDE, 1], default_initializer=constant(
+                centres.reshape(1, 1, SIDE, 1)))
+
+        def forward(self, image, scale_factor):
+            rgb = image * self.std + self.mean
+            r, g, b = rgb[:, 0:1], rgb[:, 1:2], rgb[:, 2:3]
+            strength = paddle.concat([r - paddle.maximum(g, b), g - paddle.maximum(r, b),
+                                      b - paddle.maximum(r, g)], axis=1)
+            mask = F.sigmoid(20 * (strength - 0.4))  # each colour's pixels, [N, 3, SIDE, SIDE]
+
+            def pooled(value):
+                return F.avg_pool2d(value, cell, stride=cell)  # a mean a cell, [N, 3, GRID, GRID]
+
+            share = pooled(mask)
+            weight = share + 1e-6
+            mx, my = pooled(mask * self.xs) / weight, pooled(mask * self.ys) / weight
+            # A uniform run of n pixels: variance (n^2 - 1) / 12 in pixels, plus 1/12 is n^2 / 12.
+            vx = pooled(mask * self.xs * self.xs) / weight - mx * mx + 1 / (12 * SIDE * SIDE)
+            vy = pooled(mask * self.ys * self.ys) / weight - my * my + 1 / (12 * SIDE * SIDE)
+            hx, hy = paddle.sqrt(paddle.clip(3 * vx, min=0)), paddle.sqrt(paddle.clip(3 * vy, min=0))
+            best = paddle.argmax(share, axis=1, keepdim=True)
+
+            def taken(value):
+                return paddle.take_along_axis(value, best, axis=1)
+
+            score = 1 - paddle.exp(-8 * taken(share))
+            cx, cy, wx, wy = taken(mx) * SIDE, taken(my) * SIDE, taken(hx) * SIDE, taken(hy) * SIDE
+            sy = scale_factor[:, 0].reshape([-1, 1, 1, 1])  # (PaddleX's ToBatch gives [h, w] scales)
+            sx = scale_factor[:, 1].reshape([-1, 1, 1, 1])
+            boxes = paddle.concat([best.astype("float32"), score, (cx - wx) / sx, (cy - wy) / sy,
+                                   (cx + wx) / sx, (cy + wy) / sy], axis=1)  # [N, 6, GRID, GRID]
+            boxes = boxes.reshape([-1, 6, GRID * GRID]).transpose([0, 2, 1]).reshape([-1, 6])
+            counts = (paddle.zeros_like(scale_factor[:, 0]) + GRID * GRID).astype("int32")
+            return boxes, counts
+
+    return Detector()
+
+
+def shapes(seed: int, width: int, height: int) -> tuple[np.ndarray, list[tuple[str, list[float]]]]:
+    """A white image (BGR) with a red, green or blue rectangle in about half the cells of its 4x4 grid,
+    each inside its cell away from the edges, the colours a little off pure; and the rectangles drawn,
+    each its colour and [x1, y1, x2, y2]."""
+    rng = np.random.default_rng(seed)
+    image = np.full((height, width, 3), 255, np.uint8)
+    drawn = []
+    for row in range(GRID):
+        for column in range(GRID):
+            if rng.random() < 0.5:
+                continue
+            name = list(COLOURS)[rng.integers(len(COLOURS))]
+            colour = [int(value) if value else int(rng.integers(0, 50)) for value in COLOURS[name]]
+            colour = [value - int(rng.integers(0, 30)) if value == 255 else value for value in colour]
+            x0, y0, cw, ch = column * width / GRID, row * height / GRID, width / GRID, height / GRID
+            w, h = rng.uniform(0.4, 0.8) * cw, rng.uniform(0.4, 0.8) * ch
+            x1 = int(round(x0 + rng.uniform(0.1 * cw, 0.9 * cw - w)))
+            y1 = int(round(y0 + rng.uniform(0.1 * ch, 0.9 * ch - h)))
+            x2, y2 = x1 + int(round(w)), y1 + int(round(h))
+            image[y1:y2, x1:x2] = colour
+            drawn.append((name, [float(x1), float(y1), float(x2), float(y2)]))
+    return image, drawn
+
+
 def bowed(bgr: np.ndarray) -> np.ndarray:
     """A page bowed as a photographed book page is: each column moved down by ``BOW`` of the height times
     ``sin(pi x / width)`` (the unwarping stand-in's inverse)."""
@@ -180,12 +299,12 @@ def cache_dir() -> Path:
 
     digest = hashlib.sha256(Path(__file__).read_bytes() + paddle.__version__.encode()).hexdigest()[:16]
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "placeenv" / f"doc-preprocessor-{digest}"
+    return Path(base) / "placeenv" / f"stand-in-models-{digest}"
 
 
 def export(name: str) -> Path:
-    """The export directory of ``name`` (``ORIENTATION`` or ``UNWARPING``): ``inference.json``,
-    ``inference.pdiparams``, ``inference.yml``; both built into the cache on first use, in a fresh
+    """The export directory of ``name`` (``ORIENTATION``, ``UNWARPING`` or ``DETECTION``): ``inference.json``,
+    ``inference.pdiparams``, ``inference.yml``; all built into the cache on first use, in a fresh
     interpreter (a test process has placeenv installed and sim devices made)."""
     root = cache_dir()
     if not (root / name / "inference.json").is_file():
@@ -193,10 +312,10 @@ def export(name: str) -> Path:
             if not (root / name / "inference.json").is_file():
                 tests = Path(__file__).resolve().parents[1]
                 environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tests), str(tests.parent)])}
-                done = subprocess.run([sys.executable, "-m", "support.docpre_models", "--build"], cwd=tests,
+                done = subprocess.run([sys.executable, "-m", "support.standin_models", "--build"], cwd=tests,
                                       env=environment, capture_output=True, text=True, timeout=600)
                 if done.returncode != 0 or not (root / name / "inference.json").is_file():
-                    raise RuntimeError(f"building the document preprocessor's stand-ins failed "
+                    raise RuntimeError(f"building the stand-in models failed "
                                        f"({done.returncode}): {(done.stderr or done.stdout).strip()[-1500:]}")
     return root / name
 
@@ -208,12 +327,14 @@ def _build(root: Path) -> None:
     root.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".building-", dir=root.parent))
     try:
-        for name, net, spec, yml in (
-                (ORIENTATION, orientation_network(), [None, 3, 224, 224], ORIENTATION_YML),
-                (UNWARPING, unwarping_network(), [None, 3, None, None], UNWARPING_YML)):
+        spec = paddle.static.InputSpec
+        for name, net, specs, yml in (
+                (ORIENTATION, orientation_network(), [spec([None, 3, 224, 224], "float32", "x")], ORIENTATION_YML),
+                (UNWARPING, unwarping_network(), [spec([None, 3, None, None], "float32", "x")], UNWARPING_YML),
+                (DETECTION, detection_network(), [spec([None, 3, SIDE, SIDE], "float32", "image"),
+                                                  spec([None, 2], "float32", "scale_factor")], DETECTION_YML)):
             net.eval()
-            paddle.jit.save(net, str(staging / name / "inference"),
-                            input_spec=[paddle.static.InputSpec(spec, "float32", name="x")])
+            paddle.jit.save(net, str(staging / name / "inference"), input_spec=specs)
             (staging / name / "inference.yml").write_text(yml)
         staging.chmod(0o755)
         os.replace(staging, root)  # whole: a reader never sees a half-written export
@@ -233,4 +354,4 @@ def copy_to(name: str, directory: Path) -> Path:
 if __name__ == "__main__":  # --build: build and save (export() runs it); else the exports, built if missing
     if sys.argv[1:] == ["--build"]:
         _build(cache_dir())
-    print(export(ORIENTATION), export(UNWARPING))
+    print(export(ORIENTATION), export(UNWARPING), export(DETECTION))

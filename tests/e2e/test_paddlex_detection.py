@@ -1,0 +1,171 @@
+"""PaddleX's object detection pipeline, served from its file with no code, against PaddleX itself.
+
+The file is PaddleX's object_detection.yaml with its model the detector tests/support/standin_models.py
+builds under PicoDet-S's name (tests/support/object_detection_pipeline.yaml; no detector can be downloaded
+here): a PaddleDetection export's inputs (image, scale_factor) and outputs (the batch's boxes [M, 6], their
+count an image). The images are white pages of several sizes with red, green and blue rectangles
+(``standin_models.shapes``), PNG and JPEG. PaddleX's own predictor on the same images is the reference
+(its pipeline is that predictor with the file's settings, and needs ``paddlex[cv]``, which the reference
+venv does not install): the same boxes, classes and order, coordinates within 2 px and scores within
+0.01, with 4 requests in flight so that the detector's batches join requests. PaddleX serving's
+``/object-detection`` answers with its own schema.
+"""
+
+from __future__ import annotations
+
+import base64
+import concurrent.futures
+import shutil
+
+import cv2
+import httpx
+import numpy as np
+import pytest
+from support import paddlex_reference, standin_models
+
+PIPELINE = paddlex_reference.PIPELINE.with_name("object_detection_pipeline.yaml")
+#: The images: (seed, width, height, encoding).
+IMAGES = [(0, 640, 480, ".png"), (1, 900, 700, ".jpg"), (2, 500, 800, ".png"), (3, 320, 320, ".png"),
+          (4, 1200, 500, ".jpg"), (5, 700, 700, ".png"), (6, 480, 640, ".jpg"), (7, 1000, 1000, ".png")]
+KEYS = ("class_ids", "scores", "label_names", "coordinates")
+
+
+def _image(seed: int, width: int, height: int, suffix: str) -> tuple[bytes, list]:
+    image, drawn = standin_models.shapes(seed, width, height)
+    return cv2.imencode(suffix, image, [cv2.IMWRITE_JPEG_QUALITY, 92] if suffix == ".jpg" else [])[1].tobytes(), drawn
+
+
+@pytest.fixture(scope="module")
+def images():
+    return [_image(*spec) for spec in IMAGES]
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory):
+    root = tmp_path_factory.mktemp("repository")
+    standin_models.copy_to(standin_models.DETECTION, root / "detect" / standin_models.DETECTION)
+    shutil.copyfile(PIPELINE, root / "detect" / "pipeline.yaml")
+    return root
+
+
+def _paddlex(boxes: list[dict]) -> dict:
+    return {"class_ids": [b["cls_id"] for b in boxes], "scores": [b["score"] for b in boxes],
+            "label_names": [b["label"] for b in boxes], "coordinates": [b["coordinate"] for b in boxes]}
+
+
+@pytest.fixture(scope="module")
+def reference(images):
+    """PaddleX's answers: each image with the file's settings (``threshold: null``: the export's 0.5), then
+    the first two with a request's threshold 0.95, then per class (red at 1: none, the others 0.5)."""
+    asked = [(data, {}) for data, _ in images] + [(data, {"threshold": 0.95}) for data, _ in images[:2]] \
+        + [(data, {"threshold": {"0": 1.0}}) for data, _ in images[:2]]
+    found = paddlex_reference.reference_model(standin_models.DETECTION, standin_models.export(standin_models.DETECTION),
+                                              asked, {"threshold": None, "img_size": None}, ("boxes",))
+    return [_paddlex(result["boxes"]) for result in found]
+
+
+@pytest.fixture(scope="module")
+def served(repository):
+    with paddlex_reference.served(repository, "detect") as proc:
+        yield proc
+
+
+def over_v2(url: str, data: bytes, parameters: dict | None = None) -> dict:
+    result = paddlex_reference.over_v2(url, "detect", data, parameters)
+    found = {key: result.as_numpy(key).tolist() for key in KEYS}
+    found["label_names"] = [name.decode() for name in found["label_names"]]
+    return found
+
+
+def differences(answer: dict, expected: dict) -> list[str]:
+    """What differs from PaddleX's answer beyond the tolerances (nothing: [])."""
+    if answer["class_ids"] != expected["class_ids"] or answer["label_names"] != expected["label_names"]:
+        return [f"classes {answer['label_names']} != {expected['label_names']}"]
+    found = []
+    got, want = np.asarray(answer["coordinates"]).reshape(-1, 4), np.asarray(expected["coordinates"]).reshape(-1, 4)
+    if got.size and np.abs(got - want).max() > paddlex_reference.POLY_PX:
+        found.append(f"coordinates differ by {np.abs(got - want).max():.2f} px")
+    scores = np.abs(np.asarray(answer["scores"]) - np.asarray(expected["scores"]))
+    if scores.size and scores.max() > paddlex_reference.SCORE:
+        found.append(f"scores differ by {scores.max():.4f}")
+    return found
+
+
+def _iou(a, b) -> float:
+    width = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
+    height = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
+    inter = width * height
+    return inter / ((a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter)
+
+
+def test_the_boxes_are_paddlexs(served, images, reference):
+    url = served.url[len("http://"):]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:  # the detector's batches join requests
+        answers = list(pool.map(lambda image: over_v2(url, image[0]), images))
+    wrong = {i: differences(a, r) for i, (a, r) in enumerate(zip(answers, reference)) if differences(a, r)}
+    assert wrong == {}, wrong
+    # And they are the rectangles drawn: each found, of its colour, overlapping it by 80% or more.
+    for answer, (_, drawn) in zip(answers, images):
+        assert len(answer["coordinates"]) == len(drawn)
+        for name, box in drawn:
+            assert any(label == name and _iou(found, box) > 0.8
+                       for label, found in zip(answer["label_names"], answer["coordinates"])), (name, box, answer)
+    # A request's threshold, a number or per class, as PaddleX's predict takes it.
+    for (data, _), expected in zip(images[:2], reference[len(images):len(images) + 2]):
+        answer = over_v2(url, data, {"threshold": 0.95})
+        assert not differences(answer, expected) and all(s > 0.95 for s in answer["scores"])
+    for (data, _), expected, plain in zip(images[:2], reference[len(images) + 2:], reference):
+        answer = over_v2(url, data, {"threshold": '{"0": 1.0}'})
+        assert not differences(answer, expected)
+        assert "red" not in answer["label_names"] and "red" in plain["label_names"]
+
+
+def test_paddlex_servings_api_answers_with_its_schema(served, images, reference):
+    from paddlex.inference.serving.infra.models import AIStudioResultResponse
+    from paddlex.inference.serving.schemas.object_detection import InferResult
+
+    for body, expected in (({}, reference[0]), ({"threshold": 0.95}, reference[len(images)]),
+                           ({"threshold": {0: 1.0}}, reference[len(images) + 2])):
+        answer = httpx.post(f"{served.url}/object-detection",
+                            json={"image": base64.b64encode(images[0][0]).decode(), **body}, timeout=120)
+        assert answer.status_code == 200, answer.text
+        result = AIStudioResultResponse[InferResult].model_validate(answer.json()).result
+        found = {"class_ids": [o.categoryId for o in result.detectedObjects],
+                 "label_names": [o.categoryName for o in result.detectedObjects],
+                 "scores": [o.score for o in result.detectedObjects],
+                 "coordinates": [list(o.bbox) for o in result.detectedObjects]}
+        assert not differences(found, expected), (found, expected)
+
+
+@pytest.mark.parametrize("body, says", [
+    ({"image": base64.b64encode(b"x").decode(), "threshold": "high"}, '"loc": "body.threshold'),  # PaddleX's check
+    ({"image": base64.b64encode(b"x").decode(), "threshold": 2}, "threshold: parameter threshold 2.0: send a number "
+                                                                 "from 0 to 1"),
+    ({"image": base64.b64encode(b"x").decode(), "threshold": {"1": 1.5}}, "threshold: parameter threshold"),
+    ({"image": "http://127.0.0.1:9/cat.png"}, "image: URLs are not fetched"),
+    ({"image": "***"}, "image is not base64"),
+    ({"image": base64.b64encode(b"not an image").decode()}, "not an image OpenCV can decode"),
+])
+def test_a_bad_request_is_a_422_in_paddlexs_error_shape(served, body, says):
+    answer = httpx.post(f"{served.url}/object-detection", json=body, timeout=30)
+    assert answer.status_code == 422, answer.text
+    found = answer.json()
+    assert set(found) == {"logId", "errorCode", "errorMsg"} and says in found["errorMsg"], found
+
+
+def test_a_bad_threshold_over_v2_is_a_400(served, images):
+    from tritonclient.utils import InferenceServerException
+
+    for threshold in ("all", 1.5, '{"x": 0.5}'):
+        with pytest.raises(InferenceServerException) as refused:
+            over_v2(served.url[len("http://"):], images[0][0], {"threshold": threshold})
+        assert refused.value.status() == "400" and "parameter threshold" in refused.value.message()
+
+
+def test_the_detector_is_a_model_of_the_repository_batched_as_the_file_says(served):
+    config = httpx.get(f"{served.url}/v2/models/detect.ObjectDetection/config", timeout=30).json()
+    assert config["max_batch_size"] == 4
+    assert httpx.get(f"{served.url}/v2/models/detect", timeout=30).json()["outputs"] == [
+        {"name": "class_ids", "datatype": "INT32", "shape": [-1]},
+        {"name": "scores", "datatype": "FP32", "shape": [-1]}, {"name": "label_names", "datatype": "BYTES", "shape": [-1]},
+        {"name": "coordinates", "datatype": "FP32", "shape": [-1, 4]}]
