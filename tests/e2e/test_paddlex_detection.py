@@ -4,7 +4,7 @@ The file is PaddleX's object_detection.yaml with its model the detector tests/su
 builds under PicoDet-S's name (tests/support/object_detection_pipeline.yaml; no detector can be downloaded
 here): a PaddleDetection export's inputs (image, scale_factor) and outputs (the batch's boxes [M, 6], their
 count an image). The images are white pages of several sizes with red, green and blue rectangles
-(``standin_models.shapes``), PNG and JPEG. PaddleX's own predictor on the same images is the reference
+(``standin_models.shapes``), PNG and JPEG, and a white one. PaddleX's own predictor on the same images is the reference
 (its pipeline is that predictor with the file's settings, and needs ``paddlex[cv]``, which the reference
 venv does not install): the same boxes, classes and order, coordinates within 2 px and scores within
 0.01, with 4 requests in flight so that the detector's batches join requests. PaddleX serving's
@@ -37,7 +37,9 @@ def _image(seed: int, width: int, height: int, suffix: str) -> tuple[bytes, list
 
 @pytest.fixture(scope="module")
 def images():
-    return [_image(*spec) for spec in IMAGES]
+    """``IMAGES``, then a white one: no box passes."""
+    blank = cv2.imencode(".png", np.full((300, 400, 3), 255, np.uint8))[1].tobytes()
+    return [_image(*spec) for spec in IMAGES] + [(blank, [])]
 
 
 @pytest.fixture(scope="module")
@@ -56,9 +58,11 @@ def _paddlex(boxes: list[dict]) -> dict:
 @pytest.fixture(scope="module")
 def reference(images):
     """PaddleX's answers: each image with the file's settings (``threshold: null``: the export's 0.5), then
-    the first two with a request's threshold 0.95, then per class (red at 1: none, the others 0.5)."""
+    the first two with a request's threshold 0.95, then per class (red at 1: none, the others 0.5), then
+    an empty dict (every class at 0.5, the boxes then in class order, as PaddleX filters a dict's)."""
     asked = [(data, {}) for data, _ in images] + [(data, {"threshold": 0.95}) for data, _ in images[:2]] \
-        + [(data, {"threshold": {"0": 1.0}}) for data, _ in images[:2]]
+        + [(data, {"threshold": {"0": 1.0}}) for data, _ in images[:2]] \
+        + [(data, {"threshold": {}}) for data, _ in images[:2]]
     found = paddlex_reference.reference_model(standin_models.DETECTION, standin_models.export(standin_models.DETECTION),
                                               asked, {"threshold": None, "img_size": None}, ("boxes",))
     return [_paddlex(result["boxes"]) for result in found]
@@ -114,10 +118,14 @@ def test_the_boxes_are_paddlexs(served, images, reference):
     for (data, _), expected in zip(images[:2], reference[len(images):len(images) + 2]):
         answer = over_v2(url, data, {"threshold": 0.95})
         assert not differences(answer, expected) and all(s > 0.95 for s in answer["scores"])
-    for (data, _), expected, plain in zip(images[:2], reference[len(images) + 2:], reference):
+    for (data, _), expected, plain, empty in zip(images[:2], reference[len(images) + 2:], reference,
+                                                 reference[len(images) + 4:]):
         answer = over_v2(url, data, {"threshold": '{"0": 1.0}'})
         assert not differences(answer, expected)
         assert "red" not in answer["label_names"] and "red" in plain["label_names"]
+        assert not differences(over_v2(url, data, {"threshold": "{}"}), empty)
+        assert sorted(empty["scores"]) == sorted(plain["scores"])  # PaddleX's {}: every class at 0.5
+    assert answers[-1] == {"class_ids": [], "scores": [], "label_names": [], "coordinates": []}  # the white image
 
 
 def test_paddlex_servings_api_answers_with_its_schema(served, images, reference):
@@ -167,5 +175,6 @@ def test_the_detector_is_a_model_of_the_repository_batched_as_the_file_says(serv
     assert config["max_batch_size"] == 4
     assert httpx.get(f"{served.url}/v2/models/detect", timeout=30).json()["outputs"] == [
         {"name": "class_ids", "datatype": "INT32", "shape": [-1]},
-        {"name": "scores", "datatype": "FP32", "shape": [-1]}, {"name": "label_names", "datatype": "BYTES", "shape": [-1]},
+        {"name": "scores", "datatype": "FP32", "shape": [-1]},
+        {"name": "label_names", "datatype": "BYTES", "shape": [-1]},
         {"name": "coordinates", "datatype": "FP32", "shape": [-1, 4]}]

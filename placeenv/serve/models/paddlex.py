@@ -33,7 +33,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..protocol.paddlex import TOPK_MAX, is_score
+from ..protocol.paddlex import TOPK_MAX
 from .base import ModelContext
 from .inference import InferenceOptions
 from .configs import InstanceGroup, ModelConfig, RepositoryError, Step, TensorOverride
@@ -186,18 +186,25 @@ def _detection(name: str, path: Path, raw: dict[str, Any], refuse, workers: int,
     key = "ObjectDetection"
     module = _module(refuse, raw, key)
     directory = _model_dir(refuse, path, module, key)
-    settings = _detection_settings(refuse, key, module)
-    model_name = _detector(refuse, key, directory, module)
+    try:
+        settings = steps.file_settings(module)
+        detector = steps.inspected(directory, module, settings)
+    except ValueError as exc:
+        raise refuse(f"{_where(key)}: {exc}") from None
     model = _export(f"{name}.{key}", key, directory, module, _batch_size(refuse, key, module), max_batch_delay_ms,
                     refuse)
     version = model.default
-    # PaddleX's ToBatch feeds the export's inputs by position: the image's size first for some architectures.
-    keys = steps.BATCH_KEYS if len(version.inputs) == 3 else steps.BATCH_KEYS[1:]
-    boxes, counts = (spec.name for spec in version.outputs[:2])
+    # PaddleX's runner feeds ToBatch's arrays to the export's inputs in the order of their sorted names.
+    inputs = sorted(spec.name for spec in version.inputs)
+    if len(inputs) != len(detector.keys):
+        raise refuse(f"{_where(key)}: {directory} takes {len(inputs)} inputs ({', '.join(inputs)}); PaddleX feeds a "
+                     f"{detector.model_name} {len(detector.keys)} ({', '.join(detector.keys)}): give the model_dir "
+                     "of its PaddleX export, and its model_name")
+    boxes, counts = (spec.name for spec in version.outputs)
     entries, config = _between_cpu_steps(
         name, path, raw, key, model, (steps.Prepare, "boxes", steps.Boxes, steps.OUTPUTS),
-        {"dir": str(directory), "model_name": model_name, "settings": settings}, workers,
-        ({**{k: k for k in keys}, "size": "size"}, {spec.name: k for spec, k in zip(version.inputs, keys)},
+        {"dir": str(directory), "model_name": detector.model_name, "settings": settings}, workers,
+        ({**{k: k for k in detector.keys}, "size": "size"}, dict(zip(inputs, detector.keys)),
          {boxes: "detections", counts: "counts"}, {"detections": "detections", "counts": "counts", "size": "size"}))
     return entries, config, {"pipeline_name": raw["pipeline_name"], "threshold": settings["threshold"]}
 
@@ -235,51 +242,6 @@ def _between_cpu_steps(name: str, path: Path, raw: dict[str, Any], key: str, mod
             Step(model=names[last_name], inputs=links[3], outputs={s.name: s.name for s in outputs}),
         ])
     return entries, config
-
-
-def _detection_settings(refuse, key: str, module: dict) -> dict[str, Any]:
-    """The file's settings of its detector (``paddlex_detection.SETTINGS``), checked as PaddleX's predictor
-    checks them; those it leaves out None."""
-    from .paddlex_detection import SETTINGS
-
-    found = {setting: module.get(setting) for setting in SETTINGS}
-    problems = {
-        "img_size": lambda v: (type(v) is int and v > 0) or (isinstance(v, list) and len(v) == 2
-                                                             and all(type(s) is int and s > 0 for s in v)),
-        "threshold": lambda v: is_score(v) or (isinstance(v, dict) and bool(v) and all(
-            type(k) is int and is_score(s) for k, s in v.items())),
-        "layout_nms": lambda v: isinstance(v, bool),
-        "layout_unclip_ratio": lambda v: type(v) is float or (isinstance(v, list) and len(v) == 2 and all(
-            type(s) in (int, float) for s in v)) or isinstance(v, dict),
-        "layout_merge_bboxes_mode": lambda v: v in ("union", "large", "small") or isinstance(v, dict),
-    }
-    wanted = {"img_size": "a whole number of pixels, or [width, height]",
-              "threshold": "a number from 0 to 1, or per class id such a number",
-              "layout_nms": "true or false", "layout_unclip_ratio": "a number with a point, [width, height] or per "
-              "class id", "layout_merge_bboxes_mode": "union, large or small, or per class id"}
-    for setting, value in found.items():
-        if value is not None and not problems[setting](value):
-            raise refuse(f"SubModules.{key}: {setting} {value!r}: give {wanted[setting]}, or leave it out")
-    if found["threshold"] is not None and not isinstance(found["threshold"], dict):
-        found["threshold"] = float(found["threshold"])  # (PaddleX's postprocess filters only by a float)
-    return found
-
-
-def _detector(refuse, key: str, directory: Path, module: dict) -> str:
-    """A detector export's model name (the file's, else its ``inference.yml``'s). Refused where its
-    ``inference.yml`` is not one PaddleX's detection predictor runs: no ``label_list``, or a
-    ``Preprocess`` step PaddleX's predictor does not build."""
-    from .paddlex_detection import read_config
-
-    config = read_config(directory)
-    steps = config.get("Preprocess")
-    built = {"Resize", "NormalizeImage", "Permute", "Pad", "PadStride", "WarpAffine"}
-    unknown = [step.get("type") for step in steps or [] if not isinstance(step, dict) or step.get("type") not in built]
-    if not isinstance(steps, list) or unknown or not isinstance(config.get("label_list"), list):
-        what = f"Preprocess steps {unknown} PaddleX does not build" if unknown else "no Preprocess list or label_list"
-        raise refuse(f"{_where(key)}: {directory / 'inference.yml'} is not a detector's inference.yml ({what}): give "
-                     "the model_dir of its PaddleX export")
-    return str(module.get("model_name") or (config.get("Global") or {}).get("model_name") or "")
 
 
 def _modules(refuse, raw: dict[str, Any]) -> tuple[str, dict[str, dict], dict[str, bool] | None]:
@@ -444,11 +406,12 @@ def _export(name: str, key: str, directory: Path, module: dict, batch: int, dela
     if key == "ObjectDetection":
         given = ", ".join(f"{s.name} {list(s.shape)}" for s in (*version.inputs, *version.outputs))
         counts = version.outputs[1].shape if len(version.outputs) > 1 else ()
-        if len(version.inputs) not in (2, 3) or len(shape) != 2 or shape[1] not in (6, -1) or len(counts) != 1:
+        if (len(version.inputs) not in (2, 3) or len(version.outputs) != 2 or len(shape) != 2
+                or shape[1] not in (6, 7, 8, -1) or len(counts) != 1):
             raise refuse(f"{_where(key)}: {directory} takes {len(version.inputs)} inputs and answers "
                          f"{len(version.outputs)} ({given}); a PaddleDetection export takes the image and its scale "
-                         "factor (and for some its size) and answers its boxes [M, 6] and their count an image [N]: "
-                         "give the model_dir of its PaddleX export")
+                         "factor (and for some its size) and answers its boxes [M, 6] and their count an image [N] "
+                         "(instance segmentation's masks are not served): give the model_dir of its PaddleX export")
         boxes = version.outputs[0]
         version.model_class = per_image(version.model_class, boxes.name, version.outputs[1].name)
         version.context = dataclasses.replace(version.context, outputs=(

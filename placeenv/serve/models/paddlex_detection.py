@@ -27,14 +27,73 @@ from .paddlex_ocr import decoded
 BATCH_KEYS = ("img_size", "img", "scale_factors")
 OUTPUTS = (TensorSpec("class_ids", "INT32", (-1,)), TensorSpec("scores", "FP32", (-1,)),
            TensorSpec("label_names", "BYTES", (-1,)), TensorSpec("coordinates", "FP32", (-1, 4)))
-#: The file's settings PaddleX's object detection pipeline hands its model (``SubModules.ObjectDetection``).
-SETTINGS = ("img_size", "threshold", "layout_nms", "layout_unclip_ratio", "layout_merge_bboxes_mode")
+#: The file's settings PaddleX's object detection pipeline hands its model (``SubModules.ObjectDetection``),
+#: each with its check and what to give instead.
+MODES = ("union", "large", "small")
+SETTINGS = {
+    "img_size": (lambda v: (type(v) is int and v > 0) or _pair(v, int), "a whole number of pixels, or [width, height]"),
+    "threshold": (lambda v: settings_of.is_score(v) or _per_class(v, settings_of.is_score),
+                  "a number from 0 to 1, or per class id such a number"),
+    "layout_nms": (lambda v: isinstance(v, bool), "true or false"),
+    "layout_unclip_ratio": (lambda v: type(v) is float or _pair(v, (int, float)) or _per_class(
+        v, lambda r: _pair(r, (int, float))),
+        "a number with a point, [width, height], or per class id [width, height]"),
+    "layout_merge_bboxes_mode": (lambda v: v in MODES or _per_class(v, lambda m: m in MODES),
+                                 "union, large or small, or per class id one of them"),
+}
+#: The Preprocess steps PaddleX's detection predictor builds.
+PREPROCESS = ("Resize", "NormalizeImage", "Permute", "Pad", "PadStride", "WarpAffine")
+
+
+def _pair(value, kinds) -> bool:
+    return isinstance(value, (list, tuple)) and len(value) == 2 and all(
+        isinstance(v, kinds) and not isinstance(v, bool) and v > 0 for v in value)
+
+
+def _per_class(value, check) -> bool:
+    return isinstance(value, dict) and all(type(k) is int and check(v) for k, v in value.items())
 
 
 def read_config(directory: str | Path) -> dict[str, Any]:
     import yaml
 
     return yaml.safe_load((Path(directory) / "inference.yml").read_text(encoding="utf-8")) or {}
+
+
+def file_settings(module: dict[str, Any]) -> dict[str, Any]:
+    """The file's settings of its detector (``SETTINGS``), those it leaves out None; ``ValueError`` naming
+    the first that PaddleX's predictor would refuse or fail on. A whole-number threshold becomes a float:
+    PaddleX's postprocess filters by a float or a dict only, so its 1 would pass every box."""
+    found = {setting: module.get(setting) for setting in SETTINGS}
+    for setting, value in found.items():
+        check, wanted = SETTINGS[setting]
+        if value is not None and not check(value):
+            raise ValueError(f"{setting} {value!r}: give {wanted}, or leave it out")
+    if found["threshold"] is not None and not isinstance(found["threshold"], dict):
+        found["threshold"] = float(found["threshold"])
+    return found
+
+
+def inspected(directory: Path, module: dict[str, Any], settings: dict[str, Any]) -> "Detector":
+    """The file's detector's processors, built as the service builds them (PaddleX imported): ``ValueError``
+    saying what is wrong where the export's ``inference.yml`` is not one PaddleX's detection predictor runs,
+    its model name is not the file's, or PaddleX refuses the settings for it."""
+    config = read_config(directory)
+    steps = config.get("Preprocess")
+    unknown = [step.get("type") if isinstance(step, dict) else step for step in steps or []
+               if not isinstance(step, dict) or step.get("type") not in PREPROCESS]
+    if not isinstance(steps, list) or unknown or not isinstance(config.get("label_list"), list):
+        what = f"Preprocess steps {unknown} PaddleX does not build" if unknown else "no Preprocess list or label_list"
+        raise ValueError(f"{directory / 'inference.yml'} is not a detector's inference.yml ({what}): give the "
+                         "model_dir of its PaddleX export")
+    given, exported = module.get("model_name"), (config.get("Global") or {}).get("model_name")
+    if given and exported and given != exported:  # (PaddleX's resolve_model_name refuses it too)
+        raise ValueError(f"model_name {given!r}, but {directory / 'inference.yml'} is {exported!r}'s: give the "
+                         "model_dir of the model named, or its name")
+    try:
+        return Detector(str(directory), str(given or exported or ""), settings)
+    except Exception as exc:  # noqa: BLE001 - what PaddleX refuses in the export or the file, said
+        raise ValueError(f"PaddleX cannot build its processors: {type(exc).__name__}: {exc}") from None
 
 
 class Detector:
@@ -58,6 +117,7 @@ class Detector:
 
         built = Built()
         built.config, built.model_name = copy.deepcopy(read_config(directory)), model_name  # (_build pops keys)
+        self.model_name = model_name
         built.img_size = (img_size, img_size) if isinstance(img_size, int) else img_size
         built.threshold = settings.get("threshold")
         built.layout_nms = settings.get("layout_nms")
@@ -72,15 +132,21 @@ class Detector:
         self.layout_merge_bboxes_mode = built.layout_merge_bboxes_mode
 
     def prepare(self, image: np.ndarray) -> dict[str, np.ndarray]:
-        """One image (BGR) as ``ToBatch`` feeds the network: ``BATCH_KEYS``' arrays, a row each."""
+        """One image (BGR) as ``ToBatch`` makes each of ``BATCH_KEYS`` (the network takes ``keys``), a row each."""
         datas = [image]
         for step in self.steps:
             datas = step(datas)
-        return dict(zip(self.keys, self.batch(datas)))
+        return {key: self.batch.apply(datas, key) for key in BATCH_KEYS}
 
     def boxes(self, found: np.ndarray, size: tuple[int, int], threshold) -> list[dict]:
         """One image's boxes (the network's ``[M, 6]``) as PaddleX's predictor answers them: over the threshold,
-        inside the image ``size`` (w, h), each ``cls_id``, ``label``, ``score``, ``coordinate``."""
+        inside the image ``size`` (w, h), each ``cls_id``, ``label``, ``score``, ``coordinate``. An image
+        without boxes has none (PaddleX's postprocess fails on it with a per-class threshold and NMS)."""
+        if found.shape[-1] not in (6, 7, 8):
+            raise RuntimeError(f"the detector answers boxes of {found.shape[-1]} numbers; served: 6 (class, score, "
+                               "x1, y1, x2, y2), and 7 or 8 of ordered layout detectors")
+        if not len(found):
+            return []
         return self.post([{"boxes": found}], [{"ori_img_size": list(size)}],
                          threshold=self.threshold if threshold is None else threshold, layout_nms=self.layout_nms,
                          layout_unclip_ratio=self.layout_unclip_ratio,
@@ -130,8 +196,6 @@ class Prepare(Model):
     def execute(self, inputs):
         image = inputs["image"].numpy()[0]
         found = self.detector.prepare(image)
-        # (a detector that takes no image size gets none: a row of its [h, w] the pipeline does not feed)
-        found.setdefault("img_size", np.asarray([image.shape[:2]], np.float32))
         return {**{key: np.ascontiguousarray(found[key], dtype=np.float32) for key in BATCH_KEYS},
                 "size": np.asarray([[image.shape[1], image.shape[0]]], np.int32)}
 

@@ -148,9 +148,9 @@ def topk(parameters: Mapping[str, Any]) -> int | None:
 
 def threshold(parameters: Mapping[str, Any]) -> float | dict[int, float] | None:
     """An object detection request's ``threshold`` (the score a box must pass), checked: a number from 0 to
-    1, or per class a JSON object of class id -> such a number (PaddleX's dict: a class it leaves out
-    passes at 0.5), as the float or dict PaddleX's postprocess takes. None where it sends none (the
-    pipeline's own)."""
+    1, or per class a JSON object of class id -> such a number (PaddleX's dict: a class it leaves out, or
+    any class of an empty one, passes at 0.5), as the float or dict PaddleX's postprocess takes. None
+    where it sends none (the pipeline's own)."""
     value = parameters.get("threshold")
     if value is None:
         return None
@@ -160,7 +160,7 @@ def threshold(parameters: Mapping[str, Any]) -> float | dict[int, float] | None:
             value = {int(key): given[key] for key in given} if isinstance(given, dict) else None
         except (ValueError, TypeError):
             value = None
-    if isinstance(value, dict) and value and all(is_score(v) for v in value.values()):
+    if isinstance(value, dict) and all(is_score(v) for v in value.values()):
         return {int(key): float(v) for key, v in value.items()}
     if not isinstance(value, dict) and is_score(value):
         return float(value)  # (PaddleX's postprocess filters only by a float: an int 1 would pass every box)

@@ -16,7 +16,7 @@ from support import paddlex_reference, standin_models
 from placeenv.serve.engine.forward import forward
 from placeenv.serve.engine.standalone import forward as one_request
 from placeenv.serve.engine.standalone import replica
-from placeenv.serve.models import paddlex
+from placeenv.serve.models import paddlex, paddlex_detection
 from placeenv.serve.models.base import Model, host_inputs
 
 PIPELINE = paddlex_reference.PIPELINE.with_name("object_detection_pipeline.yaml")
@@ -72,3 +72,22 @@ def test_without_per_image_the_batch_does_not_split(steps, monkeypatch):
     monkeypatch.setattr(detector, "postprocess", types.MethodType(Model.postprocess, detector))
     with pytest.raises(RuntimeError, match=r"do not have the batch's 2 rows"):
         forward(detector, requests, batched=True, examples=2)
+
+
+def test_images_without_boxes_split_and_answer_none(steps):
+    """A batch whose images answer 2, 0 and 1 boxes, and one whose images answer none ([N, 0, 6]); the last
+    step answers an image without boxes with empty outputs."""
+    split = paddlex_detection.per_image(Model, "boxes", "counts")().postprocess
+    rows = np.arange(18, dtype=np.float32).reshape(3, 6)
+    found = split({"boxes": rows, "counts": np.array([2, 0, 1], np.int32)})
+    assert found["boxes"].shape == (3, 2, 6) and (found["boxes"][0] == rows[:2]).all()
+    assert (found["boxes"][1] == -1).all() and (found["boxes"][2, 0] == rows[2]).all()
+    assert (found["boxes"][2, 1] == -1).all()
+    none = split({"boxes": np.zeros((0, 6), np.float32), "counts": np.zeros(2, np.int32)})
+    assert none["boxes"].shape == (2, 0, 6)
+    with pytest.raises(RuntimeError, match="answered 3 boxes, its counts says 2"):
+        split({"boxes": rows, "counts": np.array([1, 1], np.int32)})
+    answer = one_request(steps["boxes"], {"detections": none["boxes"][:1], "counts": np.zeros(1, np.int32),
+                                          "size": np.array([[640, 480]], np.int32)})
+    assert {k: v.shape for k, v in answer.items()} == {"class_ids": (0,), "scores": (0,), "label_names": (0,),
+                                                       "coordinates": (0, 4)}

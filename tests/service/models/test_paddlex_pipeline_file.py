@@ -198,8 +198,11 @@ def test_an_object_detection_file_is_a_pipeline_of_three_steps_feeding_the_expor
     assert [s.shape for s in detector.default.outputs] == [(-1, -1, 6), (-1,)]
     settings = entries["ocr.boxes"].versions[1].context.parameters
     assert settings["model_name"] == "PicoDet-S" and settings["settings"]["threshold"] is None
-    _, _, about = _read(folder, DETECTION.read_text().replace("threshold: null", "threshold: {0: 0.7, 2: 1}"))
-    assert about["threshold"] == {0: 0.7, 2: 1}
+    for given in ({0: 0.7, 2: 1}, {}):  # (PaddleX's empty dict: every class at 0.5)
+        _, _, about = _read(folder, DETECTION.read_text().replace("threshold: null", f"threshold: {given}"))
+        assert about["threshold"] == given
+    _, _, about = _read(folder, DETECTION.read_text().replace("threshold: null", "threshold: 1"))
+    assert about["threshold"] == 1.0 and type(about["threshold"]) is float  # PaddleX's 1 would pass every box
 
 
 @pytest.mark.parametrize("pipeline, change, says", [
@@ -219,6 +222,14 @@ def test_an_object_detection_file_is_a_pipeline_of_three_steps_feeding_the_expor
      "img_size [320]: give a whole number of pixels, or [width, height]"),
     (DETECTION, ("batch_size: 4", "batch_size: 0"), "batch_size 0: give a whole number from 1 to 1024"),
     (DETECTION, ("model_dir: PicoDet-S", "model_dir: PP-LCNet_x1_0_doc_ori"), "is not a detector's inference.yml"),
+    (DETECTION, ("img_size: null", "img_size: 640"),
+     "PaddleX cannot build its processors: ValueError: img_size: PicoDet-S takes images of one size"),
+    (DETECTION, ("model_name: PicoDet-S", "model_name: PP-YOLOE_plus-S"),
+     "model_name 'PP-YOLOE_plus-S', but"),
+    (DETECTION, ("threshold: null", "layout_merge_bboxes_mode: {0: bogus}"),
+     "layout_merge_bboxes_mode {0: 'bogus'}: give union, large or small, or per class id one of them"),
+    (DETECTION, ("threshold: null", "layout_unclip_ratio: {0: 1.5}"),
+     "layout_unclip_ratio {0: 1.5}: give a number with a point, [width, height], or per class id [width, height]"),
 ])
 def test_a_wrong_single_model_file_is_refused_naming_what_to_give(folder, pipeline, change, says):
     text = pipeline.read_text()
@@ -235,4 +246,5 @@ def test_a_detector_that_does_not_answer_paddledetections_boxes_is_refused(folde
     with pytest.raises(RepositoryError) as refused:
         _read(folder, DETECTION.read_text().replace("model_dir: PicoDet-S", f"model_dir: {other}"))
     assert "takes 1 inputs and answers 1 (x [-1, 3, 224, 224]" in str(refused.value)
+    assert "instance segmentation's masks are not served" in str(refused.value)
     assert "a PaddleDetection export takes the image and its scale factor" in str(refused.value)
