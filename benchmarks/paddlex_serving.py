@@ -2,7 +2,8 @@
 
     python benchmarks/paddlex_serving.py [--rounds 3] [--requests 16] [--clients 4 8] [--passes 1]
                                          [--api auto|ocr|v2] [--workers-per-device N]
-                                         [--ours-default-run-mode] [--textline-orientation | --doc-preprocessor]
+                                         [--ours-default-run-mode]
+                                         [--textline-orientation | --doc-preprocessor | --detection]
     python benchmarks/paddlex_serving.py --cpu-scaling [--rounds 3] [--requests 16]
 
 Needs the PaddleX reference venv (tests/support/paddlex_reference.py: paddlex 3.7.2 and its serving under
@@ -34,6 +35,12 @@ engineer's tests, docs/benchmarks.md, "PaddleX serving").
 and pages with every third line upside down. ``--doc-preprocessor`` runs both on the file with the document
 preprocessor on (tests/support/ocr_docpre_pipeline.yaml, the page-orientation and unwarping stand-ins
 tests/support/standin_models.py builds) and the pages bowed and turned by 0, 90, 180 and 270 degrees in turn.
+
+``--detection`` runs both on PaddleX's object_detection file (tests/support/object_detection_pipeline.yaml:
+the PicoDet-S stand-in tests/support/standin_models.py builds, ``batch_size`` 4 on both sides) and images of
+red, green and blue rectangles at four sizes, through ``POST /object-detection`` on both; PaddleX serving
+from a venv with ``paddlex[cv]`` over the reference venv (``paddlex_reference.cv_python``: its vision
+pipelines need it to start). The answers compared are the classes and boxes to the nearest 2 px.
 
 ``--cpu-scaling`` measures instead how the pipeline's CPU steps scale from 1 to 2 CPU workers
 (``PLACEENV_PADDLEX_CPU_WORKERS``, models/paddlex.py): two services, 1 and 2 workers, interleaved, the
@@ -83,8 +90,20 @@ logging.getLogger("httpx").setLevel(logging.WARNING)  # importing PaddleX would 
 
 MODEL = "ocr"
 STEPS = ("ocr.prepare", "ocr.TextDetection", "ocr.read", "ocr.TextRecognition")
+DETECTION_STEPS = ("ocr.prepare", "ocr.ObjectDetection", "ocr.boxes")
 V2_OUTPUTS = ("rec_texts", "rec_scores", "rec_polys", "rec_boxes", "dt_polys")
 JSON_HEADERS = {"Content-Type": "application/json"}
+
+
+DETECTION_PIPELINE = ROOT / "tests" / "support" / "object_detection_pipeline.yaml"
+
+
+def detection_image(index: int) -> bytes:
+    """Image ``index`` of the detection run: ``standin_models.shapes`` at one of four sizes, PNG."""
+    import cv2
+
+    width, height = ((640, 480), (1024, 768), (800, 800), (1280, 720))[index % 4]
+    return cv2.imencode(".png", standin_models.shapes(1000 + index, width, height)[0])[1].tobytes()
 
 
 def say(*parts) -> None:
@@ -143,9 +162,9 @@ class Process:
                 self.proc.wait(10)
 
 
-def start_paddlex(pipeline: Path, tmp: Path, deadline_s: float) -> Process:
+def start_paddlex(pipeline: Path, tmp: Path, deadline_s: float, cv: bool = False) -> Process:
     port = free_port()
-    command = reference.serve_command(pipeline, port)
+    command = reference.serve_command(pipeline, port, cv=cv)
     return Process("PaddleX serving", command, {**reference.environment()}, port, "/health",
                    tmp / "paddlex.log", deadline_s)
 
@@ -213,6 +232,28 @@ class V2Api:
         result = self.triton.InferenceServerClient.parse_response_body(
             found.content, header_length=int(found.headers["Inference-Header-Content-Length"]))
         return [t.decode() if isinstance(t, bytes) else str(t) for t in result.as_numpy("rec_texts").reshape(-1)]
+
+
+class DetectionApi:
+    """PaddleX serving's ``POST /object-detection`` (PaddleX's and ours): an answer's classes and boxes to
+    the nearest 2 px, best compared."""
+
+    name = "object-detection"
+
+    def __init__(self, url: str, datas: list[bytes]) -> None:
+        self.url = url + "/object-detection"
+        self.bodies = [json.dumps({"image": base64.b64encode(d).decode(), "visualize": False}).encode()
+                       for d in datas]
+
+    def __call__(self, client: httpx.Client, page: int) -> list[str]:
+        found = client.post(self.url, content=self.bodies[page], headers=JSON_HEADERS)
+        found.raise_for_status()
+        answer = found.json()
+        if answer.get("errorCode") != 0:
+            raise RuntimeError(f"/object-detection answered errorCode {answer.get('errorCode')}: "
+                               f"{answer.get('errorMsg')}")
+        return [f"{o['categoryName']} " + " ".join(str(2 * round(v / 2)) for v in o["bbox"])
+                for o in answer["result"]["detectedObjects"]]
 
 
 def pick_api(choice: str, url: str, datas: list[bytes]):
@@ -301,9 +342,9 @@ def measure(api, pages: int, clients: list[int], requests: int, passes: int, off
     return found
 
 
-def stage_stats(url: str) -> dict[str, dict]:
+def stage_stats(url: str, steps: tuple[str, ...] = STEPS) -> dict[str, dict]:
     found = {}
-    for step in STEPS:
+    for step in steps:
         stats = httpx.get(f"{url}/v2/models/{step}/stats", timeout=10).json()["model_stats"][0]
         inference = stats["inference_stats"]
         found[step] = {"count": inference["success"]["count"], "success_ns": inference["success"]["ns"],
@@ -315,7 +356,7 @@ def stage_stats(url: str) -> dict[str, dict]:
 def stage_table(before: dict, after: dict, requests: int) -> str:
     lines = ["| step | calls a request | batches a request | mean batch | queue ms a request | compute ms a request "
              "| in all ms a request |", "|---|---:|---:|---:|---:|---:|---:|"]
-    for step in STEPS:
+    for step in after:
         d = {k: after[step][k] - before[step][k] for k in after[step]}
         batch = d["inferences"] / d["executions"] if d["executions"] else float("nan")
         lines.append(f"| {step} | {d['count'] / requests:.2f} | {d['executions'] / requests:.2f} | {batch:.2f} | "
@@ -352,7 +393,7 @@ def mismatches(answers: list[tuple[int, list[str]]], truth: dict[int, list[str]]
 
 def compare(args, repository: Path, pipeline: Path, datas: list[bytes], tmp: Path) -> dict:
     say(f"starting PaddleX serving ({reference.venv_dir()}) and ours on {pipeline.name}, {len(datas)} pages")
-    theirs = start_paddlex(pipeline, tmp, args.deadline)
+    theirs = start_paddlex(pipeline, tmp, args.deadline, cv=args.detection)
     try:
         ours = start_ours(repository, tmp, args.deadline, workers_per_device=args.workers_per_device)
     except Exception:
@@ -360,8 +401,11 @@ def compare(args, repository: Path, pipeline: Path, datas: list[bytes], tmp: Pat
         raise
     try:
         say(f"ready: PaddleX in {theirs.start_s:.1f} s ({theirs.url}), ours in {ours.start_s:.1f} s ({ours.url})")
-        apis = {"PaddleX": OcrApi(theirs.url, datas), "ours": pick_api(args.api, ours.url, datas)}
-        say(f"APIs: PaddleX /ocr (visualize false), ours {apis['ours'].name}")
+        if args.detection:
+            apis = {"PaddleX": DetectionApi(theirs.url, datas), "ours": DetectionApi(ours.url, datas)}
+        else:
+            apis = {"PaddleX": OcrApi(theirs.url, datas), "ours": pick_api(args.api, ours.url, datas)}
+        say(f"APIs: PaddleX {apis['PaddleX'].name} (visualize false), ours {apis['ours'].name}")
         truth: dict[int, list[str]] = {}
         for name in ("PaddleX", "ours"):
             say(f"warm-up: {name}, one pass over the pages at c=1, {args.requests} requests at "
@@ -379,14 +423,15 @@ def compare(args, repository: Path, pipeline: Path, datas: list[bytes], tmp: Pat
             for name in order:
                 began = time.perf_counter()
                 last = number == args.rounds - 1 and name == "ours"
-                before = stage_stats(ours.url) if last else None
+                steps = DETECTION_STEPS if args.detection else STEPS
+                before = stage_stats(ours.url, steps) if last else None
                 # Each round's throughput runs start a page further on: over the rounds, every page.
                 found[name] = measure(apis[name], len(datas), args.clients, args.requests, args.passes,
                                       number * args.requests)
                 if last:
                     # The stats cover the whole of this measurement: c=1 and every concurrency.
                     count = len(found[name]["answers"])
-                    stages = stage_table(before, stage_stats(ours.url), count)
+                    stages = stage_table(before, stage_stats(ours.url, steps), count)
                 answers = found[name].pop("answers")
                 wrong[name] += mismatches(answers, truth)
                 answered[name] += len(answers)
@@ -414,7 +459,7 @@ def compare_table(found: dict, clients: list[int]) -> str:
         ratio = [o / t for o, t in zip(ours, theirs)]
         digits = 1 if key.endswith("ms") else 2
         lines.append(f"| {label} | {spread(theirs, digits)} | {spread(ours, digits)} | {spread(ratio)} |")
-    lines.append(f"| rec_texts differing from PaddleX's c=1 answer | {found['wrong']['PaddleX']} of "
+    lines.append(f"| answers differing from PaddleX's c=1 answer | {found['wrong']['PaddleX']} of "
                  f"{found['answered']['PaddleX']} | {found['wrong']['ours']} of {found['answered']['ours']} | |")
     lines.append(f"| start-up to ready, s | {found['start_s']['PaddleX']:.1f} | {found['start_s']['ours']:.1f} | |")
     lines.append(f"| resident memory after the rounds, MiB | {found['resident_mib']['PaddleX']:.0f} | "
@@ -568,6 +613,10 @@ def main() -> None:
                         "upside down")
     parser.add_argument("--doc-preprocessor", action="store_true",
                         help="both on the file with the document preprocessor on, pages bowed and turned")
+    parser.add_argument("--detection", action="store_true",
+                        help="both on PaddleX's object_detection file (the PicoDet-S stand-in, batch_size 4) and "
+                        "images of coloured rectangles, through /object-detection; PaddleX's from a venv with "
+                        "paddlex[cv] over the reference venv")
     parser.add_argument("--ours-default-run-mode", action="store_true",
                         help="ours: the file without the detector's engine_config (PaddleX's own default file, "
                         "which PaddleX cannot run on Paddle 3.3; PaddleX keeps its run_mode: paddle)")
@@ -575,10 +624,16 @@ def main() -> None:
     began = time.monotonic()
     say(("CPU scaling: our OCR pipeline with 1 and 2 CPU workers" if args.cpu_scaling else
          "PaddleX serving against ours on PaddleX's OCR pipeline file")
+        + (" (--detection: object_detection's)" if args.detection else "")
         + f", {args.rounds} rounds, {args.pages} pages; {machine()}")
-    if args.textline_orientation and args.doc_preprocessor:
-        parser.error("--textline-orientation and --doc-preprocessor: one file at a time")
-    datas = [p.data for p in page_maker.pages(args.pages, upside_down=3 if args.textline_orientation else 0)]
+    if args.textline_orientation + args.doc_preprocessor + args.detection > 1:
+        parser.error("--textline-orientation, --doc-preprocessor, --detection: one file at a time")
+    if args.detection and args.cpu_scaling:
+        parser.error("--cpu-scaling measures the OCR pipeline's steps")
+    if args.detection:
+        datas = [detection_image(i) for i in range(args.pages)]
+    else:
+        datas = [p.data for p in page_maker.pages(args.pages, upside_down=3 if args.textline_orientation else 0)]
     if args.doc_preprocessor:
         datas = [standin_models.turned(data, standin_models.TURNS[i % 4], bow=True) for i, data in enumerate(datas)]
     with tempfile.TemporaryDirectory(prefix="paddlex-serving-") as scratch:
@@ -588,6 +643,11 @@ def main() -> None:
         elif args.doc_preprocessor:
             pipeline = reference.pipeline_file(tmp, reference.place_docpre_models(tmp / "models"),
                                                template=reference.DOCPRE_PIPELINE)
+        elif args.detection:
+            pipeline = tmp / "object_detection.yaml"
+            pipeline.write_text(DETECTION_PIPELINE.read_text().replace(
+                f"model_dir: {standin_models.DETECTION}",
+                f"model_dir: {standin_models.copy_to(standin_models.DETECTION, tmp / 'models' / 'det')}"))
         else:
             pipeline = reference.pipeline_file(tmp)
         (tmp / "repository" / MODEL).mkdir(parents=True)
@@ -614,7 +674,8 @@ def main() -> None:
     print(f"\n({time.monotonic() - began:.0f} s in all)")
     save_results("paddlex_serving" + ("_cpu_scaling" if args.cpu_scaling else "")
                  + ("_textline" if args.textline_orientation else "")
-                 + ("_docpre" if args.doc_preprocessor else ""), args,
+                 + ("_docpre" if args.doc_preprocessor else "")
+                 + ("_detection" if args.detection else ""), args,
                  **{k: v for k, v in found.items()})
 
 

@@ -129,6 +129,36 @@ def python() -> Path:
     return interpreter
 
 
+#: What ``paddlex[cv]`` adds to the reference venv: PaddleX's vision pipelines (object_detection, ...)
+#: refuse to start without them, though their predictors use none.
+CV_EXTRA = ("faiss-cpu", "matplotlib", "pycocotools<=2.0.8", "scikit-image")
+
+
+def cv_python() -> Path:
+    """An interpreter that sees the reference venv (its site-packages by a ``.pth``) and ``CV_EXTRA`` too, for
+    ``paddlex --serve`` of a vision pipeline (benchmarks/paddlex_serving.py --detection); made on first use,
+    beside the reference venv, which it leaves as it is."""
+    reference = python()
+    target = venv_dir().with_name(venv_dir().name + "-cv")
+    interpreter = target / "bin" / "python"
+    if (target / MARKER).is_file():
+        return interpreter
+    with locked(target.with_name(target.name + ".lock")):
+        if (target / MARKER).is_file():
+            return interpreter
+        shutil.rmtree(target, ignore_errors=True)
+        _run([sys.executable, "-m", "venv", str(target)], "python3 -m venv", timeout=600)
+        site = _run([str(reference), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                    "the reference venv's site-packages").stdout.strip()
+        own = _run([str(interpreter), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                   "the cv venv's site-packages").stdout.strip()
+        (Path(own) / "paddlex-reference.pth").write_text(site + "\n")
+        _run([str(interpreter), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *CV_EXTRA],
+             f"pip install {' '.join(CV_EXTRA)} (paddlex[cv], from PyPI, into {target})")
+        (target / MARKER).write_text(json.dumps({"over": str(venv_dir()), "packages": CV_EXTRA}) + "\n")
+    return interpreter
+
+
 def models() -> Path:
     """The folder that holds PP-OCRv5_mobile_det and PP-OCRv5_mobile_rec (``ocr_models``, fetched on first
     use)."""
@@ -354,10 +384,13 @@ def reference_classification(model_name: str, model_dir: Path | str, images: lis
                            timeout)
 
 
-def serve_command(pipeline_yaml: Path | str, port: int, host: str = "127.0.0.1") -> list[str]:
-    """``paddlex --serve`` for ``pipeline_yaml`` on the CPU, from the reference venv."""
-    return [str(python().parent / "paddlex"), "--serve", "--pipeline", str(pipeline_yaml),
-            "--device", "cpu", "--host", host, "--port", str(port)]
+def serve_command(pipeline_yaml: Path | str, port: int, host: str = "127.0.0.1", cv: bool = False) -> list[str]:
+    """``paddlex --serve`` for ``pipeline_yaml`` on the CPU, from the reference venv (``cv``: with
+    ``paddlex[cv]``, ``cv_python``)."""
+    program = ([str(cv_python()), "-c", "import sys; from paddlex.paddlex_cli import main; sys.argv[0] = 'paddlex'; "
+                "sys.exit(main())"] if cv else [str(python().parent / "paddlex")])
+    return [*program, "--serve", "--pipeline", str(pipeline_yaml), "--device", "cpu", "--host", host, "--port",
+            str(port)]
 
 
 def serve(pipeline_yaml: Path | str, port: int, host: str = "127.0.0.1", **popen) -> subprocess.Popen:
