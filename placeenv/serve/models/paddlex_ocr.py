@@ -33,9 +33,9 @@ def _transform_ops(directory: str) -> tuple[dict, dict]:
     return ops, found.get("PostProcess") or {}
 
 
-#: The most pixels an image may claim to be decoded: 64 million (about 200 MB as BGR), a 50-megapixel
-#: photo with room to spare. A PNG of a few MB may decode to gigabytes, and a header may claim any size
-#: in a few bytes (OpenCV raises, not refuses, past its own 2^30).
+#: The most pixels an image may claim to be decoded: 2^26, three bytes each as BGR, a 50-megapixel photo
+#: with room to spare. A small PNG may decode to gigabytes, and a header may claim any size in a few
+#: bytes (OpenCV raises, not refuses, past its own 2^30; docs/models.md).
 MAX_DECODED_PIXELS = 1 << 26
 
 
