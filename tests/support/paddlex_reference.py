@@ -102,31 +102,37 @@ def _run(args: list[str], what: str, timeout: float = 3600, **kwargs) -> subproc
     return done
 
 
-def python() -> Path:
-    """The reference venv's interpreter, the venv made on first use (several minutes, about 1.5 GB)."""
-    target = venv_dir()
+def _made(target: Path, make) -> Path:
+    """The interpreter of the venv at ``target``, ``make(target)`` run first where the venv has no ``MARKER``
+    (under a file lock; a venv left half-made is made anew), which then holds what it returned."""
     interpreter = target / "bin" / "python"
     if (target / MARKER).is_file():
         return interpreter
     with locked(target.with_name(target.name + ".lock")):
         if (target / MARKER).is_file():
             return interpreter
-        if target.exists():
-            shutil.rmtree(target)  # a make that did not finish
-        started = time.monotonic()
+        shutil.rmtree(target, ignore_errors=True)  # a make that did not finish
         _run([sys.executable, "-m", "venv", str(target)],
              "python3 -m venv (Debian: apt-get install python3-venv)", timeout=600)
-        pip = [str(interpreter), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+        (target / MARKER).write_text(json.dumps(make(target)) + "\n")
+    return interpreter
+
+
+def python() -> Path:
+    """The reference venv's interpreter, the venv made on first use (several minutes, about 1.5 GB)."""
+
+    def make(target: Path) -> dict:
+        started = time.monotonic()
+        pip = [str(target / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
         _run([*pip, f"paddlepaddle=={PADDLEPADDLE}", f"paddleocr=={PADDLEOCR}", f"paddlex=={PADDLEX}"],
              f"pip install paddlepaddle=={PADDLEPADDLE} paddleocr=={PADDLEOCR} paddlex=={PADDLEX} "
              f"(from PyPI, into {target})")
         _run([str(target / "bin" / "paddlex"), "--install", "serving"],
              f"paddlex --install serving (PaddleX serving's dependencies, from PyPI, into {target})")
-        seconds = time.monotonic() - started
-        (target / MARKER).write_text(json.dumps({
-            "paddlepaddle": PADDLEPADDLE, "paddleocr": PADDLEOCR, "paddlex": PADDLEX,
-            "seconds_to_make": round(seconds, 1)}) + "\n")
-    return interpreter
+        return {"paddlepaddle": PADDLEPADDLE, "paddleocr": PADDLEOCR, "paddlex": PADDLEX,
+                "seconds_to_make": round(time.monotonic() - started, 1)}
+
+    return _made(venv_dir(), make)
 
 
 #: What ``paddlex[cv]`` adds to the reference venv: PaddleX's vision pipelines (object_detection, ...)
@@ -139,24 +145,18 @@ def cv_python() -> Path:
     ``paddlex --serve`` of a vision pipeline (benchmarks/paddlex_serving.py --detection); made on first use,
     beside the reference venv, which it leaves as it is."""
     reference = python()
-    target = venv_dir().with_name(venv_dir().name + "-cv")
-    interpreter = target / "bin" / "python"
-    if (target / MARKER).is_file():
-        return interpreter
-    with locked(target.with_name(target.name + ".lock")):
-        if (target / MARKER).is_file():
-            return interpreter
-        shutil.rmtree(target, ignore_errors=True)
-        _run([sys.executable, "-m", "venv", str(target)], "python3 -m venv", timeout=600)
-        site = _run([str(reference), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                    "the reference venv's site-packages").stdout.strip()
-        own = _run([str(interpreter), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                   "the cv venv's site-packages").stdout.strip()
-        (Path(own) / "paddlex-reference.pth").write_text(site + "\n")
-        _run([str(interpreter), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *CV_EXTRA],
-             f"pip install {' '.join(CV_EXTRA)} (paddlex[cv], from PyPI, into {target})")
-        (target / MARKER).write_text(json.dumps({"over": str(venv_dir()), "packages": CV_EXTRA}) + "\n")
-    return interpreter
+
+    def make(target: Path) -> dict:
+        def site(interpreter: Path) -> Path:
+            return Path(_run([str(interpreter), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             f"{interpreter}'s site-packages").stdout.strip())
+
+        (site(target / "bin" / "python") / "paddlex-reference.pth").write_text(f"{site(reference)}\n")
+        _run([str(target / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+              *CV_EXTRA], f"pip install {' '.join(CV_EXTRA)} (paddlex[cv], from PyPI, into {target})")
+        return {"over": str(venv_dir()), "packages": CV_EXTRA}
+
+    return _made(venv_dir().with_name(venv_dir().name + "-cv"), make)
 
 
 def models() -> Path:
