@@ -191,8 +191,8 @@ def _detection(name: str, path: Path, raw: dict[str, Any], refuse, workers: int,
         detector = steps.inspected(directory, module, settings)
     except ValueError as exc:
         raise refuse(f"{_where(key)}: {exc}") from None
-    model = _export(f"{name}.{key}", key, directory, module, _batch_size(refuse, key, module), max_batch_delay_ms,
-                    refuse)
+    model = _detector_export(refuse, key, directory, _load_export(
+        f"{name}.{key}", key, directory, module, _batch_size(refuse, key, module), max_batch_delay_ms, refuse))
     version = model.default
     # PaddleX's runner feeds ToBatch's arrays to the export's inputs in the order of their sorted names.
     inputs = sorted(spec.name for spec in version.inputs)
@@ -375,14 +375,11 @@ def _model_dir(refuse, path: Path, module: dict, key: str) -> Path:
     return directory.resolve()
 
 
-def _export(name: str, key: str, directory: Path, module: dict, batch: int, delay_ms: float, refuse) -> Entry:
+def _load_export(name: str, key: str, directory: Path, module: dict, batch: int, delay_ms: float,
+                 refuse) -> Entry:
     """SubModule ``key``'s export as model ``name``: a Predictor (oneDNN as the module's
     ``engine_config.run_mode`` says: ``paddle`` off, ``mkldnn`` on; else on, and off where it cannot run the
-    program). Refused unless it takes one tensor (the image, as PaddleX's predictors feed it), and for
-    the unwarping model unless it answers an image; a detector unless it takes and answers what
-    PaddleDetection's exports do, its answers then a row an image (``paddlex_detection.per_image``)."""
-    from .paddlex_detection import per_image
-
+    program)."""
     engine = module.get("engine_config") or {}
     run_mode = engine.get("run_mode")
     # Unset, the service's default (every core), not PaddleX's 10: here a Predictor's runs leave the GIL and
@@ -400,31 +397,45 @@ def _export(name: str, key: str, directory: Path, module: dict, batch: int, dela
         # No batch_padding for the recogniser: a group padded wider to join another page's changes its scores
         # (by up to 0.015 on the test pages), and PaddleX's own groups of batch_size fill a batch already.
         inference=InferenceOptions(onednn=run_mode != "paddle", cpu_threads=cpu_threads))
-    entry = load_entry(name, directory, config, None, batch, delay_ms)
+    return load_entry(name, directory, config, None, batch, delay_ms)
+
+
+def _export(name: str, key: str, directory: Path, module: dict, batch: int, delay_ms: float, refuse) -> Entry:
+    """``_load_export``, refused unless the export takes one tensor (the image, as PaddleX's predictors feed
+    it), and for the unwarping model unless it answers an image."""
+    entry = _load_export(name, key, directory, module, batch, delay_ms, refuse)
     version = entry.default
-    shape = version.outputs[0].shape if version.outputs else ()
-    if key == "ObjectDetection":
-        given = ", ".join(f"{s.name} {list(s.shape)}" for s in (*version.inputs, *version.outputs))
-        counts = version.outputs[1].shape if len(version.outputs) > 1 else ()
-        if (len(version.inputs) not in (2, 3) or len(version.outputs) != 2 or len(shape) != 2
-                or shape[1] not in (6, 7, 8, -1) or len(counts) != 1):
-            raise refuse(f"{_where(key)}: {directory} takes {len(version.inputs)} inputs and answers "
-                         f"{len(version.outputs)} ({given}); a PaddleDetection export takes the image and its scale "
-                         "factor (and for some its size) and answers its boxes [M, 6] and their count an image [N] "
-                         "(instance segmentation's masks are not served): give the model_dir of its PaddleX export")
-        boxes = version.outputs[0]
-        version.model_class = per_image(version.model_class, boxes.name, version.outputs[1].name)
-        version.context = dataclasses.replace(version.context, outputs=(
-            dataclasses.replace(boxes, shape=(-1, -1, shape[1])), *version.outputs[1:]))
-        return entry
     if len(version.inputs) != 1 or not version.outputs:
         raise refuse(f"{_where(key)}: {directory} takes {len(version.inputs)} inputs "
                      f"({', '.join(s.name for s in version.inputs)}) and answers {len(version.outputs)}; a "
                      f"{module.get('module_name')} export takes one, the image: give the model_dir of its PaddleX "
                      "export")
+    shape = version.outputs[0].shape
     if key == "DocUnwarping" and (len(shape) != 4 or shape[1] not in (3, -1)):
         raise refuse(f"{_where(key)}: {directory} answers {list(shape)}; an unwarping model answers the page, "
                      "[N, 3, H, W]: give the model_dir of UVDoc's PaddleX export")
+    return entry
+
+
+def _detector_export(refuse, key: str, directory: Path, entry: Entry) -> Entry:
+    """A detector's export (``_load_export``), refused unless it takes and answers what PaddleDetection's
+    exports do; its answers then a row an image (``paddlex_detection.per_image``)."""
+    from .paddlex_detection import per_image
+
+    version = entry.default
+    shape = version.outputs[0].shape if version.outputs else ()
+    counts = version.outputs[1].shape if len(version.outputs) > 1 else ()
+    if (len(version.inputs) not in (2, 3) or len(version.outputs) != 2 or len(shape) != 2
+            or shape[1] not in (6, 7, 8, -1) or len(counts) != 1):
+        given = ", ".join(f"{s.name} {list(s.shape)}" for s in (*version.inputs, *version.outputs))
+        raise refuse(f"{_where(key)}: {directory} takes {len(version.inputs)} inputs and answers "
+                     f"{len(version.outputs)} ({given}); a PaddleDetection export takes the image and its scale "
+                     "factor (and for some its size) and answers its boxes [M, 6] and their count an image [N] "
+                     "(instance segmentation's masks are not served): give the model_dir of its PaddleX export")
+    boxes = version.outputs[0]
+    version.model_class = per_image(version.model_class, boxes.name, version.outputs[1].name)
+    version.context = dataclasses.replace(version.context, outputs=(
+        dataclasses.replace(boxes, shape=(-1, -1, shape[1])), *version.outputs[1:]))
     return entry
 
 

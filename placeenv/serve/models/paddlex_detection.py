@@ -91,17 +91,23 @@ def inspected(directory: Path, module: dict[str, Any], settings: dict[str, Any])
         raise ValueError(f"model_name {given!r}, but {directory / 'inference.yml'} is {exported!r}'s: give the "
                          "model_dir of the model named, or its name")
     try:
-        return Detector(str(directory), str(given or exported or ""), settings)
+        return Detector(config, str(given or exported or ""), settings)
     except Exception as exc:  # noqa: BLE001 - what PaddleX refuses in the export or the file, said
         raise ValueError(f"PaddleX cannot build its processors: {type(exc).__name__}: {exc}") from None
 
 
 class Detector:
     """PaddleX's detection processors for an export, built by PaddleX's own ``DetRunnerPredictor._build``
-    from its ``inference.yml`` and the file's settings, without its predictor (which would load the
-    network): the steps that prepare an image, the keys ``ToBatch`` feeds, ``DetPostProcess``."""
+    from its ``inference.yml`` (``config``) and the file's settings, without its predictor (which would load
+    the network): the steps that prepare an image, the keys ``ToBatch`` feeds, ``DetPostProcess``."""
 
-    def __init__(self, directory: str, model_name: str, settings: dict[str, Any]):
+    @classmethod
+    def of(cls, context) -> "Detector":
+        """A CPU step's: its context's ``parameters`` (``models/paddlex._detection``'s settings)."""
+        parameters = context.parameters
+        return cls(read_config(parameters["dir"]), parameters["model_name"], parameters["settings"])
+
+    def __init__(self, config: dict[str, Any], model_name: str, settings: dict[str, Any]):
         from paddlex.inference.models.object_detection.predictor import DetRunnerPredictor
         from paddlex.inference.models.object_detection.utils import STATIC_SHAPE_MODEL_LIST
 
@@ -116,7 +122,7 @@ class Detector:
             build_postprocess = DetRunnerPredictor.build_postprocess
 
         built = Built()
-        built.config, built.model_name = copy.deepcopy(read_config(directory)), model_name  # (_build pops keys)
+        built.config, built.model_name = copy.deepcopy(config), model_name  # (_build pops keys)
         self.model_name = model_name
         built.img_size = (img_size, img_size) if isinstance(img_size, int) else img_size
         built.threshold = settings.get("threshold")
@@ -185,8 +191,7 @@ class Prepare(Model):
                TensorSpec("scale_factors", "FP32", (1, 2)), TensorSpec("size", "INT32", (1, 2)))
 
     def load(self, context):
-        parameters = context.parameters
-        self.detector = Detector(parameters["dir"], parameters["model_name"], parameters["settings"])
+        self.detector = Detector.of(context)
         return None
 
     def preprocess(self, inputs):
@@ -210,8 +215,7 @@ class Boxes(Model):
     outputs = OUTPUTS
 
     def load(self, context):
-        parameters = context.parameters
-        self.detector = Detector(parameters["dir"], parameters["model_name"], parameters["settings"])
+        self.detector = Detector.of(context)
         return None
 
     def execute(self, inputs):
