@@ -22,7 +22,6 @@ import asyncio
 import base64
 import binascii
 import dataclasses
-import io
 import json
 import urllib.request
 from collections.abc import Callable
@@ -211,19 +210,8 @@ def _fetch(url: str, limit: int) -> bytes:
     return data
 
 
-def _size(data: bytes) -> tuple[int, int]:
-    """The image's width and height from its header (Pillow reads no pixels for it)."""
-    from PIL import Image
-
-    try:
-        with Image.open(io.BytesIO(data)) as image:
-            return image.size
-    except Exception:  # noqa: BLE001 - a file Pillow cannot read: the pipeline says what it is
-        return 0, 0
-
-
 def _ocr_result(schemas, models, outputs, about, parameters, data):
-    width, height = _size(data)
+    width, height = settings_of.claimed_size(data) or (0, 0)
     return schemas.InferResult(ocrResults=[schemas.OCRResult(prunedResult=pruned_result(outputs, about, parameters))],
                                dataInfo=models.ImageInfo(width=width, height=height))
 
@@ -231,9 +219,10 @@ def _ocr_result(schemas, models, outputs, about, parameters, data):
 def _classification_settings(request, about: dict[str, Any]) -> dict[str, Any]:
     if request.topk is None:
         return {}
-    if request.topk > settings_of.TOPK_MAX:  # (PaddleX's schema refuses one below 1)
-        raise InvalidInput(f"topk {request.topk}: send a whole number from 1 to {settings_of.TOPK_MAX}, or leave it "
-                           "out (the pipeline file's topk, else its model's)")
+    try:
+        settings_of.topk({"topk": request.topk})
+    except InvalidInput as exc:
+        raise InvalidInput(f"topk: {exc}") from None
     return {"topk": request.topk}
 
 

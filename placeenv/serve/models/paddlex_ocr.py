@@ -51,9 +51,12 @@ def decoded(inputs) -> np.ndarray:
     blob = data[0]
     if not isinstance(blob, (bytes, bytearray)) or not blob:
         raise InputError("input 'image': expected the bytes of an encoded image (JPEG, PNG, BMP, TIFF, WebP)")
-    pixels, exactly = claimed_pixels(blob)
-    if pixels > MAX_DECODED_PIXELS or not exactly:
-        claims = f"{'' if exactly else 'over '}{pixels / 1e6:.0f} million"
+    size = settings_of.claimed_size(blob)
+    if size is None or size[0] * size[1] > MAX_DECODED_PIXELS:
+        from PIL import Image
+
+        pixels = size[0] * size[1] if size else 2 * (Image.MAX_IMAGE_PIXELS or 0)  # (at least Pillow's limit)
+        claims = f"{'' if size else 'over '}{pixels / 1e6:.0f} million"
         raise InputError(f"input 'image': its header claims {claims} pixels ({len(blob)} bytes); send an image of at "
                          f"most {MAX_DECODED_PIXELS >> 20} million pixels (a 12-megapixel photo is fine)")
     image = cv2.imdecode(np.frombuffer(blob, np.uint8), cv2.IMREAD_COLOR)
@@ -61,23 +64,6 @@ def decoded(inputs) -> np.ndarray:
         raise InputError(f"input 'image': not an image OpenCV can decode ({len(blob)} bytes, starting "
                          f"{bytes(blob[:8])!r}); send a JPEG, PNG, BMP, TIFF or WebP file's bytes")
     return image
-
-
-def claimed_pixels(blob: bytes) -> tuple[int, bool]:
-    """How many pixels an encoded image's header claims, read by Pillow without decoding one, and whether
-    exactly: for one over Pillow's own bomb limit, that limit (at least); 0 for a file Pillow does not
-    know (OpenCV then says what it is)."""
-    import io
-
-    from PIL import Image
-
-    try:
-        with Image.open(io.BytesIO(blob)) as image:
-            return image.size[0] * image.size[1], True
-    except Image.DecompressionBombError:
-        return 2 * (Image.MAX_IMAGE_PIXELS or 0), False
-    except Exception:  # noqa: BLE001 - a file Pillow cannot read
-        return 0, True
 
 
 #: The most pixels a classifier's resize may make of one image (``check_resize``).

@@ -1,8 +1,9 @@
 """A PaddleX pipeline's per-request settings: their names (those of PaddleX's ``pipeline.predict``), their
 checks, and how a request's value meets the pipeline file's: OCR's (``SETTINGS``, ``SWITCHES``; the
-document preprocessor's two switches as PaddleX's OCR pipeline combines them, ``doc_preprocessing``) and
-image classification's ``topk``. The pipelines' CPU steps read them from a request's parameters
-(models/paddlex_ocr.py, paddlex_classification.py); PaddleX serving's endpoints map its fields to them
+document preprocessor's two switches as PaddleX's OCR pipeline combines them, ``doc_preprocessing``),
+image classification's ``topk`` and object detection's ``threshold``; and the size an image's header
+claims (``claimed_size``, Pillow's reading). The pipelines' CPU steps read them from a request's parameters
+(models/paddlex_ocr.py, paddlex_classification.py, paddlex_detection.py); PaddleX serving's endpoints map its fields to them
 and show them in their answers (http/paddlex.py). No Paddle, no PaddleX: a front end checks them too.
 
 PaddleX's quirk, copied: its text detector takes ``value or default``, so a falsy limit side length,
@@ -172,3 +173,19 @@ def threshold(parameters: Mapping[str, Any]) -> float | dict[int, float] | None:
 def is_score(value: Any) -> bool:
     """Whether ``value`` is a number from 0 to 1 (not a bool)."""
     return type(value) in (int, float) and math.isfinite(value) and 0 <= value <= 1
+
+
+def claimed_size(blob: bytes) -> tuple[int, int] | None:
+    """The width and height an encoded image's header claims, read by Pillow without decoding a pixel; (0, 0)
+    for a file Pillow does not know (OpenCV then says what it is), None for one over Pillow's own bomb limit."""
+    import io
+
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(blob)) as image:
+            return image.size
+    except Image.DecompressionBombError:
+        return None
+    except Exception:  # noqa: BLE001 - a file Pillow cannot read
+        return 0, 0
