@@ -4,7 +4,8 @@ document preprocessor's two switches as PaddleX's OCR pipeline combines them, ``
 image classification's ``topk`` and object detection's ``threshold``; and the size an image's header
 claims (``claimed_size``, Pillow's reading). The pipelines' CPU steps read them from a request's
 parameters (models/paddlex_ocr.py, paddlex_classification.py, paddlex_detection.py); PaddleX serving's
-endpoints map its fields to them and show them in their answers (http/paddlex.py). No Paddle, no PaddleX: a front end checks them too.
+endpoints map its fields to them and show them in their answers (http/paddlex.py). No Paddle, no
+PaddleX: a front end checks them too.
 
 PaddleX's quirk, copied: its text detector takes ``value or default``, so a falsy limit side length,
 limit type, threshold, box threshold or unclip ratio (0, "") runs with the pipeline file's value, while
