@@ -61,9 +61,8 @@ def served(repository):
 
 
 def over_v2(url: str, data: bytes, parameters: dict | None = None) -> dict:
-    result = paddlex_reference.over_v2(url, "classify", data, parameters)
-    return {"class_ids": result.as_numpy("class_ids").tolist(), "scores": result.as_numpy("scores").tolist(),
-            "label_names": [name.decode() for name in result.as_numpy("label_names")]}
+    return paddlex_reference.as_lists(paddlex_reference.over_v2(url, "classify", data, parameters),
+                                      ("class_ids", "scores", "label_names"))
 
 
 def _same(answer: dict, expected: dict) -> bool:

@@ -75,10 +75,7 @@ def served(repository):
 
 
 def over_v2(url: str, data: bytes, parameters: dict | None = None) -> dict:
-    result = paddlex_reference.over_v2(url, "detect", data, parameters)
-    found = {key: result.as_numpy(key).tolist() for key in KEYS}
-    found["label_names"] = [name.decode() for name in found["label_names"]]
-    return found
+    return paddlex_reference.as_lists(paddlex_reference.over_v2(url, "detect", data, parameters), KEYS)
 
 
 def differences(answer: dict, expected: dict) -> list[str]:

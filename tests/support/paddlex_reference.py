@@ -423,6 +423,12 @@ def over_v2(url: str, model: str, data: bytes, parameters: dict | None = None):
     return client.infer(model, [image], parameters=parameters)
 
 
+def as_lists(result, keys: tuple[str, ...]) -> dict[str, list]:
+    """A tritonclient result's outputs ``keys`` as lists, BYTES elements decoded (UTF-8)."""
+    return {key: [v.decode() if isinstance(v, bytes) else v for v in result.as_numpy(key).tolist()]
+            for key in keys}
+
+
 def differences(answer: dict, expected: dict) -> list[str]:
     """What differs between an answer and PaddleX's beyond the tolerances (nothing: [])."""
     if list(answer["rec_texts"]) != list(expected["rec_texts"]):
