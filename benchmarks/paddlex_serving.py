@@ -24,8 +24,8 @@ runs). Each round measures one at a time (the other idle), the order alternating
 ``--passes`` times, one client, sequential: p50 and mean latency), then throughput over ``--requests``
 requests cycling over the pages at each of ``--clients`` concurrent clients (a thread each with its own
 HTTP session). Every answer's rec_texts is checked against PaddleX's first c=1 answer for that page.
-Our per-stage times come from the statistics of ocr.prepare / ocr.TextDetection / ocr.read /
-ocr.TextRecognition (``/v2/models/<m>/stats``) around our whole measurement in the last round (c=1 and
+Our per-stage times come from the statistics of ocr.pipeline (PaddleX's pipeline object on a CPU worker, its
+calls' waits included) / ocr.TextDetection / ocr.TextRecognition (``/v2/models/<m>/stats``) around our whole measurement in the last round (c=1 and
 every concurrency). With the defaults a run takes about 10 minutes on an idle 2-core VM (23 under another
 engineer's tests, docs/benchmarks.md, "PaddleX serving").
 
@@ -42,7 +42,7 @@ red, green and blue rectangles at four sizes, through ``POST /object-detection``
 from a venv with ``paddlex[cv]`` over the reference venv (``paddlex_reference.cv_python``: its vision
 pipelines need it to start). The answers compared are the classes and boxes to the nearest 2 px.
 
-``--cpu-scaling`` measures instead how the pipeline's CPU steps scale from 1 to 2 CPU workers
+``--cpu-scaling`` measures instead how the pipeline's CPU work scales from 1 to 2 CPU workers
 (``PLACEENV_PADDLEX_CPU_WORKERS``, models/paddlex.py): two services, 1 and 2 workers, interleaved, the
 throughput at the largest ``--clients``; then, in this process, the CPU steps' pure CPU parts (decode,
 det resize/normalise, DB postprocess, sort, crops, rec resize/batch, CTC decode; the networks' outputs
@@ -89,8 +89,8 @@ from tests.support import paddlex_reference as reference  # noqa: E402
 logging.getLogger("httpx").setLevel(logging.WARNING)  # importing PaddleX would log every request
 
 MODEL = "ocr"
-STEPS = ("ocr.prepare", "ocr.TextDetection", "ocr.read", "ocr.TextRecognition")
-DETECTION_STEPS = ("ocr.prepare", "ocr.ObjectDetection", "ocr.boxes")
+STEPS = ("ocr.pipeline", "ocr.TextDetection", "ocr.TextRecognition")
+DETECTION_STEPS = ("ocr.pipeline", "ocr.ObjectDetection")
 V2_OUTPUTS = ("rec_texts", "rec_scores", "rec_polys", "rec_boxes", "dt_polys")
 JSON_HEADERS = {"Content-Type": "application/json"}
 
@@ -500,8 +500,7 @@ def cpu_scaling(args, repository: Path, datas: list[bytes], tmp: Path) -> dict:
 
 
 def cpu_micro(datas: list[bytes], rounds: int) -> list[dict]:
-    """The pipeline's CPU work a page, as models/paddlex_ocr.py's Prepare and Read do it (PaddleX's
-    processors), with the detector's maps and the recogniser's outputs computed beforehand: every page once
+    """The pipeline's CPU work a page, as PaddleX's OCR pipeline does it (its processors), with the detector's maps and the recogniser's outputs computed beforehand: every page once
     in 1 thread, then the same pages split between 2 threads; seconds of each, per round."""
     import cv2
 
@@ -556,7 +555,7 @@ def cpu_micro(datas: list[bytes], rounds: int) -> list[dict]:
 
 
 def groups_of(ocr, page, maps, shapes) -> tuple[list[np.ndarray], list]:
-    """As paddlex_ocr.Read up to the recogniser: DB postprocess, sort, crops, groups resized and batched."""
+    """As PaddleX's OCR pipeline up to the recogniser: DB postprocess, sort, crops, groups resized and batched."""
     from tests.support.paddlex_processors_demo import DET as det, REC_BATCH_SIZE
 
     polys, _ = ocr.det_post(maps, shapes, thresh=det["thresh"], box_thresh=det["box_thresh"],

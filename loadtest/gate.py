@@ -29,7 +29,10 @@ class Scrape:
         return sum(v for n, l, v in self.samples if n == name and all(l.get(k) == x for k, x in labels.items()))
 
     def ok(self, device: str) -> float:
-        return self.total("inference_requests_total", device=device, status="ok")
+        """What ``device`` served: requests answered there, and the pipeline steps and model calls it ran (a
+        PaddleX pipeline's networks are its calls)."""
+        return (self.total("inference_requests_total", device=device, status="ok")
+                + self.total("inference_pipeline_step_compute_duration_seconds_count", device=device))
 
     def queue_depth(self, device: str) -> float:
         return self.total("inference_queue_depth", device=device)
@@ -45,7 +48,7 @@ class Scrape:
 
 @dataclass
 class Growth:
-    """What grew during a run: ok requests per device, leaks per series, place checks."""
+    """What grew during a run: ok requests (and steps and calls) per device, leaks per series, place checks."""
 
     served: dict[str, float]
     leaks: dict[tuple, float]
@@ -102,6 +105,10 @@ class Prometheus:
             return {k: self.increase(v, start) for k, v in self._range(expr, start, end).items()}
 
         served = grown('sum by (instance, device) (inference_requests_total{status="ok"})')
+        # The pipeline steps and model calls each device ran count as its work too (``Scrape.ok``).
+        for key, value in grown("sum by (instance, device) "
+                                "(inference_pipeline_step_compute_duration_seconds_count)").items():
+            served[key] = served.get(key, 0.0) + value
         devices = self._range("max by (instance, device) (worker_up)", start, end)
         checks = grown("sum by (instance) (placeenv_place_checks_total)")
         return Growth(

@@ -120,14 +120,9 @@ def test_grpc_answers_as_http(served, page_set, reference):
     ({"file": base64.b64encode(b"not an image").decode(), "fileType": 1}, "not an image OpenCV can decode"),
     ({"file": "***", "fileType": 1}, "file is not base64"),
     ({"file": base64.b64encode(b"x").decode()}, "File type cannot be determined"),
-    ({"file": base64.b64encode(b"x").decode(), "fileType": 1, "textDetThresh": 1.5}, "textDetThresh"),
+    ({"file": base64.b64encode(b"x").decode(), "fileType": 1, "textDetThresh": "high"}, '"loc": "body.textDetThresh"'),
     ({"file": base64.b64encode(b"x").decode(), "fileType": 1, "textDetLimitType": "wide"}, "textDetLimitType"),
     ({"file": base64.b64encode(b"x").decode(), "fileType": 1, "textDetLimitSideLen": -1}, "textDetLimitSideLen"),
-    ({"file": base64.b64encode(b"x").decode(), "fileType": 1, "useTextlineOrientation": True},
-     "has no text-line orientation model"),
-    ({"file": base64.b64encode(b"x").decode(), "fileType": 1, "useDocUnwarping": True},
-     "useDocUnwarping: parameter use_doc_unwarping true: this pipeline's file has no document preprocessor"),
-    ({"file": base64.b64encode(b"x").decode(), "fileType": 1, "returnWordBox": True}, "word boxes are not served"),
 ])
 def test_a_bad_request_is_a_422_in_paddlexs_error_shape_naming_what_to_send(served, body, says):
     proc, _ = served
@@ -138,19 +133,23 @@ def test_a_bad_request_is_a_422_in_paddlexs_error_shape_naming_what_to_send(serv
     assert says in found["errorMsg"] and len(found["errorMsg"]) < 400
 
 
-def test_a_module_asked_over_v2_of_a_pipeline_without_it_is_a_400(served, page_set):
+def test_a_module_asked_of_a_pipeline_without_it_is_refused_in_paddlexs_words(served, page_set):
+    """PaddleX's pipeline object fails on a module switched on that its file has no model for: the request's 400
+    (/ocr's 422) naming the switch, where PaddleX serving answers 500."""
     from tritonclient.utils import InferenceServerException
 
     proc, _ = served
     image = th.InferInput("image", [1], "BYTES")
     image.set_data_from_numpy(np.array([page_set[0].data], dtype=object), binary_data=True)
     client = th.InferenceServerClient(proc.url[len("http://"):], network_timeout=120)
-    with pytest.raises(InferenceServerException) as refused:
-        client.infer("ocr", [image], parameters={"use_textline_orientation": True})
-    assert refused.value.status() == "400" and "has no text-line orientation model" in refused.value.message()
-    with pytest.raises(InferenceServerException) as refused:
-        client.infer("ocr", [image], parameters={"use_doc_orientation_classify": True})
-    assert refused.value.status() == "400" and "has no document preprocessor" in refused.value.message()
+    for parameters in ({"use_textline_orientation": True}, {"use_doc_orientation_classify": True}):
+        with pytest.raises(InferenceServerException) as refused:
+            client.infer("ocr", [image], parameters=parameters)
+        assert refused.value.status() == "400", refused.value.message()
+        assert f"with {next(iter(parameters))} true" in refused.value.message(), refused.value.message()
+    body = {"file": base64.b64encode(page_set[0].data).decode(), "fileType": 1, "useDocUnwarping": True}
+    answer = httpx.post(f"{proc.url}/ocr", json=body, timeout=60)
+    assert answer.status_code == 422 and "with use_doc_unwarping true" in answer.json()["errorMsg"], answer.text
     # Off is what this pipeline does anyway: answered.
     off = client.infer("ocr", [image], parameters={"use_textline_orientation": False})
     assert set(off.as_numpy("textline_orientation_angles").tolist()) == {-1}
@@ -264,7 +263,9 @@ def test_a_bad_setting_over_v2_is_a_400_naming_it(served, page_set):
     proc, _ = served
     image = {"name": "image", "shape": [1], "datatype": "BYTES", "data": ["x"]}
     for parameters, says in (({"text_det_thresh": "high"}, "text_det_thresh"),
-                             ({"text_rec_score_thresh": 2}, "text_rec_score_thresh"),
+                             ({"text_rec_score_thresh": "high"}, "text_rec_score_thresh"),
+                             ({"text_det_limit_type": "wide"}, "text_det_limit_type"),
+                             ({"no_such_setting": 1}, "not a setting of this PaddleX pipeline"),
                              ({"text_det_max_side_limit": 0}, "text_det_max_side_limit")):
         answer = httpx.post(f"{proc.url}/v2/models/ocr/infer", json={"inputs": [image], "parameters": parameters},
                             timeout=60)
@@ -272,9 +273,20 @@ def test_a_bad_setting_over_v2_is_a_400_naming_it(served, page_set):
 
 
 def test_each_model_of_the_pipeline_says_what_runs_it(served):
-    """The exports run in Predictors; the CPU steps' forward is PaddleX's processors, Python of their own."""
+    """The exports run in Predictors; the pipeline's one step is PaddleX's pipeline object, Python of its own."""
     proc, _ = served
     platforms = {m: httpx.get(f"{proc.url}/v2/models/{m}").json()["platform"]
-                 for m in ("ocr", "ocr.prepare", "ocr.TextDetection", "ocr.read", "ocr.TextRecognition")}
-    assert platforms == {"ocr": "ensemble", "ocr.prepare": "paddle_python", "ocr.TextDetection": "paddle_inference",
-                         "ocr.read": "paddle_python", "ocr.TextRecognition": "paddle_inference"}
+                 for m in ("ocr", "ocr.pipeline", "ocr.TextDetection", "ocr.TextRecognition")}
+    assert platforms == {"ocr": "ensemble", "ocr.pipeline": "paddle_python", "ocr.TextDetection": "paddle_inference",
+                         "ocr.TextRecognition": "paddle_inference"}
+
+
+def test_word_boxes_are_paddlexs(served, page_set):
+    """returnWordBox is PaddleX's own: its result's words and their boxes, which the answer carries."""
+    proc, _ = served
+    body = {"file": base64.b64encode(page_set[0].data).decode(), "fileType": 1, "returnWordBox": True}
+    answer = httpx.post(f"{proc.url}/ocr", json=body, timeout=120)
+    assert answer.status_code == 200, answer.text
+    pruned = answer.json()["result"]["ocrResults"][0]["prunedResult"]
+    assert pruned["return_word_box"] is True and pruned["text_word"] and len(pruned["text_word_boxes"]) == len(
+        pruned["rec_texts"])

@@ -9,11 +9,12 @@ PaddleX's own pipeline on the same pages is the reference: the same texts, angle
 and scores within 0.01. The control: the same pages with the switch off per request read the upside-down
 lines wrong, and the angles are -1.
 
-The reference runs the classifier with ``batch_size: 1``, the service the file's 6. PaddleX 3.7.2 gives
-every crop of a batch the first crop's class: its classifier's ``class_ids`` is one array for the whole
-batch, which its predictor does not split (it splits lists), and the OCR pipeline takes each result's
-first id. One crop a batch is where PaddleX's answer is each crop's own class, the answer its pipeline
-means; ``test_paddlex_with_batches_gives_each_crop_its_batchs_first_class`` pins that quirk.
+Both run the classifier with ``batch_size: 1``. PaddleX 3.7.2 gives every crop of a batch the first crop's
+class: its classifier's ``class_ids`` is one array for the whole batch, which its predictor does not split
+(it splits lists), and the OCR pipeline takes each result's first id. One crop a batch is where PaddleX's
+answer is each crop's own class, the answer its pipeline means; the service runs PaddleX's own pipeline
+code, so with a larger batch size it answers as PaddleX does, quirk and all, and
+``test_paddlex_with_batches_gives_each_crop_its_batchs_first_class`` pins that quirk.
 """
 
 from __future__ import annotations
@@ -41,7 +42,10 @@ def repository(tmp_path_factory):
     directory = root / "ocr"
     directory.mkdir()
     paddlex_reference.place_textline_models(directory)
-    shutil.copyfile(TEMPLATE, directory / "pipeline.yaml")
+    text = TEMPLATE.read_text()
+    assert text.count("    batch_size: 6\n  TextRecognition") == 1
+    (directory / "pipeline.yaml").write_text(text.replace("    batch_size: 6\n  TextRecognition",
+                                                          "    batch_size: 1\n  TextRecognition"))
     return root
 
 
@@ -131,7 +135,7 @@ def test_a_switch_that_is_not_true_or_false_is_a_400_naming_it(served, page_set)
 
 def test_the_classifier_is_a_model_of_the_repository_batched_as_the_file_says(served):
     config = httpx.get(f"{served.url}/v2/models/ocr.TextLineOrientation/config", timeout=30).json()
-    assert config["max_batch_size"] == 6
+    assert config["max_batch_size"] == 1
     assert [o["name"] for o in config["output"]] == ["fetch_name_0"]
     assert httpx.get(f"{served.url}/v2/models/ocr.TextLineOrientation", timeout=30).json()["platform"] == \
         "paddle_inference"

@@ -292,12 +292,13 @@ class PipelineRun:
 
 
 def call(run: Run, generation, name: str, version: int | None, requests: list[dict], outputs, calls: Calls,
-         parameters: Mapping[str, Any] | None = None) -> list[dict[str, np.ndarray]]:
+         parameters: Mapping[str, Any] | None = None, anywhere: bool = False) -> list[dict[str, np.ndarray]]:
     """A model's calls to another (``Model.infer``, ``Model.infer_all``), on the caller's worker thread: each
     request queued through the event loop as a step of the caller's request, under the ``generation`` that
     request was admitted under, all at once (they may run on several workers and share forward passes),
     and waited for within that request's deadline. Each call has the caller's request's parameters,
-    unless ``parameters`` (its own; {}: none) is given."""
+    unless ``parameters`` (its own; {}: none) is given. ``anywhere``: each call goes to the least loaded device
+    serving the model, not to the caller's own device first."""
     caller = calls.chain[-1]
     where = f"model {caller!r} calling {name!r}"
     parameters = calls.parameters if parameters is None else _call_parameters(where, parameters)
@@ -308,7 +309,7 @@ def call(run: Run, generation, name: str, version: int | None, requests: list[di
     checked = [_call_arrays(where, entry, chosen, inputs) for inputs in requests]
     futures = [_queue_call(run, generation, calls, caller, Work(name, chosen.number, examples, wanted,
                                                                 time.perf_counter(), calls.deadline, False,
-                                                                parameters=parameters), arrays)
+                                                                parameters=parameters), arrays, anywhere)
                for arrays, examples in checked]
     calls.worker.serve_until(_last_of(futures), calls.deadline)
     answers = []
@@ -388,7 +389,7 @@ def _call_arrays(where: str, entry: Entry, chosen, inputs: Mapping) -> tuple[dic
 
 
 def _queue_call(run: Run, generation, calls: Calls, caller: str, work: Work,
-                arrays: dict) -> concurrent.futures.Future:
+                arrays: dict, anywhere: bool = False) -> concurrent.futures.Future:
     """One call (``work``) queued from the event loop; its future gets the worker's ``Answer``."""
     name, number = work.model, work.version
     future: concurrent.futures.Future = concurrent.futures.Future()
@@ -403,7 +404,7 @@ def _queue_call(run: Run, generation, calls: Calls, caller: str, work: Work,
     worker = calls.worker
     # Where its tensors are; else on the caller's own device, which serves it while it waits.
     prefer = next((v.device for v in arrays.values() if isinstance(v, Handed)),
-                  worker.device if (name, number) in worker.held else "")
+                  worker.device if (name, number) in worker.held and not anywhere else "")
     options = StepOptions(prefer=prefer, step=(caller, name), chain=calls.chain)
     calls.loop.call_soon_threadsafe(functools.partial(run, generation, work, arrays, settled, options))
     return future

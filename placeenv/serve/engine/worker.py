@@ -26,8 +26,8 @@ import placeenv
 
 from .. import metrics
 from .dispatch import DeviceQueue, Job, resolve_all
-from ..protocol.errors import Draining, ModelFailed, Overloaded, ServiceError, Timeout
-from ..models.base import CALLS, JIT_LOAD_LOCK, Model
+from ..protocol.errors import Draining, InvalidInput, ModelFailed, Overloaded, ServiceError, Timeout
+from ..models.base import CALLS, JIT_LOAD_LOCK, InputError, Model
 from ..models.repository import Entry
 from .forward import Answer, Batch, Handed, forward
 from .replica import STOCK_BUILDS, Shares, Slot, build, finalize
@@ -44,6 +44,8 @@ def failure(model: str, exc: Exception) -> ServiceError:
     """The answer of a request whose model raised ``exc``."""
     if isinstance(exc, PASSED_ON):
         return exc
+    if isinstance(exc, InputError):  # the model says the request cannot be run as sent: the client's 400
+        return InvalidInput(f"model {model!r}: {exc}")
     return ModelFailed(f"model {model!r} failed on this request: {type(exc).__name__}: {str(exc)[:500]}")
 
 

@@ -3,17 +3,17 @@ PaddleX's clients work unchanged: ``POST /ocr`` for an OCR pipeline, ``POST /ima
 an image classification one, ``POST /object-detection`` for an object detection one (``ENDPOINTS``).
 Their request and response schemas this adapter takes from PaddleX itself
 (``paddlex.inference.serving.schemas``, imported at the first such request); its error shape
-``{logId, errorCode, errorMsg}`` with the HTTP status as ``errorCode``, its ``logId``.
+``{logId, errorCode, errorMsg}`` with the HTTP status as ``errorCode``, its ``logId``. The answer is built
+from the pipeline's ``result``, PaddleX's own result as its pipeline object made it, pruned as PaddleX serving
+prunes it (models/paddlex_pipeline.py).
 
 A request goes through the same gateway as v2 (one BYTES input, the file's bytes), so it is checked,
 counted, batched and answered as any. What differs from PaddleX serving, each a clear 422: a file that
 is a URL is fetched only with ``--fetch-urls`` (else any client could make the service fetch
-addresses); a PDF (``fileType`` 0) is not served (send its pages as images); word boxes are not served
-yet, nor text-line orientation or the document preprocessor's modules by a pipeline whose file has no
-model for them. ``visualize`` draws nothing: the answer carries no images. The per-request settings
-(``textDetThresh`` ..., ``topk``, ``threshold``) go to the pipeline as the request's parameters of PaddleX's
-``pipeline.predict`` names (protocol/paddlex.py), and OCR's ``text_det_params`` and
-``text_rec_score_thresh`` show them as PaddleX's do.
+addresses); a PDF (``fileType`` 0) is not served (send its pages as images). ``visualize`` draws
+nothing: the answer carries no images. The per-request settings (``textDetThresh`` ..., ``topk``,
+``threshold``) go to the pipeline as the request's parameters, each field's name as PaddleX serving hands it
+to ``pipeline.predict`` (``textDetThresh`` -> ``text_det_thresh``), checked by protocol/paddlex.py.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import base64
 import binascii
 import dataclasses
 import json
+import re
 import urllib.request
 from collections.abc import Callable
 from typing import Any
@@ -37,30 +38,22 @@ from ..protocol.request import InferRequest
 from .responses import JSON, PADDLEX_PATHS, refusal
 from .routes import Call, InferRoute
 
-#: A request's settings PaddleX serving takes per request -> the request parameter each is (PaddleX serving
-#: hands them to ``pipeline.predict`` under these names).
-PER_REQUEST = {"textDetLimitSideLen": "text_det_limit_side_len", "textDetLimitType": "text_det_limit_type",
-               "textDetThresh": "text_det_thresh", "textDetBoxThresh": "text_det_box_thresh",
-               "textDetUnclipRatio": "text_det_unclip_ratio", "textRecScoreThresh": "text_rec_score_thresh",
-               "useTextlineOrientation": "use_textline_orientation",
-               "useDocOrientationClassify": "use_doc_orientation_classify", "useDocUnwarping": "use_doc_unwarping"}
-#: What the served pipelines do not do: a request that turns it on is refused.
-NOT_SERVED = {"returnWordBox": "word boxes"}
+#: The fields of PaddleX serving's requests that are not the pipeline's settings.
+NOT_SETTINGS = frozenset({"file", "fileType", "image", "visualize", "logId"})
 
 
 @dataclasses.dataclass(frozen=True)
 class Endpoint:
     """One endpoint of PaddleX serving's API: its path, the PaddleX pipeline it serves, its schemas' module
     (``paddlex.inference.serving.schemas.<schema>``), the request's field that holds the file, and how the
-    request becomes the pipeline's parameters and the pipeline's outputs its result."""
+    pipeline's outputs become its result."""
 
     path: str
     pipeline: str
     schema: str
     field: str
-    settings: Callable[[Any, dict[str, Any]], dict[str, Any]]  # (request, about) -> parameters
     data: Callable[[Any], bytes]  # the request -> the file's bytes
-    result: Callable[..., Any]  # (schemas, models, outputs, about, parameters, data) -> its InferResult
+    result: Callable[..., Any]  # (schemas, models, outputs, data) -> its InferResult
     summary: str  # what the API's documentation calls it
     about: str  # what GET / and a 405 say of it
     refused: str  # what its 422s refuse
@@ -85,7 +78,7 @@ async def serve(endpoint: Endpoint, gateway: Gateway, call: Call) -> Response:
         asked["request"] = request = _parse(schemas, call.body)
         asked["log_id"] = getattr(request, "logId", None) or utils.generate_log_id()
         name, asked["about"] = _pipeline(gateway, endpoint.pipeline)
-        asked["parameters"] = endpoint.settings(request, asked["about"])
+        asked["parameters"] = _settings(request, asked["about"])
         if "data" not in asked:
             asked["data"] = endpoint.data(request)
         return name, None
@@ -105,7 +98,7 @@ async def serve(endpoint: Endpoint, gateway: Gateway, call: Call) -> Response:
         result = await gateway.infer(identify, read)
     except ServiceError as exc:  # PaddleX's error shape, with the request's logId where it gave one
         return refusal(exc, endpoint.path, gateway.settings.retry_after_s, asked.get("log_id"))
-    found = endpoint.result(schemas, models, result.outputs, asked["about"], asked["parameters"], asked["data"])
+    found = endpoint.result(schemas, models, result.outputs, asked["data"])
     reply = models.AIStudioResultResponse[schemas.InferResult](logId=asked["log_id"], result=found)
     return JSON(reply.model_dump(mode="json", exclude_none=True))
 
@@ -136,26 +129,25 @@ def _pipeline(gateway: Gateway, kind: str) -> tuple[str, dict[str, Any]]:
     return found[0]
 
 
-def _ocr_settings(request, about: dict[str, Any]) -> dict[str, Any]:
-    """The OCR request's settings as the pipeline's parameters, checked (a bad one named by its field);
-    refuse what the served pipeline cannot do for it, naming it and what to send."""
-    for key, what in NOT_SERVED.items():
-        if getattr(request, key):
-            raise InvalidInput(f"{key}: {what} are not served here; send {key}: false or leave it out")
+def _settings(request, about: dict[str, Any]) -> dict[str, Any]:
+    """The request's settings as the pipeline's parameters, each field under the name PaddleX serving hands it
+    to ``pipeline.predict`` under (``textDetThresh`` -> ``text_det_thresh``), checked as v2's are (a mapping
+    or a list as its JSON text, as a parameter is a single value); a setting the pipeline does not take
+    refused, naming it."""
     found = {}
-    for key, name in PER_REQUEST.items():
-        value = getattr(request, key)
-        if value is None:
+    for key, value in request:
+        if key in NOT_SETTINGS or value is None:
             continue
+        name = re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", key).lower()
+        if name not in about["settings"]:
+            raise InvalidInput(f"{key}: not a setting of the served PaddleX {about['pipeline_name']} pipeline; leave it "
+                               "out")
+        given = json.dumps(value) if isinstance(value, (dict, list)) else value
         try:
-            settings_of.requested({name: value})
-            # Refused where the pipeline has no model for it.
-            settings_of.textline_orientation(about["use_textline_orientation"], {name: value})
-            if name in settings_of.DOC_SWITCHES and value:
-                settings_of.doc_preprocessing(about.get("doc_preprocessor"), {name: True})
+            settings_of.settings(about["settings"], {name: given})
         except InvalidInput as exc:
             raise InvalidInput(f"{key}: {exc}") from None
-        found[name] = value
+        found[name] = given
     return found
 
 
@@ -210,98 +202,46 @@ def _fetch(url: str, limit: int) -> bytes:
     return data
 
 
-def _ocr_result(schemas, models, outputs, about, parameters, data):
+def _result(outputs) -> Any:
+    return json.loads(outputs["result"][0])
+
+
+def _ocr_result(schemas, models, outputs, data):
     width, height = settings_of.claimed_size(data) or (0, 0)
-    return schemas.InferResult(ocrResults=[schemas.OCRResult(prunedResult=pruned_result(outputs, about, parameters))],
+    return schemas.InferResult(ocrResults=[schemas.OCRResult(prunedResult=_result(outputs))],
                                dataInfo=models.ImageInfo(width=width, height=height))
 
 
-def _classification_settings(request, about: dict[str, Any]) -> dict[str, Any]:
-    if request.topk is None:
-        return {}
-    try:
-        settings_of.topk({"topk": request.topk})
-    except InvalidInput as exc:
-        raise InvalidInput(f"topk: {exc}") from None
-    return {"topk": request.topk}
-
-
-def _classification_result(schemas, models, outputs, about, parameters, data):
-    """PaddleX serving's categories: each class's id, name and score, best first."""
+def _classification_result(schemas, models, outputs, data):
+    """PaddleX serving's categories: each class's id, name and score, best first (from the typed outputs:
+    PaddleX's result holds an image's ids as its batch's array)."""
     return schemas.InferResult(categories=[
         {"id": int(i), "name": name.decode("utf-8", "replace"), "score": float(score)}
         for i, name, score in zip(outputs["class_ids"], outputs["label_names"], outputs["scores"])])
 
 
-def _detection_settings(request, about: dict[str, Any]) -> dict[str, Any]:
-    """The request's threshold as the pipeline's parameter: a number, or per class a JSON object (request
-    parameters are single values)."""
-    if request.threshold is None:
-        return {}
-    given = request.threshold if not isinstance(request.threshold, dict) else json.dumps(
-        {str(key): value for key, value in request.threshold.items()})
-    try:
-        settings_of.threshold({"threshold": given})
-    except InvalidInput as exc:
-        raise InvalidInput(f"threshold: {exc}") from None
-    return {"threshold": given}
-
-
-def _detection_result(schemas, models, outputs, about, parameters, data):
-    """PaddleX serving's detected objects: each box's ``[x1, y1, x2, y2]``, class id and name, score."""
+def _detection_result(schemas, models, outputs, data):
+    """PaddleX serving's detected objects: each box's coordinates, class id and name, score."""
     return schemas.InferResult(detectedObjects=[
-        {"bbox": [float(v) for v in box], "categoryId": int(i), "categoryName": name.decode("utf-8", "replace"),
-         "score": float(score)}
-        for box, i, name, score in zip(outputs["coordinates"], outputs["class_ids"], outputs["label_names"],
-                                       outputs["scores"])])
-
-
-def pruned_result(outputs: dict[str, np.ndarray], about: dict[str, Any],
-                  parameters: dict[str, Any] | None = None) -> dict[str, Any]:
-    """PaddleX's ``prunedResult`` of the OCR pipeline, from the served pipeline's outputs and settings, and
-    the request's ``parameters`` (its settings, shown as PaddleX shows them)."""
-    det_params, score_thresh = settings_of.shown(about["detection"], about["recognition"], parameters or {})
-    textline = settings_of.textline_orientation(about["use_textline_orientation"], parameters or {})
-    doc = settings_of.doc_preprocessing(about.get("doc_preprocessor"), parameters or {})
-    pruned: dict[str, Any] = {"model_settings": {"use_doc_preprocessor": doc is not None,
-                                                 "use_textline_orientation": textline}}
-    if doc is not None:
-        pruned["doc_preprocessor_res"] = {"model_settings": doc,
-                                          "angle": int(outputs["doc_preprocessor_angle"][0])}
-    pruned |= {
-        "dt_polys": outputs["dt_polys"].tolist(),
-        "text_det_params": det_params,
-        "text_type": about["text_type"],
-    }
-    if len(outputs["dt_polys"]):  # as PaddleX: a page without text has no angles
-        pruned["textline_orientation_angles"] = outputs["textline_orientation_angles"].tolist()
-    return pruned | {
-        "text_rec_score_thresh": score_thresh,
-        "return_word_box": False,
-        "rec_texts": [text.decode("utf-8", "replace") for text in outputs["rec_texts"]],
-        "rec_scores": [float(score) for score in outputs["rec_scores"]],
-        "rec_polys": outputs["rec_polys"].tolist(),
-        "rec_boxes": outputs["rec_boxes"].tolist(),
-    }
+        {"bbox": box["coordinate"], "categoryId": box["cls_id"], "categoryName": box["label"], "score": box["score"]}
+        for box in _result(outputs).get("boxes") or []])
 
 
 ENDPOINTS = (
-    Endpoint("/ocr", "OCR", "ocr", "file", _ocr_settings, _ocr_file, _ocr_result, "OCR (PaddleX serving's API)",
+    Endpoint("/ocr", "OCR", "ocr", "file", _ocr_file, _ocr_result, "OCR (PaddleX serving's API)",
              'PaddleX serving\'s OCR API for a PaddleX OCR pipeline file the repository serves: a JSON body '
              '{"file": "<base64 image>", "fileType": 1}',
-             "a body that is not PaddleX's request, a file that is not an image, a URL, a PDF, a setting not served"),
-    Endpoint("/image-classification", "image_classification", "image_classification", "image",
-             _classification_settings, lambda request: _decoded("image", request.image), _classification_result,
+             "a body that is not PaddleX's request, a file that is not an image, a URL, a PDF, a setting of the wrong kind"),
+    Endpoint("/image-classification", "image_classification", "image_classification", "image", lambda request: _decoded("image", request.image), _classification_result,
              "Image classification (PaddleX serving's API)",
              'PaddleX serving\'s image classification API for a PaddleX image_classification pipeline file the '
              'repository serves: a JSON body {"image": "<base64 image>", "topk": 5}',
-             "a body that is not PaddleX's request, an image that is not one, a URL, a topk out of bounds"),
-    Endpoint("/object-detection", "object_detection", "object_detection", "image", _detection_settings,
-             lambda request: _decoded("image", request.image), _detection_result,
+             "a body that is not PaddleX's request, an image that is not one, a URL, a topk that is not a whole number"),
+    Endpoint("/object-detection", "object_detection", "object_detection", "image", lambda request: _decoded("image", request.image), _detection_result,
              "Object detection (PaddleX serving's API)",
              'PaddleX serving\'s object detection API for a PaddleX object_detection pipeline file the repository '
              'serves: a JSON body {"image": "<base64 image>", "threshold": 0.5}',
-             "a body that is not PaddleX's request, an image that is not one, a URL, a threshold out of bounds"),
+             "a body that is not PaddleX's request, an image that is not one, a URL, a threshold that is not a number or a mapping"),
 )
 assert {e.path for e in ENDPOINTS} == PADDLEX_PATHS
 

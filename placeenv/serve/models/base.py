@@ -177,7 +177,8 @@ class Model:
         return NO_PARAMETERS if found is None else MappingProxyType(found)
 
     def infer(self, model: str, inputs: Mapping[str, np.ndarray | paddle.Tensor], outputs: list[str] | None = None,
-              version: int | None = None, parameters: Mapping[str, Any] | None = None) -> dict[str, np.ndarray]:
+              version: int | None = None, parameters: Mapping[str, Any] | None = None,
+              anywhere: bool = False) -> dict[str, np.ndarray]:
         """Run ``model`` (another of the repository) on ``inputs`` and return its outputs as host arrays:
         from ``execute`` or ``postprocess``, for a chain whose shape depends on the data (one detection,
         N crops, N recognitions), as Triton's BLS does.
@@ -187,12 +188,15 @@ class Model:
         one this request is already inside of (a cycle). A tensor input moves only if ``model`` runs
         elsewhere. While it waits, the worker runs jobs from its own queue (the call's among them) of
         every model it holds but those it is already running, so it never waits for itself. The call has
-        the served request's ``request_parameters`` unless ``parameters`` gives its own ({}: none)."""
-        return self.infer_all(model, [inputs], outputs, version, parameters)[0]
+        the served request's ``request_parameters`` unless ``parameters`` gives its own ({}: none). It runs on
+        this worker's own device where that serves ``model`` (this worker serves it while it waits); with
+        ``anywhere``, on the least loaded device serving it (an orchestrator on a CPU worker spreading its
+        calls over the devices)."""
+        return self.infer_all(model, [inputs], outputs, version, parameters, anywhere)[0]
 
     def infer_all(self, model: str, requests: list[Mapping[str, np.ndarray | paddle.Tensor]],
                   outputs: list[str] | None = None, version: int | None = None,
-                  parameters: Mapping[str, Any] | None = None) -> list[dict[str, np.ndarray]]:
+                  parameters: Mapping[str, Any] | None = None, anywhere: bool = False) -> list[dict[str, np.ndarray]]:
         """``infer`` for several requests to ``model`` at once, answered in their order: all are queued
         before any is waited for, so they run on as many workers as serve ``model`` and share forward
         passes with each other's and other requests' jobs of the same shape (Triton's BLS ``async_exec``
@@ -203,7 +207,7 @@ class Model:
                              "serving a request")
         if not requests:
             return []
-        return calls.call(model, version, [dict(inputs) for inputs in requests], outputs, calls, parameters)
+        return calls.call(model, version, [dict(inputs) for inputs in requests], outputs, calls, parameters, anywhere)
 
     def finalize(self) -> None:
         """Drop this replica's network (or Predictor), so its device memory can be reclaimed; what the

@@ -1,4 +1,4 @@
-"""An encoded image as PaddleX's pipelines read it (models/paddlex_ocr.decoded): a header that claims more
+"""An encoded image as PaddleX's pipelines read it (models/paddlex_pipeline.decoded): a header that claims more
 pixels than ``MAX_DECODED_PIXELS`` is refused from the header alone, before OpenCV allocates what it
 claims; a 12-megapixel photo decodes."""
 
@@ -12,7 +12,7 @@ import cv2
 import numpy as np
 import pytest
 
-from placeenv.serve.models import paddlex_ocr
+from placeenv.serve.models import paddlex_pipeline
 from placeenv.serve.models.base import InputError
 
 
@@ -26,7 +26,7 @@ def claiming(width: int, height: int) -> bytes:
 
 
 def _decoded(data: bytes) -> np.ndarray:
-    return paddlex_ocr.decoded({"image": np.array([data], dtype=object)})
+    return paddlex_pipeline.decoded({"image": np.array([data], dtype=object)})
 
 
 @pytest.mark.parametrize("width, height, says", [
@@ -42,6 +42,6 @@ def test_the_limit_is_what_refuses_and_a_photo_decodes(monkeypatch):
     photo = cv2.imencode(".jpg", np.full((3000, 4000, 3), 128, np.uint8))[1].tobytes()
     assert _decoded(photo).shape == (3000, 4000, 3)
     # The control: past the limit the same header reaches OpenCV, which finds no such image in 69 bytes.
-    monkeypatch.setattr(paddlex_ocr, "MAX_DECODED_PIXELS", 10_000 * 10_000)
+    monkeypatch.setattr(paddlex_pipeline, "MAX_DECODED_PIXELS", 10_000 * 10_000)
     with pytest.raises(InputError, match="not an image OpenCV can decode"):
         _decoded(claiming(9000, 9000))

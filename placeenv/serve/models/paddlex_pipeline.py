@@ -1,0 +1,370 @@
+"""PaddleX's own pipeline object on the CPU workers, its networks on the devices: the one seam.
+
+Every PaddleX vision predictor runs its network through one object, ``self.runner``: a
+``list[np.ndarray]`` in (ordered by the export's sorted input names), a ``list[np.ndarray]`` out (in
+the export's output order). PaddleX builds it through an inference engine; ``ServiceEngine`` is one
+(``ENGINE``, registered with PaddleX when this module first builds a pipeline), whose ``Runner`` hands
+each call to the engine as a call of the request being served (``Model.infer``): so PaddleX's pipeline
+code (its pre- and post-processing, sub-pipelines, switches, quirks) runs as PaddleX runs it, and each
+network call is a job of the export's model, batched with other requests' calls of the same shape on
+the devices, with the place checks, statistics and deadlines of any job.
+
+``PaddleXPipeline`` is the model that runs it: one PaddleX pipeline object a CPU worker (built in
+``load``, so a pipeline object is only ever used by the thread that built it), one request a call of
+``predict``, PaddleX's result as JSON (``result``) and, for the pipelines of ``FIELDS``, its fields as
+typed outputs. PaddleX is imported only when such a model loads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import inspect
+import json
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from ..protocol import paddlex as checks
+from ..protocol.errors import ServiceError
+from .base import InputError, Model, TensorSpec
+
+#: The inference engine's name in PaddleX (``engine=`` of its ``create_pipeline``).
+ENGINE = "placeenv"
+#: The key of a module's ``engine_config`` that names the repository model its runner calls.
+MODEL_KEY = "placeenv_model"
+
+
+@dataclasses.dataclass(frozen=True)
+class Link:
+    """What a runner calls: the repository model, its inputs in the order PaddleX hands them (their sorted
+    names), its outputs in the export's order; ``counts``: the export answers a batch's boxes in one array
+    and how many are each image's (a PaddleDetection export), which its model answers a row an image
+    (``per_image``) and the runner joins back."""
+
+    model: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    counts: bool = False
+
+
+class _Building(threading.local):
+    """While a pipeline object is built on this thread: how its runners reach the engine."""
+
+    call: Callable[[Link, list[np.ndarray]], list[np.ndarray]] | None = None
+    links: Mapping[str, Link] = {}
+    built: list | None = None  # (model, model_name, model_dir, predictor class), where a read records them
+
+
+_BUILDING = _Building()
+_REGISTERED_LOCK = threading.Lock()
+
+
+def _engine_class():
+    """PaddleX's ``RunnerEngine`` for the service, defined once PaddleX is imported; subclassing registers it
+    under ``ENGINE`` (PaddleX's ``AutoRegisterABCMetaClass``)."""
+    from paddlex.inference.models.engines import RunnerEngine
+    from paddlex.inference.models.runners.inference_runner import InferenceRunner
+
+    class Runner(InferenceRunner):
+        """One PaddleX predictor's network: each call a job of the repository model ``link.model``."""
+
+        def __init__(self, link: Link, call) -> None:
+            self.link, self.call = link, call
+
+        def __call__(self, x):
+            if len(x) != len(self.link.inputs):
+                raise ValueError(f"{self.link.model} takes {len(self.link.inputs)} inputs "
+                                 f"({', '.join(self.link.inputs)}); PaddleX's predictor gave {len(x)}")
+            return self.call(self.link, [np.ascontiguousarray(a) for a in x])
+
+        def close(self) -> None:
+            pass
+
+    class ServiceEngine(RunnerEngine):
+        entities = ENGINE
+
+        @property
+        def name(self) -> str:
+            return ENGINE
+
+        def get_default_runner_builder(self):
+            def build(*, model_name, model_dir, model_config, engine_config, default_builder=None):
+                link = _BUILDING.links.get((engine_config or {}).get(MODEL_KEY))
+                if link is None:
+                    raise RuntimeError(f"{model_name} ({model_dir}) was built outside a placeenv pipeline")
+                if _BUILDING.built is not None:
+                    _BUILDING.built.append((link.model, model_name, model_dir))
+                return Runner(link, _BUILDING.call)
+
+            return build
+
+        def validate_runner(self, runner) -> None:
+            pass
+
+    return ServiceEngine
+
+
+_ENGINE: list = []
+
+
+def register(model_names: set[str]) -> dict[str, str]:
+    """PaddleX's bindings of ``ENGINE`` for ``model_names``: each the predictor class PaddleX runs it with on
+    Paddle Inference (``paddle_static``). The names that cannot be, each with why: PaddleX has no such
+    model, or its network does not run through PaddleX's runner."""
+    from paddlex.inference.models.bindings import register_predictor_binding_map, try_get_binding
+    from paddlex.inference.models.predictors.runner_predictor import RunnerPredictor
+
+    refused = {}
+    with _REGISTERED_LOCK:
+        if not _ENGINE:
+            _ENGINE.append(_engine_class())
+        for model_name in sorted(model_names):
+            if try_get_binding(model_name, ENGINE) is not None:
+                continue
+            binding = try_get_binding(model_name, "paddle_static")
+            if binding is None:
+                from paddlex.inference.models.bindings import try_get_supported_engines
+
+                engines = try_get_supported_engines(model_name)
+                refused[model_name] = ("PaddleX knows no such model" if engines is None else
+                                       f"it has no Paddle Inference export (PaddleX runs it with {', '.join(engines)})")
+            elif not issubclass(binding.predictor, RunnerPredictor):
+                refused[model_name] = (f"its network runs outside PaddleX's runner ({binding.predictor.__name__})")
+            else:
+                register_predictor_binding_map(binding.predictor, {ENGINE: [model_name]})
+    return refused
+
+
+@contextlib.contextmanager
+def building(links: Mapping[str, Link], call, built: list | None = None):
+    """Pipeline objects built on this thread inside the block get runners over ``links`` that ``call``."""
+    _BUILDING.links, _BUILDING.call, _BUILDING.built = links, call, built
+    try:
+        yield
+    finally:
+        _BUILDING.links, _BUILDING.call, _BUILDING.built = {}, None, None
+
+
+def build(config: dict[str, Any], links: Mapping[str, Link], call, built: list | None = None):
+    """PaddleX's own pipeline object for ``config`` (PaddleX's settings, each module's ``engine_config``
+    naming its link), its networks ``call``ed through the links."""
+    import copy
+
+    from paddlex import create_pipeline
+
+    with building(links, call, built):
+        # (create_pipeline changes what it is given.)
+        return create_pipeline(config=copy.deepcopy(config), engine=ENGINE, device="cpu")
+
+
+def per_image(model_class: type[Model], counts: str, rows: tuple[str, ...]) -> type[Model]:
+    """``model_class`` with its answers a row an image, so that requests share its forward passes: a
+    PaddleDetection export answers its batch's boxes all in one ``[M, K]`` (and any other output of a row a
+    box, ``rows``) and how many are each image's (``counts``, ``[N]``); each becomes ``[N, most, ...]``, each
+    image's rows first, the rest -1 (the runner takes ``counts`` of them)."""
+
+    class PerImage(model_class):
+        def postprocess(self, outputs):
+            found = super().postprocess(outputs)
+            numbers = np.asarray(found[counts]).astype(np.int64).reshape(-1)
+            starts = np.concatenate([[0], np.cumsum(numbers)])
+            for name in rows:
+                given = np.asarray(found[name])
+                if numbers.sum() != len(given):
+                    raise RuntimeError(f"the detector answered {len(given)} rows of {name}, its {counts} says "
+                                       f"{int(numbers.sum())}")
+                shaped = np.full((len(numbers), int(numbers.max(initial=0)), *given.shape[1:]), -1, given.dtype)
+                for i, number in enumerate(numbers):
+                    shaped[i, :number] = given[starts[i]:starts[i + 1]]
+                found[name] = shaped
+            return found
+
+    PerImage.__name__ = PerImage.__qualname__ = f"PerImage{model_class.__name__}"
+    return PerImage
+
+
+def joined(link: Link, answer: list[np.ndarray]) -> list[np.ndarray]:
+    """A ``counts`` export's answer as the export gives it: each image's rows (``per_image``'s) joined, its
+    counts (its second output) as they are."""
+    if not link.counts:
+        return answer
+    counts = np.asarray(answer[1]).astype(np.int64).reshape(-1)
+    found = []
+    for index, output in enumerate(answer):
+        if index == 1:
+            found.append(output)
+            continue
+        parts = [output[i, :n] for i, n in enumerate(counts)]
+        found.append(np.concatenate(parts) if parts else output.reshape(0, *output.shape[2:]))
+    return found
+
+
+# -- the fields of PaddleX's results, as typed outputs -------------------------------------------------
+
+def _rows(value, dtype, shape) -> np.ndarray:
+    return np.asarray(value if value is not None else [], dtype=dtype).reshape(shape)
+
+
+def _texts(values) -> np.ndarray:
+    return np.array([str(v).encode() for v in np.asarray(values if values is not None else []).reshape(-1)],
+                    dtype=object)
+
+
+def _ocr(res: dict) -> dict[str, np.ndarray]:
+    polys = res.get("dt_polys", [])
+    angles = res.get("textline_orientation_angles", [-1] * len(polys))
+    return {"rec_texts": _texts(res.get("rec_texts")), "rec_scores": _rows(res.get("rec_scores"), np.float32, (-1,)),
+            "rec_polys": _rows(res.get("rec_polys"), np.int32, (-1, 4, 2)),
+            "rec_boxes": _rows(res.get("rec_boxes"), np.int32, (-1, 4)),
+            "dt_polys": _rows(polys, np.int32, (-1, 4, 2)),
+            "textline_orientation_angles": _rows(angles, np.int32, (-1,)),
+            "doc_preprocessor_angle": _rows([(res.get("doc_preprocessor_res") or {}).get("angle", -1)], np.int32, (1,))}
+
+
+def _classes(res: dict) -> dict[str, np.ndarray]:
+    # (PaddleX 3.7.2's classifier answers an image's ids as its batch's array: [[ids]] for one image.)
+    return {"class_ids": _rows(res.get("class_ids"), np.int32, (-1,)),
+            "scores": _rows(res.get("scores"), np.float32, (-1,)), "label_names": _texts(res.get("label_names"))}
+
+
+def _boxes(res: dict) -> dict[str, np.ndarray]:
+    boxes = res.get("boxes") or []
+    return {"class_ids": _rows([b["cls_id"] for b in boxes], np.int32, (-1,)),
+            "scores": _rows([b["score"] for b in boxes], np.float32, (-1,)),
+            "label_names": _texts([b["label"] for b in boxes]),
+            "coordinates": _rows([b["coordinate"][:4] for b in boxes], np.float32, (-1, 4))}
+
+
+#: A pipeline's result fields served as typed outputs beside ``result``: pipeline_name -> (their specs,
+#: how PaddleX's result gives them). A pipeline not listed answers ``result`` alone.
+FIELDS: dict[str, tuple[tuple[TensorSpec, ...], Callable[[dict], dict[str, np.ndarray]]]] = {
+    "OCR": ((TensorSpec("rec_texts", "BYTES", (-1,)), TensorSpec("rec_scores", "FP32", (-1,)),
+             TensorSpec("rec_polys", "INT32", (-1, 4, 2)), TensorSpec("rec_boxes", "INT32", (-1, 4)),
+             TensorSpec("dt_polys", "INT32", (-1, 4, 2)), TensorSpec("textline_orientation_angles", "INT32", (-1,)),
+             TensorSpec("doc_preprocessor_angle", "INT32", (1,))), _ocr),
+    "image_classification": ((TensorSpec("class_ids", "INT32", (-1,)), TensorSpec("scores", "FP32", (-1,)),
+                              TensorSpec("label_names", "BYTES", (-1,))), _classes),
+    "object_detection": ((TensorSpec("class_ids", "INT32", (-1,)), TensorSpec("scores", "FP32", (-1,)),
+                          TensorSpec("label_names", "BYTES", (-1,)), TensorSpec("coordinates", "FP32", (-1, 4))),
+                         _boxes),
+}
+RESULT = TensorSpec("result", "BYTES", (1,))
+IMAGE = TensorSpec("image", "BYTES", (1,))
+
+
+def outputs_of(kind: str) -> tuple[TensorSpec, ...]:
+    return (RESULT, *FIELDS.get(kind, ((), None))[0])
+
+
+def predict_parameters(pipeline) -> tuple[str, ...]:
+    """The settings a PaddleX pipeline object's ``predict`` takes per call, by name (not its input)."""
+    # (PaddleX's image pipelines wrap the pipeline object that takes them in ``_pipeline``.)
+    signature = inspect.signature(getattr(pipeline, "_pipeline", pipeline).predict)
+    return tuple(name for name, p in signature.parameters.items()
+                 if name != "input" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+
+
+class PaddleXPipeline(Model):
+    """A PaddleX pipeline file's pipeline, on a CPU worker: PaddleX's own pipeline object, one request a
+    ``predict``, each network call a job of its export's model on the devices."""
+
+    inputs = (IMAGE,)
+    outputs = (RESULT,)
+
+    def load(self, context):
+        parameters = context.parameters
+        self.kind, self.links = parameters["kind"], parameters["links"]
+        self.pipeline = build(parameters["config"], self.links, self._call)
+        return None
+
+    def _call(self, link: Link, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        # The networks read no request parameters: called without them ({}), a call shares forward passes
+        # with every request's calls of its shape, whatever their settings; and it goes to the least loaded
+        # device (a CPU worker that is a device's too would run them all itself).
+        answer = self.infer(link.model, dict(zip(link.inputs, arrays)), list(link.outputs), parameters={},
+                            anywhere=True)
+        return joined(link, [answer[name] for name in link.outputs])
+
+    def preprocess(self, inputs):
+        checks.settings(self.context.parameters["settings"], self.request_parameters)  # a bad one: this request's 400
+        return {"image": decoded(inputs)[None]}
+
+    def execute(self, inputs):
+        page = inputs["image"].numpy()[0]
+        settings = checks.settings(self.context.parameters["settings"], self.request_parameters)
+        try:
+            results = list(self.pipeline.predict(page, **settings))
+        except Exception as exc:
+            # PaddleX's pipelines fail so on a module switched on that the file has no model for
+            # (AttributeError: no textline_orientation_model); PaddleX serving answers them 500.
+            switched = sorted(key for key, value in settings.items() if key.startswith("use_") and value is True)
+            if not switched or isinstance(exc, ServiceError):
+                raise
+            raise InputError(f"PaddleX's {self.kind} pipeline failed with {', '.join(switched)} true "
+                             f"({type(exc).__name__}: {str(exc)[:120]}): its file may have no model for it; send "
+                             "false or leave it out") from None
+        if len(results) != 1:
+            raise RuntimeError(f"PaddleX's {self.kind} pipeline answered {len(results)} results for one image")
+        if isinstance(results[0], dict) and results[0].keys() == {"error"}:
+            # PaddleX's pipelines answer so for settings they cannot run with (a module the file has no model
+            # for, turned on); PaddleX serving answers it 500, with the same words.
+            raise InputError(f"PaddleX's {self.kind} pipeline refused the request's settings "
+                             f"({', '.join(sorted(settings)) or 'none'}): {results[0]['error']}; send settings its file "
+                             "has models for")
+        res = results[0].json["res"]
+        found = {"result": np.array([json.dumps(prune(res), ensure_ascii=False).encode()], dtype=object)}
+        fields = FIELDS.get(self.kind)
+        if fields is not None:
+            found |= fields[1](res)
+        return found
+
+
+def prune(result: Any) -> Any:
+    """PaddleX serving's ``prune_result``: a result without its ``input_path`` and ``page_index`` (the service's
+    caller knows which file and page it sent)."""
+    from paddlex.inference.serving.basic_serving._pipeline_apps._common.common import prune_result
+
+    return prune_result(result)
+
+
+#: The most pixels an image may claim to be decoded: 2^26, three bytes each as BGR, a 50-megapixel photo
+#: with room to spare. A small PNG may decode to gigabytes, and a header may claim any size in a few
+#: bytes (OpenCV raises, not refuses, past its own 2^30; docs/models.md).
+MAX_DECODED_PIXELS = 1 << 26
+#: The most one side of an image may be of the other: PaddleX's resizes bring the shorter side to a length
+#: (a classifier's 256, say) with no bound on the longer, so a strip of a few bytes, 1 x 20000, would be
+#: resized to 256 x 5 million. Within it, the largest such resize is 256 x 65536.
+MAX_ASPECT = 256
+
+
+def decoded(inputs) -> np.ndarray:
+    """A request's one encoded image (its input ``image``), decoded as PaddleX serving reads it: OpenCV, BGR.
+    ``InputError`` naming what to send where it is not one image OpenCV can decode, or its header claims
+    over ``MAX_DECODED_PIXELS``."""
+    import cv2
+
+    data = inputs["image"].reshape(-1)
+    if data.size != 1:
+        raise InputError(f"input 'image': one encoded image a request, got {data.size}")
+    blob = data[0]
+    if not isinstance(blob, (bytes, bytearray)) or not blob:
+        raise InputError("input 'image': expected the bytes of an encoded image (JPEG, PNG, BMP, TIFF, WebP)")
+    size = checks.claimed_size(blob)
+    if size is None or size[0] * size[1] > MAX_DECODED_PIXELS:
+        from PIL import Image
+
+        pixels = size[0] * size[1] if size else 2 * (Image.MAX_IMAGE_PIXELS or 0)  # (at least Pillow's limit)
+        claims = f"{'' if size else 'over '}{pixels / 1e6:.0f} million"
+        raise InputError(f"input 'image': its header claims {claims} pixels ({len(blob)} bytes); send an image of at "
+                         f"most {MAX_DECODED_PIXELS >> 20} million pixels (a 12-megapixel photo is fine)")
+    if size and min(size) and max(size) > MAX_ASPECT * min(size):
+        raise InputError(f"input 'image': {size[0]}x{size[1]} px: PaddleX's resizes would make a side of it hundreds "
+                         f"of times longer; send an image whose sides are within 1:{MAX_ASPECT}")
+    image = cv2.imdecode(np.frombuffer(blob, np.uint8), cv2.IMREAD_COLOR)
+    if image is None:
+        raise InputError(f"input 'image': not an image OpenCV can decode ({len(blob)} bytes, starting "
+                         f"{bytes(blob[:8])!r}); send a JPEG, PNG, BMP, TIFF or WebP file's bytes")
+    return image
