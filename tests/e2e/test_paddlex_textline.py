@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures
-import shutil
 
 import httpx
 import pytest
