@@ -46,6 +46,11 @@ ENGINE_KEYS = ("engine", "engine_config", "use_hpip", "hpi_config", "device")
 #: CPU itself, the CPU device's workers run them (``--workers-per-device``), as any CPU step.
 CPU_WORKERS = 8
 CPU_WORKERS_VARIABLE = "PLACEENV_PADDLEX_CPU_WORKERS"
+#: PaddleX's pipelines whose input is not an image (the service reads an image a request), and what it is.
+NOT_IMAGES = {"ts_forecast": "a time series (CSV)", "ts_anomaly_detection": "a time series (CSV)",
+              "ts_classification": "a time series (CSV)", "video_classification": "a video",
+              "video_detection": "a video", "3d_bev_detection": "point clouds and camera images (a tar file)",
+              "multilingual_speech_recognition": "audio", "text_to_speech": "text"}
 #: A module's model_dir that holds no export, as handed to PaddleX's probe: PaddleX says it does not exist.
 _MISSING = "placeenv-no-export-at-"
 
@@ -95,6 +100,9 @@ def read(name: str, path: Path, max_batch_size: int, max_batch_delay_ms: float
     kind = raw.get("pipeline_name")
     if not isinstance(kind, str) or not kind:
         raise refuse("no pipeline_name: give PaddleX's pipeline file (its pipeline_name, SubModules, ...)")
+    if kind in NOT_IMAGES:
+        raise refuse(f"pipeline_name {kind}: its input is {NOT_IMAGES[kind]}; the service serves PaddleX's pipelines "
+                     "that read an image (docs/models.md lists them)")
     try:
         workers = cpu_workers()
     except ValueError as exc:

@@ -129,7 +129,8 @@ def register(model_names: set[str]) -> dict[str, str]:
                 from paddlex.inference.models.bindings import try_get_supported_engines
 
                 engines = try_get_supported_engines(model_name)
-                refused[model_name] = ("PaddleX knows no such model" if engines is None else
+                refused[model_name] = ("it is no model PaddleX runs itself (a remote LLM's, or a name PaddleX does not "
+                                       "know)" if engines is None else
                                        f"it has no Paddle Inference export (PaddleX runs it with {', '.join(engines)})")
             elif not issubclass(binding.predictor, RunnerPredictor):
                 refused[model_name] = (f"its network runs outside PaddleX's runner ({binding.predictor.__name__})")

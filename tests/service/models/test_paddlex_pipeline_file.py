@@ -126,6 +126,9 @@ def test_single_model_files_and_a_detectors_boxes_a_row_an_image(folder):
     (CLASSIFICATION, ("pipeline_name: image_classification", "pipeline_name: no_such_pipeline"),
      "'no_such_pipeline'"),
     (CLASSIFICATION, ("pipeline_name: image_classification\n", ""), "no pipeline_name"),
+    (CLASSIFICATION, ("pipeline_name: image_classification", "pipeline_name: ts_forecast"),
+     "pipeline_name ts_forecast: its input is a time series (CSV); the service serves PaddleX's pipelines that read "
+     "an image"),
     (DETECTION, ("model_name: PicoDet-S", "model_name: PP-YOLOE_plus-S"), "PaddleX could not build"),
 ])
 def test_a_wrong_file_is_refused_naming_where(folder, pipeline, change, says):
@@ -149,7 +152,7 @@ def _renamed(folder, tmp_path, model_name: str) -> str:
 @pytest.mark.parametrize("model_name, says", [
     # A document VLM PaddleX runs in dygraph only: no runner of it could reach the devices.
     ("PP-DocBee-2B", "it has no Paddle Inference export (PaddleX runs it with paddle_dynamic)"),
-    ("NoSuchModel", "PaddleX knows no such model"),
+    ("NoSuchModel", "it is no model PaddleX runs itself"),
 ])
 def test_a_module_the_service_cannot_run_is_refused_naming_it(folder, tmp_path, model_name, says):
     problem = _refused(folder, _renamed(folder, tmp_path, model_name))
