@@ -214,7 +214,7 @@ def _texts(values) -> np.ndarray:
                     dtype=object)
 
 
-def _ocr(res: dict) -> dict[str, np.ndarray]:
+def _ocr(res: dict, result) -> dict[str, np.ndarray]:
     polys = res.get("dt_polys", [])
     angles = res.get("textline_orientation_angles", [-1] * len(polys))
     return {"rec_texts": _texts(res.get("rec_texts")), "rec_scores": _rows(res.get("rec_scores"), np.float32, (-1,)),
@@ -225,13 +225,13 @@ def _ocr(res: dict) -> dict[str, np.ndarray]:
             "doc_preprocessor_angle": _rows([(res.get("doc_preprocessor_res") or {}).get("angle", -1)], np.int32, (1,))}
 
 
-def _classes(res: dict) -> dict[str, np.ndarray]:
+def _classes(res: dict, result) -> dict[str, np.ndarray]:
     # (PaddleX 3.7.2's classifier answers an image's ids as its batch's array: [[ids]] for one image.)
     return {"class_ids": _rows(res.get("class_ids"), np.int32, (-1,)),
             "scores": _rows(res.get("scores"), np.float32, (-1,)), "label_names": _texts(res.get("label_names"))}
 
 
-def _boxes(res: dict) -> dict[str, np.ndarray]:
+def _boxes(res: dict, result) -> dict[str, np.ndarray]:
     boxes = res.get("boxes") or []
     return {"class_ids": _rows([b["cls_id"] for b in boxes], np.int32, (-1,)),
             "scores": _rows([b["score"] for b in boxes], np.float32, (-1,)),
@@ -239,9 +239,15 @@ def _boxes(res: dict) -> dict[str, np.ndarray]:
             "coordinates": _rows([b["coordinate"][:4] for b in boxes], np.float32, (-1, 4))}
 
 
+def _page(res: dict, result) -> dict[str, np.ndarray]:
+    # The corrected page is an image of PaddleX's result, not of its JSON.
+    return {"angle": _rows([res.get("angle", -1)], np.int32, (1,)),
+            "output_img": np.ascontiguousarray(result["output_img"], dtype=np.uint8)[None]}
+
+
 #: A pipeline's result fields served as typed outputs beside ``result``: pipeline_name -> (their specs,
-#: how PaddleX's result gives them). A pipeline not listed answers ``result`` alone.
-FIELDS: dict[str, tuple[tuple[TensorSpec, ...], Callable[[dict], dict[str, np.ndarray]]]] = {
+#: how PaddleX's result, its JSON and itself, gives them). A pipeline not listed answers ``result`` alone.
+FIELDS: dict[str, tuple[tuple[TensorSpec, ...], Callable[[dict, Any], dict[str, np.ndarray]]]] = {
     "OCR": ((TensorSpec("rec_texts", "BYTES", (-1,)), TensorSpec("rec_scores", "FP32", (-1,)),
              TensorSpec("rec_polys", "INT32", (-1, 4, 2)), TensorSpec("rec_boxes", "INT32", (-1, 4)),
              TensorSpec("dt_polys", "INT32", (-1, 4, 2)), TensorSpec("textline_orientation_angles", "INT32", (-1,)),
@@ -251,6 +257,8 @@ FIELDS: dict[str, tuple[tuple[TensorSpec, ...], Callable[[dict], dict[str, np.nd
     "object_detection": ((TensorSpec("class_ids", "INT32", (-1,)), TensorSpec("scores", "FP32", (-1,)),
                           TensorSpec("label_names", "BYTES", (-1,)), TensorSpec("coordinates", "FP32", (-1, 4))),
                          _boxes),
+    "doc_preprocessor": ((TensorSpec("angle", "INT32", (1,)), TensorSpec("output_img", "UINT8", (1, -1, -1, 3))),
+                         _page),
 }
 RESULT = TensorSpec("result", "BYTES", (1,))
 IMAGE = TensorSpec("image", "BYTES", (1,))
@@ -319,7 +327,7 @@ class PaddleXPipeline(Model):
         found = {"result": np.array([json.dumps(prune(res), ensure_ascii=False).encode()], dtype=object)}
         fields = FIELDS.get(self.kind)
         if fields is not None:
-            found |= fields[1](res)
+            found |= fields[1](res, results[0])
         return found
 
 
