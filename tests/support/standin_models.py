@@ -2,7 +2,8 @@
 preprocessor's two, for the tests of PaddleX's OCR pipeline with ``use_doc_preprocessor``, a
 page-orientation classifier under PaddleOCR's ``PP-LCNet_x1_0_doc_ori`` name and an unwarping model under
 ``UVDoc``'s; and an object detector under PaddleDetection's ``PicoDet-S`` name, for PaddleX's
-``object_detection`` pipeline.
+``object_detection`` pipeline; and a semantic segmentation model under PaddleSeg's ``PP-LiteSeg-T`` name, for
+its ``semantic_segmentation`` pipeline.
 
 PaddleOCR's and PaddleDetection's own exports are downloaded by PaddleX from its model hosts, which this
 machine cannot reach, and no package of the index ships them. These stand-ins have the real ones' names,
@@ -26,6 +27,10 @@ ones; what they compute is fixed, not learnt:
   each cell of a 4x4 grid, of the colour covering most of it, its extent from the colour's mean and
   spread there (a uniform rectangle spans its mean +- sqrt(3) standard deviations), its score
   ``1 - exp(-8 * the share of the cell covered)``.
+- **segmentation** (``segmentation_network``): PaddleSeg's export, input ``x`` (RGB, PaddleSeg's
+  ``Normalize`` with 0.5 and 0.5, any size), output each pixel's class ``[N, H, W]`` (int32, as an export with
+  its argmax): 1, 2, 3 where the pixel is red, green or blue (its channel over the other two by 0.4 of 0..1),
+  else 0, the background.
 
 ``export(kind)`` builds them into the per-user cache (``placeenv/stand-in-models-<digest>/<name>``, the
 digest of this file and Paddle's version), in a fresh interpreter on the CPU, under a file lock;
@@ -49,6 +54,7 @@ from .paddlex_reference import locked
 ORIENTATION = "PP-LCNet_x1_0_doc_ori"
 UNWARPING = "UVDoc"
 DETECTION = "PicoDet-S"
+SEGMENTATION = "PP-LiteSeg-T"
 LABELS = ("0", "90", "180", "270")
 #: The detector's classes, its input's side and its grid of cells (a box a cell).
 COLOURS = {"red": (0, 0, 255), "green": (0, 255, 0), "blue": (255, 0, 0)}  # BGR
@@ -241,6 +247,37 @@ def detection_network():
     return Detector()
 
 
+SEGMENTATION_YML = f"""\
+Deploy:
+  model: inference.json
+  params: inference.pdiparams
+  transforms:
+  - type: Normalize
+Global:
+  model_name: {SEGMENTATION}
+"""
+
+
+def segmentation_network():
+    """The segmentation stand-in: ``x -> classes [N, H, W]`` (0 background, 1 red, 2 green, 3 blue)."""
+    import paddle
+
+    class Segmentation(paddle.nn.Layer):
+        def __init__(self):
+            super().__init__()
+            # The background's score: a pixel is a colour's where that channel leads the others by more.
+            self.floor = self.create_parameter([1], default_initializer=paddle.nn.initializer.Constant(0.4))
+
+        def forward(self, x):
+            rgb = x * 0.5 + 0.5
+            r, g, b = rgb[:, 0:1], rgb[:, 1:2], rgb[:, 2:3]
+            scores = paddle.concat([paddle.zeros_like(r) + self.floor, r - paddle.maximum(g, b),
+                                    g - paddle.maximum(r, b), b - paddle.maximum(r, g)], axis=1)
+            return paddle.argmax(scores, axis=1).astype("int32")
+
+    return Segmentation()
+
+
 def shapes(seed: int, width: int, height: int) -> tuple[np.ndarray, list[tuple[str, list[float]]]]:
     """A white image (BGR) with a red, green or blue rectangle in about half the cells of its 4x4 grid,
     each inside its cell away from the edges, the colours a little off pure; and the rectangles drawn,
@@ -303,7 +340,7 @@ def cache_dir() -> Path:
 
 
 def export(name: str) -> Path:
-    """The export directory of ``name`` (``ORIENTATION``, ``UNWARPING`` or ``DETECTION``): ``inference.json``,
+    """The export directory of ``name`` (``ORIENTATION``, ``UNWARPING``, ``DETECTION`` or ``SEGMENTATION``): ``inference.json``,
     ``inference.pdiparams``, ``inference.yml``; all built into the cache on first use, in a fresh
     interpreter (a test process has placeenv installed and sim devices made)."""
     root = cache_dir()
@@ -332,7 +369,9 @@ def _build(root: Path) -> None:
                 (ORIENTATION, orientation_network(), [spec([None, 3, 224, 224], "float32", "x")], ORIENTATION_YML),
                 (UNWARPING, unwarping_network(), [spec([None, 3, None, None], "float32", "x")], UNWARPING_YML),
                 (DETECTION, detection_network(), [spec([None, 3, SIDE, SIDE], "float32", "image"),
-                                                  spec([None, 2], "float32", "scale_factor")], DETECTION_YML)):
+                                                  spec([None, 2], "float32", "scale_factor")], DETECTION_YML),
+                (SEGMENTATION, segmentation_network(), [spec([None, 3, None, None], "float32", "x")],
+                 SEGMENTATION_YML)):
             net.eval()
             paddle.jit.save(net, str(staging / name / "inference"), input_spec=specs)
             (staging / name / "inference.yml").write_text(yml)
@@ -354,4 +393,4 @@ def copy_to(name: str, directory: Path) -> Path:
 if __name__ == "__main__":  # --build: build and save (export() runs it); else the exports, built if missing
     if sys.argv[1:] == ["--build"]:
         _build(cache_dir())
-    print(export(ORIENTATION), export(UNWARPING), export(DETECTION))
+    print(export(ORIENTATION), export(UNWARPING), export(DETECTION), export(SEGMENTATION))

@@ -259,6 +259,8 @@ FIELDS: dict[str, tuple[tuple[TensorSpec, ...], Callable[[dict, Any], dict[str, 
                          _boxes),
     "doc_preprocessor": ((TensorSpec("angle", "INT32", (1,)), TensorSpec("output_img", "UINT8", (1, -1, -1, 3))),
                          _page),
+    "semantic_segmentation": ((TensorSpec("pred", "INT32", (1, -1, -1)),),
+                              lambda res, result: {"pred": _rows(result["pred"], np.int32, (1, *np.shape(result["pred"])[-2:]))}),
 }
 RESULT = TensorSpec("result", "BYTES", (1,))
 IMAGE = TensorSpec("image", "BYTES", (1,))
