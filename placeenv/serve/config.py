@@ -105,6 +105,10 @@ class Settings(BaseSettings):
     fetch_urls: bool = Field(
         False, description="PaddleX serving's API (POST /ocr): fetch a file given as an http(s) URL; off, such "
         "a request is refused (422), since any client could make the service fetch an address it names")
+    max_pdf_pages: int = Field(100, ge=1, le=10_000, description="PaddleX serving's API: pages of one PDF "
+                               "(fileType 0) at most; a longer one is refused (422), before any page is rendered")
+    max_pdf_bytes: int = Field(32 * 1024 * 1024, ge=1024, description="PaddleX serving's API: the bytes of one "
+                               "PDF at most; a larger one is refused (422) before it is opened")
     queue_capacity: int = Field(64, ge=1, description="requests waiting per device; when every device's "
                                 "queue is full, a request gets 503 with Retry-After")
     retry_after_s: int = Field(1, ge=1, description="the Retry-After header of a 503 (overloaded, draining, "

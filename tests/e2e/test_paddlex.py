@@ -103,6 +103,48 @@ def test_paddlex_servings_api_answers_in_its_schema_with_paddlexs_results(served
         assert parsed.result.dataInfo.model_dump() == {"width": width, "height": height, "type": "image"}
 
 
+@pytest.fixture(scope="module")
+def pdf(page_set):
+    return paddlex_reference.pdf_of([page_set[i].data for i in (0, 3, 6, 7)])
+
+
+@pytest.mark.timeout(900)  # PaddleX's own run on the PDF is this test's set-up
+def test_a_pdf_is_read_as_paddlex_serving_reads_it_its_pages_answered_in_order(served, pdf, tmp_path):
+    """fileType 0: PaddleX serving's own reader renders the pages, each a request of the pipeline, all at once;
+    the answer's pages in order, each PaddleX's, and dataInfo PaddleX's PDF info."""
+    proc, _ = served
+    expected = paddlex_reference.reference_pdf(paddlex_reference.pipeline_file(tmp_path), pdf)
+    answer = httpx.post(f"{proc.url}/ocr", json={"file": base64.b64encode(pdf).decode(), "fileType": 0}, timeout=300)
+    assert answer.status_code == 200, answer.text
+    result = answer.json()["result"]
+    assert result["dataInfo"] == expected["info"] and result["dataInfo"]["numPages"] == 4
+    pruned = [page["prunedResult"] for page in result["ocrResults"]]
+    assert [differences(p, r) for p, r in zip(pruned, expected["results"])] == [[]] * 4
+    assert len({tuple(p["rec_texts"]) for p in pruned}) == 4  # four pages, each its own text, in order
+
+
+def test_a_pdf_over_the_limits_is_refused_before_a_page_is_rendered(pdf, repository):
+    proc = ServiceProcess(devices="cpu", models="ocr", model_repository=repository, max_pdf_pages=3,
+                          max_pdf_bytes=len(pdf) + 10)
+    try:
+        proc.wait_ready()
+        body = {"file": base64.b64encode(pdf).decode(), "fileType": 0}
+        answer = httpx.post(f"{proc.url}/ocr", json=body, timeout=60)
+        assert answer.status_code == 422 and "the PDF has 4 pages; send one of at most 3 pages" in \
+            answer.json()["errorMsg"], answer.text
+        big = paddlex_reference.pdf_of([pages.page(i).data for i in range(8)])
+        answer = httpx.post(f"{proc.url}/ocr", json={"file": base64.b64encode(big).decode(), "fileType": 0},
+                            timeout=60)
+        assert answer.status_code == 422 and "(--max-pdf-bytes)" in answer.json()["errorMsg"], answer.text
+        # The control: a PDF within both limits is read.
+        small = paddlex_reference.pdf_of([pages.page(0).data])
+        answer = httpx.post(f"{proc.url}/ocr", json={"file": base64.b64encode(small).decode(), "fileType": 0},
+                            timeout=120)
+        assert answer.status_code == 200 and answer.json()["result"]["dataInfo"]["numPages"] == 1, answer.text
+    finally:
+        proc.stop()
+
+
 def test_grpc_answers_as_http(served, page_set, reference):
     proc, target = served
     image = tg.InferInput("image", [1], "BYTES")
@@ -116,7 +158,7 @@ def test_grpc_answers_as_http(served, page_set, reference):
 @pytest.mark.parametrize("body, says", [
     ({"fileType": 1}, '"loc": "body.file"'),
     ({"file": "http://127.0.0.1:9/page.png", "fileType": 1}, "URLs are not fetched"),
-    ({"file": base64.b64encode(b"%PDF-1.4").decode(), "fileType": 0}, "PDF files are not served here"),
+    ({"file": base64.b64encode(b"%PDF-1.4").decode(), "fileType": 0}, "not a PDF pypdfium2 can open"),
     ({"file": base64.b64encode(b"not an image").decode(), "fileType": 1}, "not an image OpenCV can decode"),
     ({"file": "***", "fileType": 1}, "file is not base64"),
     ({"file": base64.b64encode(b"x").decode()}, "File type cannot be determined"),

@@ -284,6 +284,53 @@ def reference_ocr(pipeline_yaml: Path | str, images: list[bytes | Path | str], t
                  lambda: run_reference(pipeline_yaml, images, timeout, fields)["results"])
 
 
+#: The script reference_pdf runs in the venv: argv is the pipeline YAML, the PDF's path, the fields (JSON) and
+#: the JSON file to write. The pages are rendered as PaddleX serving renders a PDF (its app's read_pdf), and
+#: the pipeline is given them as its app gives them.
+PDF_RUNNER = r'''
+import json, sys
+from paddlex import create_pipeline
+from paddlex.inference.serving.infra.utils import read_pdf
+pipeline = create_pipeline(pipeline=sys.argv[1], device="cpu")
+images, info = read_pdf(open(sys.argv[2], "rb").read())
+fields = json.loads(sys.argv[3])
+results = [{key: result.json["res"].get(key) for key in fields} for result in pipeline.predict(images)]
+with open(sys.argv[4], "w") as out:
+    json.dump({"results": results, "info": info.model_dump(mode="json")}, out)
+'''
+
+
+def reference_pdf(pipeline_yaml: Path | str, pdf: bytes, fields: tuple[str, ...] = FIELDS,
+                  timeout: float = 1800) -> dict:
+    """PaddleX serving's answer to a PDF, as its app makes it: the pages rendered by its ``read_pdf``, then
+    PaddleX's pipeline on them: ``{"results": [per page fields], "info": its dataInfo}``; kept (``_kept``)."""
+    pipeline_yaml = Path(pipeline_yaml)
+
+    def compute() -> dict:
+        with tempfile.TemporaryDirectory(prefix="paddlex-reference-") as scratch:
+            path, out, script = Path(scratch) / "file.pdf", Path(scratch) / "out.json", Path(scratch) / "runner.py"
+            path.write_bytes(pdf)
+            script.write_text(PDF_RUNNER)
+            _run([str(python()), str(script), str(pipeline_yaml), str(path), json.dumps(fields), str(out)],
+                 f"PaddleX {PADDLEX}'s pipeline {pipeline_yaml} on a PDF in {venv_dir()}", timeout=timeout,
+                 env=environment())
+            return json.loads(out.read_text())
+
+    return _kept([PDF_RUNNER, _pipeline_text(pipeline_yaml), json.dumps(fields), pdf], compute)
+
+
+def pdf_of(images: list[bytes]) -> bytes:
+    """A PDF of encoded ``images``, a page each (Pillow's writer, at 72 dpi: a page's points are its pixels)."""
+    import io
+
+    from PIL import Image
+
+    pages = [Image.open(io.BytesIO(data)).convert("RGB") for data in images]
+    out = io.BytesIO()
+    pages[0].save(out, "PDF", save_all=True, append_images=pages[1:], resolution=72.0)
+    return out.getvalue()
+
+
 def _content(image: bytes | Path | str) -> bytes:
     return bytes(image) if isinstance(image, (bytes, bytearray)) else Path(image).read_bytes()
 

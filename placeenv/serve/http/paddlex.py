@@ -10,7 +10,8 @@ prunes it (models/paddlex_pipeline.py).
 A request goes through the same gateway as v2 (one BYTES input, the file's bytes), so it is checked,
 counted, batched and answered as any. What differs from PaddleX serving, each a clear 422: a file that
 is a URL is fetched only with ``--fetch-urls`` (else any client could make the service fetch
-addresses); a PDF (``fileType`` 0) is not served (send its pages as images). ``visualize`` draws
+addresses); a PDF (``fileType`` 0) is rendered by PaddleX serving's own reader and each page is a request of
+the pipeline, all at once, answered in page order (``--max-pdf-pages``, ``--max-pdf-bytes``). ``visualize`` draws
 nothing: the answer carries no images. The per-request settings (``textDetThresh`` ..., ``topk``,
 ``threshold``) go to the pipeline as the request's parameters, each field's name as PaddleX serving hands it
 to ``pipeline.predict`` (``textDetThresh`` -> ``text_det_thresh``), checked by protocol/paddlex.py.
@@ -57,6 +58,7 @@ class Endpoint:
     summary: str  # what the API's documentation calls it
     about: str  # what GET / and a 405 say of it
     refused: str  # what its 422s refuse
+    pdf: bool = False  # whether it reads PDFs (fileType 0), page by page
 
 
 def _schemas(endpoint: Endpoint):
@@ -75,7 +77,9 @@ async def serve(endpoint: Endpoint, gateway: Gateway, call: Call) -> Response:
     asked: dict[str, Any] = {}
 
     def identify():
-        asked["request"] = request = _parse(schemas, call.body)
+        if "request" not in asked:
+            asked["request"] = _parse(schemas, call.body)
+        request = asked["request"]
         asked["log_id"] = getattr(request, "logId", None) or utils.generate_log_id()
         name, asked["about"] = _pipeline(gateway, endpoint.pipeline)
         asked["parameters"] = _settings(request, asked["about"])
@@ -95,10 +99,91 @@ async def serve(endpoint: Endpoint, gateway: Gateway, call: Call) -> Response:
             raise
         if fetched is not None:
             asked["data"] = fetched
+        if endpoint.pdf and b'"fileType"' in call.body:
+            pages = await _pdf_pages(schemas, call, gateway, asked)
+            if pages is not None:
+                return await _serve_pages(endpoint, schemas, models, gateway, call, asked, pages, identify)
         result = await gateway.infer(identify, read)
     except ServiceError as exc:  # PaddleX's error shape, with the request's logId where it gave one
         return refusal(exc, endpoint.path, gateway.settings.retry_after_s, asked.get("log_id"))
     found = endpoint.result(schemas, models, result.outputs, asked["data"])
+    reply = models.AIStudioResultResponse[schemas.InferResult](logId=asked["log_id"], result=found)
+    return JSON(reply.model_dump(mode="json", exclude_none=True))
+
+
+async def _pdf_pages(schemas, call: Call, gateway: Gateway, asked: dict[str, Any]):
+    """A PDF request's pages, rendered by PaddleX serving's own reader (``read_pdf``: pypdfium2, its scale
+    brought down to PaddleX's pixel limit), each encoded as a PNG (lossless) for the pipeline; and the PDF's
+    info. None for a request that is not a PDF. Refused (and counted) before a page is rendered: a PDF over
+    ``--max-pdf-bytes`` or ``--max-pdf-pages``, or one pypdfium2 cannot open."""
+    try:
+        asked["request"] = request = _parse(schemas, call.body)
+        if request.fileType != 0 or _is_url(request.file) and "data" not in asked:  # (an unfetched URL: refused)
+            return None
+        asked["log_id"] = request.logId or None
+        data = asked.get("data") or _decoded("file", request.file)
+        settings = gateway.settings
+        if len(data) > settings.max_pdf_bytes:
+            raise InvalidInput(f"file: the PDF is {len(data) / 2 ** 20:.1f} MiB; send one of at most "
+                               f"{settings.max_pdf_bytes / 2 ** 20:.0f} MiB (--max-pdf-bytes), or split it")
+        return await asyncio.to_thread(_rendered, data, settings.max_pdf_pages)
+    except ServiceError as exc:  # (before the gateway reads a page: counted here)
+        gateway.refuse(exc)
+        raise
+
+
+def _rendered(data: bytes, max_pages: int):
+    import cv2
+    import pypdfium2
+    from paddlex.inference.serving.infra import utils
+    from paddlex.inference.utils.pdfium_lock import pdfium_lock
+
+    try:
+        with pdfium_lock:
+            document = pypdfium2.PdfDocument(data)
+            try:
+                count = len(document)
+            finally:
+                document.close()
+    except pypdfium2.PdfiumError as exc:
+        raise InvalidInput(f"Invalid input file: not a PDF pypdfium2 can open ({len(data)} bytes, starting "
+                           f"{data[:8]!r}: {str(exc)[:80]}); send a PDF file's bytes, or fileType 1 for an image") from None
+    if count > max_pages:
+        raise InvalidInput(f"file: the PDF has {count} pages; send one of at most {max_pages} pages "
+                           "(--max-pdf-pages), or split it")
+    if count == 0:
+        raise InvalidInput("file: the PDF has no page; send one with a page or more")
+    try:
+        images, info = utils.read_pdf(data)
+    except utils.ImageTooLargeError as exc:
+        raise InvalidInput(f"file: {exc}; send pages of fewer pixels") from None
+    pages = [cv2.imencode(".png", image, [cv2.IMWRITE_PNG_COMPRESSION, 1])[1].tobytes() for image in images]
+    return pages, info
+
+
+async def _serve_pages(endpoint: Endpoint, schemas, models, gateway: Gateway, call: Call, asked: dict[str, Any],
+                       pages: tuple[list[bytes], Any], identify) -> Response:
+    """A PDF's pages, each a request of the pipeline, all at once (so they run across the CPU workers and the
+    devices), answered in page order as PaddleX serving answers a PDF; the first page that fails (in page
+    order) is the answer."""
+    encoded, info = pages
+
+    def read(index: int):
+        def one(model, version) -> InferRequest:
+            return InferRequest(model.name, None, {"image": np.array([encoded[index]], dtype=object)}, None,
+                                call.arrived, len(encoded[index]), parameters=asked["parameters"] or None)
+        return one
+
+    asked["data"] = encoded[0]
+    answers = await asyncio.gather(*(gateway.infer(identify, read(i)) for i in range(len(encoded))),
+                                   return_exceptions=True)
+    for answer in answers:
+        if isinstance(answer, ServiceError):
+            return refusal(answer, endpoint.path, gateway.settings.retry_after_s, asked.get("log_id"))
+        if isinstance(answer, BaseException):
+            raise answer
+    found = schemas.InferResult(ocrResults=[schemas.OCRResult(prunedResult=_result(a.outputs)) for a in answers],
+                                dataInfo=info)
     reply = models.AIStudioResultResponse[schemas.InferResult](logId=asked["log_id"], result=found)
     return JSON(reply.model_dump(mode="json", exclude_none=True))
 
@@ -156,12 +241,9 @@ def _is_url(text: str) -> bool:
 
 
 def _ocr_file(request) -> bytes:
-    """The OCR request's file; a PDF or no type refused."""
-    if not _is_url(request.file):
-        if request.fileType is None:
-            raise InvalidInput("File type cannot be determined: send fileType 1 (an image)")
-        if request.fileType == 0:
-            raise InvalidInput("fileType 0: PDF files are not served here; send each page as an image (fileType 1)")
+    """The OCR request's file (an image: a PDF is read before, ``_pdf_pages``); no type refused."""
+    if not _is_url(request.file) and request.fileType is None:
+        raise InvalidInput("File type cannot be determined: send fileType 1 (an image) or 0 (a PDF)")
     return _decoded("file", request.file)
 
 
@@ -230,14 +312,17 @@ def _detection_result(schemas, models, outputs, data):
 ENDPOINTS = (
     Endpoint("/ocr", "OCR", "ocr", "file", _ocr_file, _ocr_result, "OCR (PaddleX serving's API)",
              'PaddleX serving\'s OCR API for a PaddleX OCR pipeline file the repository serves: a JSON body '
-             '{"file": "<base64 image>", "fileType": 1}',
-             "a body that is not PaddleX's request, a file that is not an image, a URL, a PDF, a setting of the wrong kind"),
-    Endpoint("/image-classification", "image_classification", "image_classification", "image", lambda request: _decoded("image", request.image), _classification_result,
+             '{"file": "<base64 image or PDF>", "fileType": 1 (0: a PDF)}',
+             "a body that is not PaddleX's request, a file that is not an image or PDF, a URL, a PDF over the "
+             "limits, a setting of the wrong kind", pdf=True),
+    Endpoint("/image-classification", "image_classification", "image_classification", "image",
+             lambda request: _decoded("image", request.image), _classification_result,
              "Image classification (PaddleX serving's API)",
              'PaddleX serving\'s image classification API for a PaddleX image_classification pipeline file the '
              'repository serves: a JSON body {"image": "<base64 image>", "topk": 5}',
              "a body that is not PaddleX's request, an image that is not one, a URL, a topk that is not a whole number"),
-    Endpoint("/object-detection", "object_detection", "object_detection", "image", lambda request: _decoded("image", request.image), _detection_result,
+    Endpoint("/object-detection", "object_detection", "object_detection", "image",
+             lambda request: _decoded("image", request.image), _detection_result,
              "Object detection (PaddleX serving's API)",
              'PaddleX serving\'s object detection API for a PaddleX object_detection pipeline file the repository '
              'serves: a JSON body {"image": "<base64 image>", "threshold": 0.5}',
