@@ -320,14 +320,15 @@ def reference_pdf(pipeline_yaml: Path | str, pdf: bytes, fields: tuple[str, ...]
 
 
 def pdf_of(images: list[bytes]) -> bytes:
-    """A PDF of encoded ``images``, a page each (Pillow's writer, at 72 dpi: a page's points are its pixels)."""
+    """A PDF of encoded ``images``, a page each (Pillow's writer, at 144 dpi: PaddleX serving's reader renders
+    a page at twice its points, so the pages come back at the images' own sizes)."""
     import io
 
     from PIL import Image
 
     pages = [Image.open(io.BytesIO(data)).convert("RGB") for data in images]
     out = io.BytesIO()
-    pages[0].save(out, "PDF", save_all=True, append_images=pages[1:], resolution=72.0)
+    pages[0].save(out, "PDF", save_all=True, append_images=pages[1:], resolution=144.0)
     return out.getvalue()
 
 
