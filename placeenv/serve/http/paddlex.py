@@ -24,7 +24,6 @@ import base64
 import binascii
 import dataclasses
 import json
-import re
 import urllib.request
 from collections.abc import Callable
 from typing import Any
@@ -38,10 +37,6 @@ from ..protocol.gateway import Gateway
 from ..protocol.request import InferRequest
 from .responses import JSON, PADDLEX_PATHS, refusal
 from .routes import Call, InferRoute
-
-#: The fields of PaddleX serving's requests that are not the pipeline's settings.
-NOT_SETTINGS = frozenset({"file", "fileType", "image", "visualize", "logId"})
-
 
 @dataclasses.dataclass(frozen=True)
 class Endpoint:
@@ -221,9 +216,9 @@ def _settings(request, about: dict[str, Any]) -> dict[str, Any]:
     refused, naming it."""
     found = {}
     for key, value in request:
-        if key in NOT_SETTINGS or value is None:
+        if key in settings_of.NOT_SETTINGS or value is None:
             continue
-        name = re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", key).lower()
+        name = settings_of.setting_name(key)
         if name not in about["settings"]:
             raise InvalidInput(f"{key}: not a setting of the served PaddleX {about['pipeline_name']} pipeline; leave it "
                                "out")

@@ -26,11 +26,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..protocol.paddlex import kind_of
+from ..protocol.paddlex import NOT_SETTINGS, kind_of, setting_name
 from .configs import InstanceGroup, ModelConfig, RepositoryError, Step, TensorOverride
 from .entries import Entry, Version
 from .inference import InferenceOptions
 from .base import ModelContext
+from .paddlex_pipeline import MODEL_KEY
 from .reading import config_fingerprint, load_entry
 
 #: PaddleX's batch size of a module whose settings leave it out (its create_model's).
@@ -120,7 +121,7 @@ def read(name: str, path: Path, max_batch_size: int, max_batch_delay_ms: float
     try:
         used = {where: modules[where] for where in dict.fromkeys(where for where, _, _ in built)}
         entries, links = _exports(name, used, built, refuse)
-        table = _settings(kind, pipeline, seam.predict_parameters)
+        table = _settings(kind, pipeline)
     finally:
         _close(pipeline)
     step = f"{name}.pipeline"
@@ -168,7 +169,7 @@ def _prepared(raw: dict[str, Any], path: Path) -> tuple[dict[str, Any], dict[str
                     # A module without an export is handed to PaddleX as a directory that is not there, so
                     # that one PaddleX builds is refused, naming it, and PaddleX never downloads one.
                     given["model_dir"] = str(module.directory or path.parent / f"{_MISSING}{at}")
-                    given["engine_config"] = {"placeenv_model": at}
+                    given["engine_config"] = {MODEL_KEY: at}
                     out[group][key] = given
         return out
 
@@ -197,7 +198,8 @@ def _why(exc: Exception, modules: dict[str, Module], refused: dict[str, str], ki
                     "inference.pdiparams, inference.yml); the service downloads nothing")
         return (f"{where}: model_dir {given!r} holds no PaddleX export: expected inference.json, "
                 "inference.pdiparams and inference.yml there")
-    for model_name, reason in refused.items():  # (PaddleX may fail on it before it builds it)
+    if refused:  # (PaddleX may fail on such a model before it builds it)
+        model_name, reason = next(iter(refused.items()))
         where = next((m.where for m in modules.values() if m.settings.get("model_name") == model_name), "")
         return f"{where}: {model_name} is not served here: {reason}"
     if type(exc).__name__ == "ClassNotFoundException":
@@ -313,16 +315,15 @@ def _annotation(annotation: Any) -> str:
     return annotation.__name__ if isinstance(annotation, type) else str(annotation)
 
 
-def _settings(kind: str, pipeline, predict_parameters) -> dict[str, str]:
-    """The settings a request may send, each with its kind: those the pipeline object's ``predict`` names;
-    where it passes what else it is given on to its model (``**kwargs``: the single-model pipelines), the
-    fields of PaddleX serving's request for it too, which its app hands to ``predict`` (``topk``,
-    ``threshold``)."""
-    import re
-
-    target = getattr(pipeline, "_pipeline", pipeline).predict
-    parameters = inspect.signature(target).parameters
-    table = {key: kind_of(_annotation(parameters[key].annotation)) for key in predict_parameters(pipeline)}
+def _settings(kind: str, pipeline) -> dict[str, str]:
+    """The settings a request may send, each with its kind: those the pipeline object's ``predict`` names (but
+    its input); where it passes what else it is given on to its model (``**kwargs``: the single-model
+    pipelines), the fields of PaddleX serving's request for it too, which its app hands to ``predict``
+    (``topk``, ``threshold``)."""
+    # (PaddleX's image pipelines wrap the pipeline object that takes them in ``_pipeline``.)
+    parameters = inspect.signature(getattr(pipeline, "_pipeline", pipeline).predict).parameters
+    table = {key: kind_of(_annotation(p.annotation)) for key, p in parameters.items()
+             if key != "input" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
     if not any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
         return table
     try:
@@ -335,9 +336,8 @@ def _settings(kind: str, pipeline, predict_parameters) -> dict[str, str]:
     except (ImportError, AttributeError, KeyError, ValueError):  # no app: predict's own names alone
         return table
     for field, info in fields.items():
-        if field in ("file", "fileType", "image", "visualize", "logId"):
-            continue
-        table.setdefault(re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", field).lower(), kind_of(_annotation(info.annotation)))
+        if field not in NOT_SETTINGS:
+            table.setdefault(setting_name(field), kind_of(_annotation(info.annotation)))
     return table
 
 

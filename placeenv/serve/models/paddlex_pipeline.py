@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import inspect
 import json
 import threading
 from collections.abc import Callable, Mapping
@@ -55,7 +54,7 @@ class _Building(threading.local):
 
     call: Callable[[Link, list[np.ndarray]], list[np.ndarray]] | None = None
     links: Mapping[str, Link] = {}
-    built: list | None = None  # (model, model_name, model_dir, predictor class), where a read records them
+    built: list | None = None  # (the module's link's model, model_name, model_dir), where a read records them
 
 
 _BUILDING = _Building()
@@ -245,6 +244,11 @@ def _page(res: dict, result) -> dict[str, np.ndarray]:
             "output_img": np.ascontiguousarray(result["output_img"], dtype=np.uint8)[None]}
 
 
+def _segments(res: dict, result) -> dict[str, np.ndarray]:
+    # Each pixel's class, from PaddleX's result itself (its JSON holds the same map as lists).
+    return {"pred": _rows(result["pred"], np.int32, (1, *np.shape(result["pred"])[-2:]))}
+
+
 #: A pipeline's result fields served as typed outputs beside ``result``: pipeline_name -> (their specs,
 #: how PaddleX's result, its JSON and itself, gives them). A pipeline not listed answers ``result`` alone.
 FIELDS: dict[str, tuple[tuple[TensorSpec, ...], Callable[[dict, Any], dict[str, np.ndarray]]]] = {
@@ -259,8 +263,7 @@ FIELDS: dict[str, tuple[tuple[TensorSpec, ...], Callable[[dict, Any], dict[str, 
                          _boxes),
     "doc_preprocessor": ((TensorSpec("angle", "INT32", (1,)), TensorSpec("output_img", "UINT8", (1, -1, -1, 3))),
                          _page),
-    "semantic_segmentation": ((TensorSpec("pred", "INT32", (1, -1, -1)),),
-                              lambda res, result: {"pred": _rows(result["pred"], np.int32, (1, *np.shape(result["pred"])[-2:]))}),
+    "semantic_segmentation": ((TensorSpec("pred", "INT32", (1, -1, -1)),), _segments),
 }
 RESULT = TensorSpec("result", "BYTES", (1,))
 IMAGE = TensorSpec("image", "BYTES", (1,))
@@ -268,14 +271,6 @@ IMAGE = TensorSpec("image", "BYTES", (1,))
 
 def outputs_of(kind: str) -> tuple[TensorSpec, ...]:
     return (RESULT, *FIELDS.get(kind, ((), None))[0])
-
-
-def predict_parameters(pipeline) -> tuple[str, ...]:
-    """The settings a PaddleX pipeline object's ``predict`` takes per call, by name (not its input)."""
-    # (PaddleX's image pipelines wrap the pipeline object that takes them in ``_pipeline``.)
-    signature = inspect.signature(getattr(pipeline, "_pipeline", pipeline).predict)
-    return tuple(name for name, p in signature.parameters.items()
-                 if name != "input" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
 
 
 class PaddleXPipeline(Model):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,11 +25,19 @@ from .wire import prefix
 KINDS = {"bool": "true or false", "int": "a whole number", "number": "a number",
          "str": "a string", "json": "a number, or a JSON object or list as text",
          "text": "a number, a string, or a JSON object or list as text"}
+#: The fields of PaddleX serving's requests that are not the pipeline's settings (the file, its type, ...).
+NOT_SETTINGS = frozenset({"file", "fileType", "image", "visualize", "logId"})
 #: Whole-number settings that size an image PaddleX makes (a page resized to it), bounded: within them PaddleX
 #: decides, past them a request could make it allocate without bound.
 SIDES = {"limit_side_len": (0, 100_000), "max_side_limit": (1, 100_000)}
 #: String settings with a few values, by the end of their names: PaddleX raises, not refuses, on another.
 CHOICES = {"limit_type": ("min", "max", "resize_long", "")}
+
+
+def setting_name(field: str) -> str:
+    """The name under which PaddleX serving hands a request's field to ``pipeline.predict``:
+    ``textDetThresh`` -> ``text_det_thresh``."""
+    return re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", field).lower()
 
 
 def kind_of(annotation: str) -> str:
