@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks")]
 
 from bench_service import save_results  # noqa: E402
+from paddlex_serving import spread  # noqa: E402  (median (min..max), as its tables print it)
 from loadtest import pages as page_maker  # noqa: E402
 from support import ocr_models, paddlex_reference  # noqa: E402
 from support.servers import ServiceProcess  # noqa: E402
@@ -67,10 +68,6 @@ def latency(url: str, pdf: bytes) -> tuple[float, list]:
     took = time.perf_counter() - began
     answer.raise_for_status()
     return took, [page["prunedResult"]["rec_texts"] for page in answer.json()["result"]["ocrResults"]]
-
-
-def spread(values: list[float], digits: int = 2) -> str:
-    return f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}..{max(values):.{digits}f})"
 
 
 def main() -> None:
