@@ -3,7 +3,8 @@
     python benchmarks/paddlex_serving.py [--rounds 3] [--requests 16] [--clients 4 8] [--passes 1]
                                          [--api auto|ocr|v2] [--workers-per-device N]
                                          [--ours-default-run-mode]
-                                         [--textline-orientation | --doc-preprocessor | --detection]
+                                         [--textline-orientation | --doc-preprocessor | --detection |
+                                          --structure]
     python benchmarks/paddlex_serving.py --cpu-scaling [--rounds 3] [--requests 16]
 
 Needs the PaddleX reference venv (tests/support/paddlex_reference.py: paddlex 3.7.2 and its serving under
@@ -41,6 +42,12 @@ the PicoDet-S stand-in tests/support/standin_models.py builds, ``batch_size`` 4 
 red, green and blue rectangles at four sizes, through ``POST /object-detection`` on both; PaddleX serving
 from a venv with ``paddlex[cv]`` over the reference venv (``paddlex_reference.cv_python``: its vision
 pipelines need it to start). The answers compared are the classes and boxes to the nearest 2 px.
+
+``--structure`` runs both on PaddleX's PP-StructureV3 file (tests/support/pp_structurev3_pipeline.yaml: PP-OCRv5
+mobile and the stand-ins of its other models, tests/support/standin_*.py) and document pages
+(loadtest/documents.py: a title, paragraphs, a table, a formula, a seal each), through ``POST /layout-parsing``
+on both (``visualize`` false; its Markdown, with its images, as PaddleX serving's default asks). The answers
+compared are each page's blocks: class and content.
 
 ``--cpu-scaling`` measures instead how the pipeline's CPU work scales from 1 to 2 CPU workers
 (``PLACEENV_PADDLEX_CPU_WORKERS``, models/paddlex.py): two services, 1 and 2 workers, interleaved, the
@@ -96,6 +103,7 @@ JSON_HEADERS = {"Content-Type": "application/json"}
 
 
 DETECTION_PIPELINE = ROOT / "tests" / "support" / "object_detection_pipeline.yaml"
+STRUCTURE_STEPS = ("ocr.pipeline", "ocr.LayoutDetection", "ocr.GeneralOCR.TextDetection", "ocr.TextRecognition")
 
 
 def detection_image(index: int) -> bytes:
@@ -104,6 +112,21 @@ def detection_image(index: int) -> bytes:
 
     width, height = ((640, 480), (1024, 768), (800, 800), (1280, 720))[index % 4]
     return cv2.imencode(".png", standin_models.shapes(1000 + index, width, height)[0])[1].tobytes()
+
+
+def document_image(index: int) -> bytes:
+    """Page ``index`` of the PP-StructureV3 run: ``loadtest.documents.document``, PNG."""
+    import cv2
+
+    from loadtest import documents
+
+    return cv2.imencode(".png", documents.document(index)[0])[1].tobytes()
+
+
+def structure_file(tmp: Path) -> Path:
+    """The PP-StructureV3 file for PaddleX serving, its exports placed under ``tmp/models``."""
+    models = standin_models.place_structure(tmp / "models", pipeline=False)
+    return reference.pipeline_file(tmp, models, template=standin_models.STRUCTURE_PIPELINE)
 
 
 def say(*parts) -> None:
@@ -256,6 +279,27 @@ class DetectionApi:
                 for o in answer["result"]["detectedObjects"]]
 
 
+class LayoutApi(DetectionApi):
+    """PaddleX serving's ``POST /layout-parsing`` (PaddleX's and ours): each block's class and content."""
+
+    name = "layout-parsing"
+
+    def __init__(self, url: str, datas: list[bytes]) -> None:
+        self.url = url + "/layout-parsing"
+        self.bodies = [json.dumps({"file": base64.b64encode(d).decode(), "fileType": 1, "visualize": False}).encode()
+                       for d in datas]
+
+    def __call__(self, client: httpx.Client, page: int) -> list[str]:
+        found = client.post(self.url, content=self.bodies[page], headers=JSON_HEADERS)
+        found.raise_for_status()
+        answer = found.json()
+        if answer.get("errorCode") != 0:
+            raise RuntimeError(f"/layout-parsing answered errorCode {answer.get('errorCode')}: "
+                               f"{answer.get('errorMsg')}")
+        (result,) = answer["result"]["layoutParsingResults"]
+        return [f"{b['block_label']}: {b['block_content']}" for b in result["prunedResult"]["parsing_res_list"]]
+
+
 def pick_api(choice: str, url: str, datas: list[bytes]):
     """``ocr`` where the service answers ``POST /ocr`` (probed with the first page), else v2."""
     if choice == "v2":
@@ -403,6 +447,8 @@ def compare(args, repository: Path, pipeline: Path, datas: list[bytes], tmp: Pat
         say(f"ready: PaddleX in {theirs.start_s:.1f} s ({theirs.url}), ours in {ours.start_s:.1f} s ({ours.url})")
         if args.detection:
             apis = {"PaddleX": DetectionApi(theirs.url, datas), "ours": DetectionApi(ours.url, datas)}
+        elif args.structure:
+            apis = {"PaddleX": LayoutApi(theirs.url, datas), "ours": LayoutApi(ours.url, datas)}
         else:
             apis = {"PaddleX": OcrApi(theirs.url, datas), "ours": pick_api(args.api, ours.url, datas)}
         say(f"APIs: PaddleX {apis['PaddleX'].name} (visualize false), ours {apis['ours'].name}")
@@ -423,7 +469,7 @@ def compare(args, repository: Path, pipeline: Path, datas: list[bytes], tmp: Pat
             for name in order:
                 began = time.perf_counter()
                 last = number == args.rounds - 1 and name == "ours"
-                steps = DETECTION_STEPS if args.detection else STEPS
+                steps = DETECTION_STEPS if args.detection else STRUCTURE_STEPS if args.structure else STEPS
                 before = stage_stats(ours.url, steps) if last else None
                 # Each round's throughput runs start a page further on: over the rounds, every page.
                 found[name] = measure(apis[name], len(datas), args.clients, args.requests, args.passes,
@@ -616,6 +662,9 @@ def main() -> None:
                         help="both on PaddleX's object_detection file (the PicoDet-S stand-in, batch_size 4) and "
                         "images of coloured rectangles, through /object-detection; PaddleX's from a venv with "
                         "paddlex[cv] over the reference venv")
+    parser.add_argument("--structure", action="store_true",
+                        help="both on PaddleX's PP-StructureV3 file (PP-OCRv5 mobile and stand-ins) and document "
+                        "pages, through /layout-parsing")
     parser.add_argument("--ours-default-run-mode", action="store_true",
                         help="ours: the file without the detector's engine_config (PaddleX's own default file, "
                         "which PaddleX cannot run on Paddle 3.3; PaddleX keeps its run_mode: paddle)")
@@ -625,12 +674,14 @@ def main() -> None:
          "PaddleX serving against ours on PaddleX's OCR pipeline file")
         + (" (--detection: object_detection's)" if args.detection else "")
         + f", {args.rounds} rounds, {args.pages} pages; {machine()}")
-    if args.textline_orientation + args.doc_preprocessor + args.detection > 1:
-        parser.error("--textline-orientation, --doc-preprocessor, --detection: one file at a time")
-    if args.detection and args.cpu_scaling:
+    if args.textline_orientation + args.doc_preprocessor + args.detection + args.structure > 1:
+        parser.error("--textline-orientation, --doc-preprocessor, --detection, --structure: one file at a time")
+    if (args.detection or args.structure) and args.cpu_scaling:
         parser.error("--cpu-scaling measures the OCR pipeline's steps")
     if args.detection:
         datas = [detection_image(i) for i in range(args.pages)]
+    elif args.structure:
+        datas = [document_image(i) for i in range(args.pages)]
     else:
         datas = [p.data for p in page_maker.pages(args.pages, upside_down=3 if args.textline_orientation else 0)]
     if args.doc_preprocessor:
@@ -647,6 +698,8 @@ def main() -> None:
             pipeline.write_text(DETECTION_PIPELINE.read_text().replace(
                 f"model_dir: {standin_models.DETECTION}",
                 f"model_dir: {standin_models.copy_to(standin_models.DETECTION, tmp / 'models' / 'det')}"))
+        elif args.structure:
+            pipeline = structure_file(tmp)
         else:
             pipeline = reference.pipeline_file(tmp)
         (tmp / "repository" / MODEL).mkdir(parents=True)
@@ -674,7 +727,8 @@ def main() -> None:
     save_results("paddlex_serving" + ("_cpu_scaling" if args.cpu_scaling else "")
                  + ("_textline" if args.textline_orientation else "")
                  + ("_docpre" if args.doc_preprocessor else "")
-                 + ("_detection" if args.detection else ""), args,
+                 + ("_detection" if args.detection else "")
+                 + ("_structure" if args.structure else ""), args,
                  **{k: v for k, v in found.items()})
 
 

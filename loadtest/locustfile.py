@@ -9,8 +9,10 @@ tritonclient's own codec), plus a small share of deliberately invalid requests t
 count as correct when they get the expected 4xx; and, when the service serves the
 bundled pipelines, JPEG images through ``classify`` and PNG pages through ``ocr``
 (whose line counts are checked against the pages drawn); and when it serves a PaddleX OCR pipeline
-file (docs/models.md), real pages through PaddleX serving's ``POST /ocr``, whose texts are checked
-against the lines drawn on them (loadtest/pages.py).
+file (docs/models.md), real pages through PaddleX serving's ``POST /ocr``, as images and as two-page
+PDFs, whose texts are checked against the lines drawn on them (loadtest/pages.py); and when it serves a
+PaddleX PP-StructureV3 file, PDFs of document pages (loadtest/documents.py) through
+``POST /layout-parsing``, each page's blocks checked against those drawn.
 
 When the run ends, the gate scrapes ``/metrics`` and compares with the scrape
 taken when it started; behind a load balancer, ``--prometheus URL`` reads what
@@ -39,6 +41,7 @@ from PIL import Image
 from locust import FastHttpUser, between, events, task
 from locust.contrib.fasthttp import LocustBadStatusCode
 
+from loadtest import documents
 from loadtest import pages as drawn_pages
 from loadtest.gate import Growth, Prometheus, Scrape, evaluate
 
@@ -100,11 +103,14 @@ V2_CLASSIFY = [bytes_request("image", random.sample(PHOTOS, size), ["labels", "s
 PAGES = [(lines, encoded(page(lines), "PNG")) for lines in (1, 2, 3) for _ in range(3)]
 #: What TASK_MODELS calls a PaddleX OCR pipeline file, whatever its name: one with output rec_texts.
 PADDLEX_OCR = "(a PaddleX OCR pipeline)"
+#: What TASK_MODELS calls a PaddleX PP-StructureV3 pipeline file: one with output markdown.
+PADDLEX_LAYOUT = "(a PaddleX PP-StructureV3 pipeline)"
 #: The tasks that call a model, by the model each calls: a task is left out of a run whose service does
 #: not serve its model (read from /v1/models when the run starts; a service that cannot be read keeps
 #: the tasks of the models every default service has, and the gate says why below).
 TASK_MODELS = {"digits": "digits", "mobilenet": "mobilenet", "mobilenet_v2": "mobilenet",
-               "classify": "classify", "ocr": "ocr", "paddlex_ocr": PADDLEX_OCR, "invalid": "digits"}
+               "classify": "classify", "ocr": "ocr", "paddlex_ocr": PADDLEX_OCR, "paddlex_ocr_pdf": PADDLEX_OCR,
+               "paddlex_layout": PADDLEX_LAYOUT, "invalid": "digits"}
 DEFAULT_MODELS = {"digits", "mobilenet"}
 #: Pages of loadtest/pages.py that PP-OCRv5_mobile reads exactly as drawn, with PaddleX's own pipeline too
 #: (tests/e2e/test_paddlex.py compares the service with it on all 24): the load test checks every
@@ -112,6 +118,11 @@ DEFAULT_MODELS = {"digits", "mobilenet"}
 READ_EXACTLY = (0, 1, 3, 5, 7, 9, 10, 12)
 #: (base64 body, lines drawn) of each, drawn when a run serves a PaddleX OCR pipeline.
 OCR_PAGES: list[tuple[dict, list[str]]] = []
+#: (base64 body, lines drawn on each page) of two-page PDFs of those pages, made with them.
+OCR_PDFS: list[tuple[dict, list[list[str]]]] = []
+#: (base64 body, each page's blocks' classes) of PDFs of a document page, drawn when a run serves a PaddleX
+#: PP-StructureV3 pipeline.
+LAYOUT_PDFS: list[tuple[dict, list[list[str]]]] = []
 
 INVALID = [  # (name, body, expected status)
     ("unknown model", {"model": "no-such-model", "inputs": [DIGITS[0]]}, 404),
@@ -254,6 +265,41 @@ class Client(FastHttpUser):
             if texts != lines:
                 r.failure(f"read {texts[:3]}..., drawn {lines[:3]}...")
 
+    def _paddlex(self, path: str, body: dict, name: str, check) -> None:
+        """A request of PaddleX serving's API, its result given to ``check``, which returns True or what is
+        wrong (a failure)."""
+        with self.client.post(path, json=body, name=name, catch_response=True) as r:
+            if not answered(r, self.host):
+                return
+            if r.status_code != 200:
+                r.failure(f"{r.status_code}: {r.text[:1500]}")
+                return
+            wrong = check(r.json()["result"])
+            if wrong is not True:
+                r.failure(wrong)
+
+    @task(1)
+    def paddlex_ocr_pdf(self) -> None:
+        body, lines = random.choice(OCR_PDFS)
+        self._paddlex("/ocr", body, "/ocr, a 2-page PDF (PaddleX serving's API)", lambda result: (
+            [page["prunedResult"]["rec_texts"] for page in result["ocrResults"]] == lines
+            or f"read {[p['prunedResult']['rec_texts'][:2] for p in result['ocrResults']]}, drawn "
+               f"{[page[:2] for page in lines]}"))
+
+    @task(1)
+    def paddlex_layout(self) -> None:
+        body, labels = random.choice(LAYOUT_PDFS)
+
+        def check(result):
+            found = [sorted(block["block_label"] for block in page["prunedResult"]["parsing_res_list"])
+                     for page in result["layoutParsingResults"]]
+            if found != labels:
+                return f"blocks {found}, drawn {labels}"
+            return all("<table" in page["markdown"]["text"] for page in result["layoutParsingResults"]) or \
+                "a page's Markdown has no table"
+
+        self._paddlex("/layout-parsing", body, "/layout-parsing, a PDF (PaddleX serving's API)", check)
+
     @task(1)
     def invalid(self) -> None:
         name, body, expected = random.choice(INVALID)
@@ -279,6 +325,8 @@ def _start(environment, **_):
         paddlex = {m["name"] for m in models if any(o["name"] == "rec_texts" for o in m["outputs"])}
         if paddlex:  # (one named ocr is not the bundled ocr pipeline)
             served = (served - paddlex) | {PADDLEX_OCR}
+        if any(o["name"] == "markdown" for m in models for o in m["outputs"]):
+            served.add(PADDLEX_LAYOUT)
     except (*UNREACHABLE, TypeError):  # the gate says so below; traffic goes to the models every service has
         served = DEFAULT_MODELS
     if PADDLEX_OCR in served and not OCR_PAGES:
@@ -286,6 +334,14 @@ def _start(environment, **_):
             drawn = drawn_pages.page(index)
             OCR_PAGES.append(({"file": base64.b64encode(drawn.data).decode(), "fileType": 1, "visualize": False},
                               list(drawn.lines)))
+        for first, second in zip(READ_EXACTLY[::2], READ_EXACTLY[1::2]):
+            pair = [drawn_pages.page(first), drawn_pages.page(second)]
+            OCR_PDFS.append((_pdf_body(documents.pdf_of([p.data for p in pair])), [list(p.lines) for p in pair]))
+    if PADDLEX_LAYOUT in served and not LAYOUT_PDFS:
+        for seed in range(8):  # (a page of them takes PP-StructureV3 seconds on a CPU)
+            page, blocks = documents.document(seed)
+            pdf = documents.pdf_of([encoded(page[:, :, ::-1], "PNG")])
+            LAYOUT_PDFS.append((_pdf_body(pdf), [sorted(label for label, _, _ in blocks)]))
     unserved = {task for task, model in TASK_MODELS.items() if model not in served}
     Client.tasks = [t for t in Client.tasks if t.__name__ not in unserved]  # before any user starts
     if environment.parsed_options.prometheus:
@@ -298,6 +354,10 @@ def _start(environment, **_):
     csv_prefix = environment.parsed_options.csv_prefix
     if csv_prefix:
         _state["sampler"] = gevent.spawn(_sample, environment, f"{csv_prefix}_service.csv")
+
+
+def _pdf_body(pdf: bytes) -> dict:
+    return {"file": base64.b64encode(pdf).decode(), "fileType": 0, "visualize": False}
 
 
 def _sample(environment, path: str) -> None:

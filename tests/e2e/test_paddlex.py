@@ -197,48 +197,6 @@ def test_a_module_asked_of_a_pipeline_without_it_is_refused_in_paddlexs_words(se
     assert set(off.as_numpy("textline_orientation_angles").tolist()) == {-1}
 
 
-def _locust(url: str, csv, seconds: int = 30):
-    """Locust's load test (loadtest/, which drives POST /ocr with real pages when a PaddleX OCR pipeline is
-    served, checking each answer's texts against the lines drawn) and its leak gate; its output."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[2]
-    ran = subprocess.run(
-        [str(Path(sys.executable).with_name("locust")), "-f", "loadtest/", "--host", url, "-u", "4", "-r", "4",
-         "-t", f"{seconds}s", "--max-failure-ratio", "0", "--csv", str(csv), "--html", f"{csv}.html"],
-        cwd=root, capture_output=True, text=True, timeout=seconds + 180)
-    return ran.returncode, ran.stdout + ran.stderr
-
-
-@pytest.mark.parametrize("isolation", ["on", "off"])
-def test_locust_through_paddlex_servings_api_has_no_leak_and_reads_every_page(repository, tmp_path, isolation):
-    """Locust's users post real pages to /ocr on two devices, the CPU and sim:0 (the exports there, the CPU
-    steps on CPU workers of their own): with isolation every answer reads as drawn and the leak gate passes; the
-    control, stock Paddle (isolation off), makes the place checks see other workers' devices and fails it."""
-    import re
-
-    proc = ServiceProcess(devices="cpu,sim:0", workers_per_device=1, models="ocr", model_repository=repository,
-                          isolation=isolation)
-    try:
-        proc.wait_ready()
-        code, output = _locust(proc.url, tmp_path / "run")
-        leaks = sum(float(v) for v in re.findall(r'^placeenv_device_leaks_total\{[^}]*\} ([0-9.e+]+)$',
-                                                 httpx.get(f"{proc.url}/metrics").text, re.M))
-    finally:
-        proc.stop()
-    found = re.search(r"requests (\d+), failures (\d+)", output)
-    assert found, output[-3000:]
-    requests, failures = int(found.group(1)), int(found.group(2))
-    assert "/ocr (PaddleX serving's API)" in output, output[-3000:]  # the task ran
-    if isolation == "on":
-        assert code == 0 and "leak gate: PASS" in output and failures == 0 and leaks == 0, output[-3000:]
-        assert requests >= 4, output[-3000:]  # 4 users at a page a few seconds each, for 30 s
-    else:
-        assert code != 0 and "leak gate: FAIL" in output and leaks > 0, output[-3000:]
-
-
 #: Settings other than the pipeline file's, as PaddleX's pipeline file writes them, and as POST /ocr's
 #: per-request fields (PaddleX serving's names) ask for them.
 CHANGED = {"limit_side_len: 64": "limit_side_len: 960", "limit_type: min": "limit_type: max",

@@ -150,8 +150,9 @@ def test_readme_service_example_runs_as_written(tmp_path):
 
 def test_readme_paddlex_example_runs_as_written(tmp_path):
     """The README's PaddleX example: the bash block as written (only the port differs) from a checkout's
-    root, in an activated virtualenv: the wheel fetched, PaddleX's pipeline file served, then curl,
-    PaddleX's client and tritonclient read the page's text, and `kill %1` last."""
+    root, in an activated virtualenv: the wheel fetched, PaddleX's OCR and PP-StructureV3 files served, then
+    curl, PaddleX's client and tritonclient read the page's text, curl and PaddleX's client a PDF's Markdown,
+    and `kill %1` last."""
     from support.servers import free_port
 
     text = (ROOT / "README.md").read_text()
@@ -161,7 +162,8 @@ def test_readme_paddlex_example_runs_as_written(tmp_path):
     port = str(free_port())
     script = script.replace("localhost:8000", f"localhost:{port}").replace("127.0.0.1:8000", f"127.0.0.1:{port}")
     script = script.replace("placeenv-serve --model-repository", f"placeenv-serve --port {port} --model-repository")
-    (tmp_path / "tests").symlink_to(ROOT / "tests")  # what the block copies from the checkout
+    (tmp_path / "tests").symlink_to(ROOT / "tests")  # what the block copies and runs from the checkout
+    (tmp_path / "loadtest").symlink_to(ROOT / "loadtest")
     ran = subprocess.run(["bash", "-c", script + "\nwait"], cwd=tmp_path, capture_output=True, text=True,
                          env=_activated_env(tmp_path), timeout=600)
     assert ran.returncode == 0, (ran.stdout[-2000:], ran.stderr[-3000:])
@@ -169,6 +171,9 @@ def test_readme_paddlex_example_runs_as_written(tmp_path):
     answer = next(line for line in lines if line.startswith('{"logId"'))
     assert '"rec_texts":["Hello PaddleOCR 2026"]' in answer and answer.endswith('"errorCode":0,"errorMsg":"Success"}')
     assert "['Hello PaddleOCR 2026']" in lines and "[b'Hello PaddleOCR 2026']" in lines, ran.stdout
+    # PP-StructureV3 on a PDF: curl's answer (its first bytes), and the page's title in PaddleX's client's Markdown.
+    assert any(line.startswith('{"logId"') and '"layoutParsingResults"' in line for line in lines), ran.stdout
+    assert "# Summary Office Amount" in lines, ran.stdout
     assert "stopped:" in ran.stderr, ran.stderr[-2000:]
 
 

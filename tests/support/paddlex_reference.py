@@ -1,8 +1,8 @@
 """PaddleX's own OCR pipeline, run from a virtual environment of its own, as the reference the
 service's OCR must agree with (issue 44), and PaddleX's serving for the benchmark.
 
-``python()`` makes once, under ``$XDG_CACHE_HOME`` (or ``~/.cache``) ``placeenv/paddlex-<version>/``,
-a venv with the CPU paddlepaddle, paddleocr and paddlex at the pinned versions below, plus PaddleX
+``python()`` makes once, under ``$XDG_CACHE_HOME`` (or ``~/.cache``) ``placeenv/paddlex-<version>-ocr/``,
+a venv with the CPU paddlepaddle, paddleocr and paddlex (its ocr extra) at the pinned versions below, plus PaddleX
 serving's dependencies (``paddlex --install serving``: a plain pip install of the ``serving`` extra,
 from PyPI). The marker file ``complete`` is written last; a venv without it (a make that was cut off)
 is removed and made again. An ``flock`` beside it lets concurrent callers (pytest-xdist) wait for one
@@ -44,6 +44,8 @@ from pathlib import Path
 
 import numpy as np
 
+from loadtest.documents import pdf_of  # noqa: F401 - the tests' PDFs, as the load test makes them
+
 from . import ocr_models
 
 PADDLEPADDLE = "3.3.1"
@@ -78,7 +80,7 @@ def cache_root() -> Path:
 
 
 def venv_dir() -> Path:
-    return cache_root() / f"paddlex-{PADDLEX}"
+    return cache_root() / f"paddlex-{PADDLEX}-ocr"
 
 
 @contextlib.contextmanager
@@ -124,8 +126,9 @@ def python() -> Path:
     def make(target: Path) -> dict:
         started = time.monotonic()
         pip = [str(target / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-        _run([*pip, f"paddlepaddle=={PADDLEPADDLE}", f"paddleocr=={PADDLEOCR}", f"paddlex=={PADDLEX}"],
-             f"pip install paddlepaddle=={PADDLEPADDLE} paddleocr=={PADDLEOCR} paddlex=={PADDLEX} "
+        # (paddlex's ocr extra: its document pipelines, PP-StructureV3's among them)
+        _run([*pip, f"paddlepaddle=={PADDLEPADDLE}", f"paddleocr=={PADDLEOCR}", f"paddlex[ocr]=={PADDLEX}"],
+             f"pip install paddlepaddle=={PADDLEPADDLE} paddleocr=={PADDLEOCR} paddlex[ocr]=={PADDLEX} "
              f"(from PyPI, into {target})")
         _run([str(target / "bin" / "paddlex"), "--install", "serving"],
              f"paddlex --install serving (PaddleX serving's dependencies, from PyPI, into {target})")
@@ -319,17 +322,64 @@ def reference_pdf(pipeline_yaml: Path | str, pdf: bytes, fields: tuple[str, ...]
     return _kept([PDF_RUNNER, _pipeline_text(pipeline_yaml), json.dumps(fields), pdf], compute)
 
 
-def pdf_of(images: list[bytes]) -> bytes:
-    """A PDF of encoded ``images``, a page each (Pillow's writer, at 144 dpi: PaddleX serving's reader renders
-    a page at twice its points, so the pages come back at the images' own sizes)."""
-    import io
+#: The script reference_documents runs in the venv: argv is the pipeline YAML, a JSON list of image paths and
+#: the JSON file to write. Each page's answer as PaddleX serving's document apps make it: PaddleX's result,
+#: pruned by its serving's prune_result, and (PP-StructureV3's) its Markdown with its app's defaults.
+DOCUMENT_RUNNER = r'''
+import json, sys
+from paddlex import create_pipeline
+from paddlex.inference.serving.basic_serving._pipeline_apps._common.common import prune_result
+pipeline = create_pipeline(pipeline=sys.argv[1], device="cpu")
+results = []
+for path in json.loads(sys.argv[2]):
+    (result,) = list(pipeline.predict(path))
+    found = {"result": prune_result(result.json["res"])}
+    if hasattr(result, "_to_markdown"):
+        markdown = result._to_markdown(pretty=True, show_formula_number=False)
+        found["markdown"] = {"text": markdown["markdown_texts"], "images": sorted(markdown["markdown_images"]),
+                             "flags": list(markdown["page_continuation_flags"])}
+    results.append(found)
+with open(sys.argv[3], "w") as out:
+    json.dump(results, out)
+'''
 
-    from PIL import Image
 
-    pages = [Image.open(io.BytesIO(data)).convert("RGB") for data in images]
-    out = io.BytesIO()
-    pages[0].save(out, "PDF", save_all=True, append_images=pages[1:], resolution=144.0)
-    return out.getvalue()
+def reference_documents(pipeline_yaml: Path | str, images: list[bytes], timeout: float = 1800) -> list[dict]:
+    """PaddleX's document pipeline (PP-StructureV3, tables, seals, formulas) on encoded ``images``: per image
+    ``{"result": PaddleX's result as its serving prunes it, "markdown": {text, images (their names), flags}}``
+    (the Markdown where the result makes one); kept (``_kept``)."""
+    pipeline_yaml = Path(pipeline_yaml)
+
+    def compute() -> list[dict]:
+        with tempfile.TemporaryDirectory(prefix="paddlex-reference-") as scratch:
+            paths = []
+            for i, image in enumerate(images):
+                paths.append(str(Path(scratch) / f"{i:04d}.png"))
+                Path(paths[-1]).write_bytes(image)
+            out, script = Path(scratch) / "out.json", Path(scratch) / "runner.py"
+            script.write_text(DOCUMENT_RUNNER)
+            _run([str(python()), str(script), str(pipeline_yaml), json.dumps(paths), str(out)],
+                 f"PaddleX {PADDLEX}'s pipeline {pipeline_yaml} in {venv_dir()}", timeout=timeout, env=environment())
+            return json.loads(out.read_text())
+
+    return _kept([DOCUMENT_RUNNER, _pipeline_text(pipeline_yaml), *images], compute)
+
+
+def near(answer, expected, tolerance: float = POLY_PX, where: str = "") -> list[str]:
+    """Where two JSON values differ: numbers by more than ``tolerance`` (coordinates within ``POLY_PX``; a
+    score's 0.01 is within it too), anything else at all (texts, HTML, LaTeX, labels, the keys)."""
+    if isinstance(expected, dict) and isinstance(answer, dict):
+        if answer.keys() != expected.keys():
+            return [f"{where or '.'}: keys {sorted(answer)} != {sorted(expected)}"]
+        return [d for key in expected for d in near(answer[key], expected[key], tolerance, f"{where}.{key}")]
+    if isinstance(expected, list) and isinstance(answer, list):
+        if len(answer) != len(expected):
+            return [f"{where}: {len(answer)} items != {len(expected)}"]
+        return [d for i, (a, e) in enumerate(zip(answer, expected)) for d in near(a, e, tolerance, f"{where}[{i}]")]
+    numbers = (int, float)
+    if isinstance(expected, numbers) and isinstance(answer, numbers) and not isinstance(expected, bool):
+        return [] if abs(answer - expected) <= tolerance else [f"{where}: {answer} != {expected}"]
+    return [] if answer == expected else [f"{where}: {str(answer)[:80]!r} != {str(expected)[:80]!r}"]
 
 
 def _content(image: bytes | Path | str) -> bytes:

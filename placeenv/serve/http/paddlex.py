@@ -1,8 +1,8 @@
 """PaddleX serving's API for the PaddleX pipeline files the repository serves (models/paddlex.py), so
-PaddleX's clients work unchanged: ``POST /ocr`` for an OCR pipeline, ``POST /image-classification`` for
-an image classification one, ``POST /object-detection`` for an object detection one (``ENDPOINTS``).
-Their request and response schemas this adapter takes from PaddleX itself
-(``paddlex.inference.serving.schemas``, imported at the first such request); its error shape
+PaddleX's clients work unchanged: each path of ``ENDPOINTS`` (``POST /ocr``, ``/layout-parsing`` for
+PP-StructureV3, ``/table-recognition``, ...) answers the served pipeline whose PaddleX app serves it. The
+request and response schemas are that app's own (``paddlex.inference.serving.schemas``, imported at the first
+such request): a document pipeline's result is its schema's list of a result a page (``_documents``); its error shape
 ``{logId, errorCode, errorMsg}`` with the HTTP status as ``errorCode``, its ``logId``. The answer is built
 from the pipeline's ``result``, PaddleX's own result as its pipeline object made it, pruned as PaddleX serving
 prunes it (models/paddlex_pipeline.py).
@@ -12,7 +12,7 @@ counted, batched and answered as any. What differs from PaddleX serving, each a 
 is a URL is fetched only with ``--fetch-urls`` (else any client could make the service fetch
 addresses); a PDF (``fileType`` 0) is rendered by PaddleX serving's own reader and each page is a request of
 the pipeline, all at once, answered in page order (``--max-pdf-pages``, ``--max-pdf-bytes``). ``visualize`` draws
-nothing: the answer carries no images. The per-request settings (``textDetThresh`` ..., ``topk``,
+nothing: the answer carries no visualisations (PP-StructureV3's Markdown images it does carry). The per-request settings (``textDetThresh`` ..., ``topk``,
 ``threshold``) go to the pipeline as the request's parameters, each field's name as PaddleX serving hands it
 to ``pipeline.predict`` (``textDetThresh`` -> ``text_det_thresh``), checked by protocol/paddlex.py.
 """
@@ -24,6 +24,7 @@ import base64
 import binascii
 import dataclasses
 import json
+import typing
 import urllib.request
 from collections.abc import Callable
 from typing import Any
@@ -40,51 +41,64 @@ from .routes import Call, InferRoute
 
 @dataclasses.dataclass(frozen=True)
 class Endpoint:
-    """One endpoint of PaddleX serving's API: its path, the PaddleX pipeline it serves, its schemas' module
-    (``paddlex.inference.serving.schemas.<schema>``), the request's field that holds the file, and how the
-    pipeline's outputs become its result."""
+    """One endpoint of PaddleX serving's API: its path, the PaddleX pipelines whose app serves it (by
+    ``pipeline_name``: the one the repository serves answers), the request's field that holds the file, and how
+    the pipeline's answers (a page each) become its result. Its schemas are PaddleX's own, those of the served
+    pipeline's app (``paddlex.inference.serving.schemas``)."""
 
     path: str
-    pipeline: str
-    schema: str
+    pipelines: tuple[str, ...]
     field: str
     data: Callable[[Any], bytes]  # the request -> the file's bytes
-    result: Callable[..., Any]  # (schemas, models, outputs, data) -> its InferResult
+    result: Callable[..., Any]  # (schemas, models, utils, [outputs a page], info, log_id) -> its InferResult
     summary: str  # what the API's documentation calls it
     about: str  # what GET / and a 405 say of it
     refused: str  # what its 422s refuse
     pdf: bool = False  # whether it reads PDFs (fileType 0), page by page
 
 
-def _schemas(endpoint: Endpoint):
-    """PaddleX serving's own schemas for the endpoint (the service extra installs paddlex)."""
+def _schemas(kind: str):
+    """PaddleX serving's own schemas for the app of pipeline ``kind`` (the service extra installs paddlex)."""
     import importlib
 
     from paddlex.inference.serving.infra import models, utils
+    from paddlex.inference.serving.name_mappings import pipeline_name_to_mod_name
 
-    return importlib.import_module(f"paddlex.inference.serving.schemas.{endpoint.schema}"), models, utils
+    schemas = importlib.import_module(f"paddlex.inference.serving.schemas.{pipeline_name_to_mod_name(kind)}")
+    return schemas, models, utils
 
 
 async def serve(endpoint: Endpoint, gateway: Gateway, call: Call) -> Response:
     """The adapter: PaddleX's request, ``Gateway.infer`` on the served pipeline (which counts every answer,
     refusals too), PaddleX's answer or error shape."""
-    schemas, models, utils = _schemas(endpoint)
     asked: dict[str, Any] = {}
+    try:
+        served = _served(gateway, endpoint.pipelines)
+    except ServiceError as exc:
+        gateway.refuse(exc)
+        return refusal(exc, endpoint.path, gateway.settings.retry_after_s)
+    schemas, models, utils = _schemas(served[1]["pipeline_name"] if served else endpoint.pipelines[0])
 
     def identify():
         if "request" not in asked:
             asked["request"] = _parse(schemas, call.body)
         request = asked["request"]
         asked["log_id"] = getattr(request, "logId", None) or utils.generate_log_id()
-        name, asked["about"] = _pipeline(gateway, endpoint.pipeline)
+        if served is None:
+            raise UnknownModel(f"no PaddleX {' or '.join(endpoint.pipelines)} pipeline is served: put PaddleX's "
+                               f"{endpoint.pipelines[0]} pipeline file in the model repository as <name>/pipeline.yaml "
+                               "(docs/models.md)")
+        name, asked["about"] = served
         asked["parameters"] = _settings(request, asked["about"])
         if "data" not in asked:
             asked["data"] = endpoint.data(request)
         return name, None
 
-    def read(model, version) -> InferRequest:
-        return InferRequest(model.name, None, {"image": np.array([asked["data"]], dtype=object)}, None,
-                            call.arrived, len(call.body), parameters=asked["parameters"] or None)
+    def read(data: bytes):
+        def one(model, version) -> InferRequest:
+            return InferRequest(model.name, None, {"image": np.array([data], dtype=object)}, None,
+                                call.arrived, len(data), parameters=asked["parameters"] or None)
+        return one
 
     try:
         try:
@@ -94,14 +108,24 @@ async def serve(endpoint: Endpoint, gateway: Gateway, call: Call) -> Response:
             raise
         if fetched is not None:
             asked["data"] = fetched
+        pages = None
         if endpoint.pdf and b'"fileType"' in call.body:
             pages = await _pdf_pages(schemas, call, gateway, asked)
-            if pages is not None:
-                return await _serve_pages(endpoint, schemas, models, gateway, call, asked, pages, identify)
-        result = await gateway.infer(identify, read)
+        if pages is None:  # an image: one request of the pipeline
+            answers = [await gateway.infer(identify, lambda model, version: read(asked["data"])(model, version))]
+            width, height = settings_of.claimed_size(asked["data"]) or (0, 0)
+            info = models.ImageInfo(width=width, height=height)
+        else:  # a PDF: a request a page, all at once (across the CPU workers and the devices), in page order
+            encoded, info = pages
+            asked["data"] = encoded[0]
+            answers = await asyncio.gather(*(gateway.infer(identify, read(page)) for page in encoded),
+                                           return_exceptions=True)
+            for answer in answers:  # the first page that fails, in page order, is the answer
+                if isinstance(answer, BaseException):
+                    raise answer
     except ServiceError as exc:  # PaddleX's error shape, with the request's logId where it gave one
         return refusal(exc, endpoint.path, gateway.settings.retry_after_s, asked.get("log_id"))
-    found = endpoint.result(schemas, models, result.outputs, asked["data"])
+    found = endpoint.result(schemas, models, utils, [a.outputs for a in answers], info, asked["log_id"])
     reply = models.AIStudioResultResponse[schemas.InferResult](logId=asked["log_id"], result=found)
     return JSON(reply.model_dump(mode="json", exclude_none=True))
 
@@ -156,33 +180,6 @@ def _rendered(data: bytes, max_pages: int):
     return pages, info
 
 
-async def _serve_pages(endpoint: Endpoint, schemas, models, gateway: Gateway, call: Call, asked: dict[str, Any],
-                       pages: tuple[list[bytes], Any], identify) -> Response:
-    """A PDF's pages, each a request of the pipeline, all at once (so they run across the CPU workers and the
-    devices), answered in page order as PaddleX serving answers a PDF; the first page that fails (in page
-    order) is the answer."""
-    encoded, info = pages
-
-    def read(index: int):
-        def one(model, version) -> InferRequest:
-            return InferRequest(model.name, None, {"image": np.array([encoded[index]], dtype=object)}, None,
-                                call.arrived, len(encoded[index]), parameters=asked["parameters"] or None)
-        return one
-
-    asked["data"] = encoded[0]
-    answers = await asyncio.gather(*(gateway.infer(identify, read(i)) for i in range(len(encoded))),
-                                   return_exceptions=True)
-    for answer in answers:
-        if isinstance(answer, ServiceError):
-            return refusal(answer, endpoint.path, gateway.settings.retry_after_s, asked.get("log_id"))
-        if isinstance(answer, BaseException):
-            raise answer
-    found = schemas.InferResult(ocrResults=[schemas.OCRResult(prunedResult=_result(a.outputs)) for a in answers],
-                                dataInfo=info)
-    reply = models.AIStudioResultResponse[schemas.InferResult](logId=asked["log_id"], result=found)
-    return JSON(reply.model_dump(mode="json", exclude_none=True))
-
-
 def _parse(schemas, body: bytes):
     """The body as PaddleX's ``InferRequest``; its validation errors as PaddleX words them (a JSON list of
     ``{type, loc, msg}``, without the input), answered 422."""
@@ -196,17 +193,15 @@ def _parse(schemas, body: bytes):
         raise InvalidInput(json.dumps(errors)) from None
 
 
-def _pipeline(gateway: Gateway, kind: str) -> tuple[str, dict[str, Any]]:
-    """The served PaddleX pipeline of ``kind`` (its ``pipeline_name``): its name and settings."""
+def _served(gateway: Gateway, kinds: tuple[str, ...]) -> tuple[str, dict[str, Any]] | None:
+    """The served PaddleX pipeline of one of ``kinds`` (their ``pipeline_name``): its name and settings; None
+    where none is. Refused where several are: which one a path answers would be a guess."""
     found = [(m.name, m.config["paddlex"]) for m in gateway.catalog.models.values()
-             if (m.config.get("paddlex") or {}).get("pipeline_name") == kind]
-    if not found:
-        raise UnknownModel(f"no PaddleX {kind} pipeline is served: put PaddleX's {kind} pipeline file in the model "
-                           "repository as <name>/pipeline.yaml (docs/models.md)")
+             if (m.config.get("paddlex") or {}).get("pipeline_name") in kinds]
     if len(found) > 1:
-        raise InvalidInput(f"several PaddleX {kind} pipelines are served ({', '.join(n for n, _ in found)}): call "
-                           "one with the Open Inference Protocol, /v2/models/<name>/infer")
-    return found[0]
+        raise InvalidInput(f"several PaddleX {' or '.join(kinds)} pipelines are served ({', '.join(n for n, _ in found)}): "
+                           "call one with the Open Inference Protocol, /v2/models/<name>/infer")
+    return found[0] if found else None
 
 
 def _settings(request, about: dict[str, Any]) -> dict[str, Any]:
@@ -235,8 +230,8 @@ def _is_url(text: str) -> bool:
     return text.startswith(("http://", "https://"))
 
 
-def _ocr_file(request) -> bytes:
-    """The OCR request's file (an image: a PDF is read before, ``_pdf_pages``); no type refused."""
+def _file(request) -> bytes:
+    """A document request's file (an image: a PDF is read before, ``_pdf_pages``); no type refused."""
     if not _is_url(request.file) and request.fileType is None:
         raise InvalidInput("File type cannot be determined: send fileType 1 (an image) or 0 (a PDF)")
     return _decoded("file", request.file)
@@ -283,40 +278,68 @@ def _result(outputs) -> Any:
     return json.loads(outputs["result"][0])
 
 
-def _ocr_result(schemas, models, outputs, data):
-    width, height = settings_of.claimed_size(data) or (0, 0)
-    return schemas.InferResult(ocrResults=[schemas.OCRResult(prunedResult=_result(outputs))],
-                               dataInfo=models.ImageInfo(width=width, height=height))
+def _documents(schemas, models, utils, pages, info, log_id):
+    """PaddleX serving's result for a document pipeline (OCR, PP-StructureV3, tables, seals, formulas, the
+    document preprocessor): a result a page in its InferResult's one list (``ocrResults``,
+    ``layoutParsingResults``, ...), each its ``prunedResult`` (PaddleX's result, as PaddleX serving prunes it),
+    with what else its app's schema asks that the pipeline answers (``markdown``; the corrected page,
+    ``outputImage``, encoded by PaddleX serving's own ``postprocess_image``), and the file's ``dataInfo``."""
+    (field, annotation), = ((k, f.annotation) for k, f in schemas.InferResult.model_fields.items() if k != "dataInfo")
+    item = typing.get_args(annotation)[0]
+    found = []
+    for outputs in pages:
+        entry = {"prunedResult": _result(outputs)}
+        if "markdown" in item.model_fields:
+            entry["markdown"] = json.loads(outputs["markdown"][0])
+        if "outputImage" in item.model_fields:
+            from paddlex.inference.serving.basic_serving._pipeline_apps._common.common import postprocess_image
+
+            entry["outputImage"] = postprocess_image(np.asarray(outputs["output_img"])[0], log_id, "output_img.png")
+        found.append(item(**entry))
+    return schemas.InferResult(**{field: found, "dataInfo": info})
 
 
-def _classification_result(schemas, models, outputs, data):
+def _classification_result(schemas, models, utils, pages, info, log_id):
     """PaddleX serving's categories: each class's id, name and score, best first (from the typed outputs:
     PaddleX's result holds an image's ids as its batch's array)."""
+    outputs, = pages
     return schemas.InferResult(categories=[
         {"id": int(i), "name": name.decode("utf-8", "replace"), "score": float(score)}
         for i, name, score in zip(outputs["class_ids"], outputs["label_names"], outputs["scores"])])
 
 
-def _detection_result(schemas, models, outputs, data):
+def _detection_result(schemas, models, utils, pages, info, log_id):
     """PaddleX serving's detected objects: each box's coordinates, class id and name, score."""
+    outputs, = pages
     return schemas.InferResult(detectedObjects=[
         {"bbox": box["coordinate"], "categoryId": box["cls_id"], "categoryName": box["label"], "score": box["score"]}
         for box in _result(outputs).get("boxes") or []])
 
 
+def _document(path: str, pipelines: tuple[str, ...], what: str) -> Endpoint:
+    """The endpoint of PaddleX serving's app for a document pipeline: a file (an image, or a PDF read page by
+    page) and the pipeline's settings."""
+    return Endpoint(path, pipelines, "file", _file, _documents, f"{what} (PaddleX serving's API)",
+                    f"PaddleX serving's {what} API for a PaddleX {' or '.join(pipelines)} pipeline file the "
+                    'repository serves: a JSON body {"file": "<base64 image or PDF>", "fileType": 1 (0: a PDF)}',
+                    "a body that is not PaddleX's request, a file that is not an image or PDF, a URL, a PDF over "
+                    "the limits, a setting of the wrong kind", pdf=True)
+
+
 ENDPOINTS = (
-    Endpoint("/ocr", "OCR", "ocr", "file", _ocr_file, _ocr_result, "OCR (PaddleX serving's API)",
-             'PaddleX serving\'s OCR API for a PaddleX OCR pipeline file the repository serves: a JSON body '
-             '{"file": "<base64 image or PDF>", "fileType": 1 (0: a PDF)}',
-             "a body that is not PaddleX's request, a file that is not an image or PDF, a URL, a PDF over the "
-             "limits, a setting of the wrong kind", pdf=True),
-    Endpoint("/image-classification", "image_classification", "image_classification", "image",
+    _document("/ocr", ("OCR",), "OCR"),
+    _document("/layout-parsing", ("PP-StructureV3", "layout_parsing"), "layout parsing"),
+    _document("/table-recognition", ("table_recognition_v2", "table_recognition"), "table recognition"),
+    _document("/seal-recognition", ("seal_recognition",), "seal recognition"),
+    _document("/formula-recognition", ("formula_recognition",), "formula recognition"),
+    _document("/document-preprocessing", ("doc_preprocessor",), "document preprocessing"),
+    Endpoint("/image-classification", ("image_classification",), "image",
              lambda request: _decoded("image", request.image), _classification_result,
              "Image classification (PaddleX serving's API)",
              'PaddleX serving\'s image classification API for a PaddleX image_classification pipeline file the '
              'repository serves: a JSON body {"image": "<base64 image>", "topk": 5}',
              "a body that is not PaddleX's request, an image that is not one, a URL, a topk that is not a whole number"),
-    Endpoint("/object-detection", "object_detection", "object_detection", "image",
+    Endpoint("/object-detection", ("object_detection",), "image",
              lambda request: _decoded("image", request.image), _detection_result,
              "Object detection (PaddleX serving's API)",
              'PaddleX serving\'s object detection API for a PaddleX object_detection pipeline file the repository '
@@ -330,9 +353,9 @@ def _route(endpoint: Endpoint) -> InferRoute:
     async def handle(gateway: Gateway, call: Call) -> Response:
         return await serve(endpoint, gateway, call)
 
-    handle.__name__ = endpoint.schema  # FastAPI's operationId starts with it
+    handle.__name__ = endpoint.path.strip("/").replace("-", "_")  # FastAPI's operationId starts with it
     return InferRoute(endpoint.path, handle, summary=endpoint.summary, about=endpoint.about, responses={
-        404: {"description": f"no PaddleX {endpoint.pipeline} pipeline is served"},
+        404: {"description": f"no PaddleX {' or '.join(endpoint.pipelines)} pipeline is served"},
         422: {"description": f"PaddleX's error shape {{logId, errorCode, errorMsg}}: {endpoint.refused}"},
         500: {"description": "the pipeline failed on this request"},
         503: {"description": "overloaded, shutting down or not ready; see Retry-After"},

@@ -11,7 +11,7 @@ One mechanism serves every pipeline whose networks run through PaddleX's runner 
 
 Reading the file builds PaddleX's pipeline object once, with runners that only record which modules it
 builds, so the models served are exactly the ones PaddleX makes of the file (its switches, sub-pipelines
-and defaults decide), and what PaddleX refuses of the file is refused at start, naming it. Each module's
+and defaults decide; with those it builds only at a request's first need, ``_later``), and what PaddleX refuses of the file is refused at start, naming it. Each module's
 export (``model_dir``: absolute, or relative to the file) is a model of the repository, named
 ``<name>.<SubModule>`` (with its sub-pipeline's key where two modules share a key); a ``model_dir`` used
 twice is one model.
@@ -120,6 +120,7 @@ def read(name: str, path: Path, max_batch_size: int, max_batch_delay_ms: float
         raise refuse(_why(exc, modules, refused, kind)) from None
     try:
         used = {where: modules[where] for where in dict.fromkeys(where for where, _, _ in built)}
+        used |= _later(modules, used, pipeline)
         entries, links = _exports(name, used, built, refuse)
         table = _settings(kind, pipeline)
     finally:
@@ -219,7 +220,8 @@ def _exports(name: str, used: dict[str, Module], built: list, refuse) -> tuple[d
     same: dict[tuple, str] = {}
     entries: dict[str, Entry] = {}
     links: dict[str, seam.Link] = {}
-    model_names = {where: model_name for where, model_name, _ in built}
+    model_names = {where: str(module.settings.get("model_name")) for where, module in used.items()}
+    model_names |= {where: model_name for where, model_name, _ in built}
     for where, module in used.items():
         identity = (str(module.directory), repr(sorted(module.engine_config.items())))
         model = same.setdefault(identity, names[where])
@@ -238,6 +240,37 @@ def _exports(name: str, used: dict[str, Module], built: list, refuse) -> tuple[d
         links[where] = seam.Link(model, tuple(sorted(spec.name for spec in version.inputs)),
                                  tuple(spec.name for spec in version.outputs), counts)
     return entries, links
+
+
+def _later(modules: dict[str, Module], built: dict[str, Module], pipeline) -> dict[str, Module]:
+    """The modules PaddleX builds only when a request first asks for them (PP-StructureV3's table pipeline
+    builds its TableOrientationClassify and its own OCR so): those whose settings the built pipeline object
+    holds (each as handed to PaddleX, its ``engine_config`` naming it), with an export. A module of a part of
+    the file PaddleX left off (a switch off) is held by nothing, and is not served."""
+    held: set[str] = set()
+    seen: set[int] = set()
+
+    def walk(value, depth: int) -> None:
+        if id(value) in seen or depth > 12:
+            return
+        seen.add(id(value))
+        if isinstance(value, dict):
+            where = (value.get("engine_config") or {}).get(MODEL_KEY) if isinstance(value.get("engine_config"),
+                                                                                 dict) else None
+            if isinstance(where, str):
+                held.add(where)
+            for item in value.values():
+                walk(item, depth + 1)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                walk(item, depth + 1)
+        elif type(value).__module__.startswith("paddlex.inference.pipelines") and hasattr(value, "__dict__"):
+            for item in vars(value).values():
+                walk(item, depth + 1)
+
+    walk(pipeline, 0)
+    return {where: modules[where] for where in sorted(held)
+            if where in modules and where not in built and modules[where].directory is not None}
 
 
 def _model_name(name: str, module: Module, used: dict[str, Module]) -> str:
@@ -321,9 +354,12 @@ def _settings(kind: str, pipeline) -> dict[str, str]:
     pipelines), the fields of PaddleX serving's request for it too, which its app hands to ``predict``
     (``topk``, ``threshold``)."""
     # (PaddleX's image pipelines wrap the pipeline object that takes them in ``_pipeline``.)
+    from .paddlex_pipeline import RENDERING
+
     parameters = inspect.signature(getattr(pipeline, "_pipeline", pipeline).predict).parameters
     table = {key: kind_of(_annotation(p.annotation)) for key, p in parameters.items()
              if key != "input" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    table |= RENDERING.get(kind, {})
     if not any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
         return table
     try:

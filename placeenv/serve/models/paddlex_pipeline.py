@@ -213,7 +213,7 @@ def _texts(values) -> np.ndarray:
                     dtype=object)
 
 
-def _ocr(res: dict, result) -> dict[str, np.ndarray]:
+def _ocr(res: dict, result, options: dict) -> dict[str, np.ndarray]:
     polys = res.get("dt_polys", [])
     angles = res.get("textline_orientation_angles", [-1] * len(polys))
     return {"rec_texts": _texts(res.get("rec_texts")), "rec_scores": _rows(res.get("rec_scores"), np.float32, (-1,)),
@@ -224,13 +224,13 @@ def _ocr(res: dict, result) -> dict[str, np.ndarray]:
             "doc_preprocessor_angle": _rows([(res.get("doc_preprocessor_res") or {}).get("angle", -1)], np.int32, (1,))}
 
 
-def _classes(res: dict, result) -> dict[str, np.ndarray]:
+def _classes(res: dict, result, options: dict) -> dict[str, np.ndarray]:
     # (PaddleX 3.7.2's classifier answers an image's ids as its batch's array: [[ids]] for one image.)
     return {"class_ids": _rows(res.get("class_ids"), np.int32, (-1,)),
             "scores": _rows(res.get("scores"), np.float32, (-1,)), "label_names": _texts(res.get("label_names"))}
 
 
-def _boxes(res: dict, result) -> dict[str, np.ndarray]:
+def _boxes(res: dict, result, options: dict) -> dict[str, np.ndarray]:
     boxes = res.get("boxes") or []
     return {"class_ids": _rows([b["cls_id"] for b in boxes], np.int32, (-1,)),
             "scores": _rows([b["score"] for b in boxes], np.float32, (-1,)),
@@ -238,20 +238,39 @@ def _boxes(res: dict, result) -> dict[str, np.ndarray]:
             "coordinates": _rows([b["coordinate"][:4] for b in boxes], np.float32, (-1, 4))}
 
 
-def _page(res: dict, result) -> dict[str, np.ndarray]:
+def _page(res: dict, result, options: dict) -> dict[str, np.ndarray]:
     # The corrected page is an image of PaddleX's result, not of its JSON.
     return {"angle": _rows([res.get("angle", -1)], np.int32, (1,)),
             "output_img": np.ascontiguousarray(result["output_img"], dtype=np.uint8)[None]}
 
 
-def _segments(res: dict, result) -> dict[str, np.ndarray]:
+def _segments(res: dict, result, options: dict) -> dict[str, np.ndarray]:
     # Each pixel's class, from PaddleX's result itself (its JSON holds the same map as lists).
     return {"pred": _rows(result["pred"], np.int32, (1, *np.shape(result["pred"])[-2:]))}
 
 
+def _markdown(res: dict, result, options: dict) -> dict[str, np.ndarray]:
+    """The page as Markdown, as PaddleX serving's PP-StructureV3 app makes it (its ``MarkdownData``, as JSON):
+    PaddleX's result's own ``_to_markdown``, its images encoded by PaddleX serving's own ``postprocess_images``
+    (base64 JPEG) where asked, and whether the page starts and ends a paragraph."""
+    from paddlex.inference.serving.basic_serving._pipeline_apps._common.common import postprocess_images
+    from paddlex.inference.serving.basic_serving._pipeline_apps._common.ocr import DEFAULT_MAX_OUTPUT_IMG_SIZE
+
+    data = result._to_markdown(pretty=options.get("prettify_markdown", True),
+                               show_formula_number=options.get("show_formula_number", False))
+    images = None
+    if options.get("return_markdown_images", True):
+        images = postprocess_images(data["markdown_images"], "", filename_template="markdown/{key}",
+                                    max_img_size=DEFAULT_MAX_OUTPUT_IMG_SIZE)
+    starts, ends = data["page_continuation_flags"]
+    found = {"text": data["markdown_texts"], "isStart": bool(starts), "isEnd": bool(ends), "images": images}
+    return {"markdown": np.array([json.dumps(found, ensure_ascii=False).encode()], dtype=object)}
+
+
 #: A pipeline's result fields served as typed outputs beside ``result``: pipeline_name -> (their specs,
-#: how PaddleX's result, its JSON and itself, gives them). A pipeline not listed answers ``result`` alone.
-FIELDS: dict[str, tuple[tuple[TensorSpec, ...], Callable[[dict, Any], dict[str, np.ndarray]]]] = {
+#: how PaddleX's result, its JSON and itself, and the request's ``RENDERING`` options give them). A pipeline
+#: not listed answers ``result`` alone.
+FIELDS: dict[str, tuple[tuple[TensorSpec, ...], Callable[[dict, Any, dict], dict[str, np.ndarray]]]] = {
     "OCR": ((TensorSpec("rec_texts", "BYTES", (-1,)), TensorSpec("rec_scores", "FP32", (-1,)),
              TensorSpec("rec_polys", "INT32", (-1, 4, 2)), TensorSpec("rec_boxes", "INT32", (-1, 4)),
              TensorSpec("dt_polys", "INT32", (-1, 4, 2)), TensorSpec("textline_orientation_angles", "INT32", (-1,)),
@@ -264,6 +283,13 @@ FIELDS: dict[str, tuple[tuple[TensorSpec, ...], Callable[[dict, Any], dict[str, 
     "doc_preprocessor": ((TensorSpec("angle", "INT32", (1,)), TensorSpec("output_img", "UINT8", (1, -1, -1, 3))),
                          _page),
     "semantic_segmentation": ((TensorSpec("pred", "INT32", (1, -1, -1)),), _segments),
+    "PP-StructureV3": ((TensorSpec("markdown", "BYTES", (1,)),), _markdown),
+}
+#: A request's settings of how a pipeline's answer is rendered, not of its ``predict``: PaddleX serving's apps
+#: hand them to the result's own methods, as the step does (``FIELDS``' options): pipeline_name -> {setting:
+#: kind}, each kind as ``protocol.paddlex.kind_of`` gives it. Their defaults are PaddleX serving's.
+RENDERING: dict[str, dict[str, str]] = {
+    "PP-StructureV3": {"prettify_markdown": "bool", "show_formula_number": "bool", "return_markdown_images": "bool"},
 }
 RESULT = TensorSpec("result", "BYTES", (1,))
 IMAGE = TensorSpec("image", "BYTES", (1,))
@@ -301,13 +327,16 @@ class PaddleXPipeline(Model):
     def execute(self, inputs):
         page = inputs["image"].numpy()[0]
         settings = checks.settings(self.context.parameters["settings"], self.request_parameters)
+        options = {key: settings.pop(key) for key in RENDERING.get(self.kind, {}) if key in settings}
         try:
-            results = list(self.pipeline.predict(page, **settings))
+            with building(self.links, self._call):  # (PaddleX builds some modules at a request's first need)
+                results = list(self.pipeline.predict(page, **settings))
         except Exception as exc:
             # PaddleX's pipelines fail so on a module switched on that the file has no model for
-            # (AttributeError: no textline_orientation_model); PaddleX serving answers them 500.
+            # (AttributeError: no textline_orientation_model; AssertionError: no config for it); PaddleX
+            # serving answers them 500. Any other failure is the service's.
             switched = sorted(key for key, value in settings.items() if key.startswith("use_") and value is True)
-            if not switched or isinstance(exc, ServiceError):
+            if not switched or isinstance(exc, ServiceError) or not isinstance(exc, (AttributeError, AssertionError)):
                 raise
             raise InputError(f"PaddleX's {self.kind} pipeline failed with {', '.join(switched)} true "
                              f"({type(exc).__name__}: {str(exc)[:120]}): its file may have no model for it; send "
@@ -324,7 +353,7 @@ class PaddleXPipeline(Model):
         found = {"result": np.array([json.dumps(prune(res), ensure_ascii=False).encode()], dtype=object)}
         fields = FIELDS.get(self.kind)
         if fields is not None:
-            found |= fields[1](res, results[0])
+            found |= fields[1](res, results[0], options)
         return found
 
 

@@ -1,0 +1,210 @@
+"""PaddleX's PP-StructureV3 pipeline, served from its file by the one mechanism with no code of its own (a
+row of ``paddlex_pipeline.FIELDS``: its Markdown), against PaddleX itself.
+
+The file is PaddleX's PP-StructureV3.yaml with seals on, over PaddleOCR's PP-OCRv5 mobile detector and
+recogniser and stand-ins of the rest (tests/support/pp_structurev3_pipeline.yaml; standin_layout.py,
+standin_tables.py, standin_formula.py). The pages are ``standin_layout.document``'s: a title, paragraphs,
+a table (wired or not), a formula and a seal each. PaddleX's own pipeline on the same file and pages is the
+reference: each page's result as PaddleX serving prunes it (its blocks, their boxes within 2 px, texts,
+tables' HTML, formulas' LaTeX, seals' texts) and its Markdown, over v2 and over PaddleX serving's own
+``/layout-parsing``, a PDF of them too. The controls: tables off for a request leaves the table's block
+without its HTML, and the stand-ins are shown to read the pages (the table's cells, the seal's words).
+"""
+
+from __future__ import annotations
+
+import base64
+import concurrent.futures
+import json
+import shutil
+
+import cv2
+import httpx
+import pytest
+from support import ocr_models, paddlex_reference, standin_layout, standin_models
+from support.servers import ServiceProcess
+
+PIPELINE = standin_models.STRUCTURE_PIPELINE
+SEEDS = tuple(range(8))
+@pytest.fixture(scope="module")
+def documents():
+    return [standin_layout.document(seed) for seed in SEEDS]
+
+
+@pytest.fixture(scope="module")
+def images(documents):
+    return [cv2.imencode(".png", page)[1].tobytes() for page, _ in documents]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    return standin_models.place_structure(tmp_path_factory.mktemp("models"), pipeline=False)
+
+
+@pytest.fixture(scope="module")
+def reference_file(tmp_path_factory, models):
+    return paddlex_reference.pipeline_file(tmp_path_factory.mktemp("reference"), models, template=PIPELINE)
+
+
+@pytest.fixture(scope="module")
+def reference(reference_file, images):
+    return paddlex_reference.reference_documents(reference_file, images)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, models):
+    root = tmp_path_factory.mktemp("repository")
+    shutil.copytree(models, root / "documents")
+    shutil.copyfile(PIPELINE, root / "documents" / "pipeline.yaml")
+    with paddlex_reference.served(root, "documents") as proc:
+        yield proc
+
+
+def _over_v2(url: str, data: bytes, parameters: dict | None = None) -> tuple[dict, dict]:
+    result = paddlex_reference.over_v2(url, "documents", data, parameters)
+    return json.loads(result.as_numpy("result")[0]), json.loads(result.as_numpy("markdown")[0])
+
+
+def _blocks(result: dict) -> list[tuple[str, str]]:
+    return [(block["block_label"], block["block_content"]) for block in result["parsing_res_list"]]
+
+
+def _markdown(markdown: dict) -> dict:
+    """A Markdown answer as the reference keeps it: its text, its images' names, its flags."""
+    return {"text": markdown["text"], "images": sorted(markdown.get("images") or {}),
+            "flags": [markdown["isStart"], markdown["isEnd"]]}
+
+
+@pytest.mark.timeout(1200)  # PaddleX's own run is this test's set-up
+def test_the_pages_are_parsed_as_paddlex_parses_them(served, images, reference, documents):
+    url = served.url[len("http://"):]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:  # pages in flight together, their calls batched
+        answers = list(pool.map(lambda data: _over_v2(url, data), images))
+    for seed, (result, markdown), expected in zip(SEEDS, answers, reference):
+        assert paddlex_reference.near(result, expected["result"]) == [], f"page {seed}"
+        assert _markdown(markdown) == expected["markdown"], f"page {seed}"
+    # The stand-ins read the pages: each block PaddleX found is one drawn, the table's cells and the
+    # formula's LaTeX are in its answer, and most seal words are (PP-OCRv5 reads a seal's red O as Q at
+    # times, PaddleX as the service).
+    words = read = 0
+    for (page, blocks), (result, markdown) in zip(documents, answers):
+        found = _blocks(result)
+        assert sorted(label for label, _ in found) == sorted(label for label, _, _ in blocks)
+        contents = {label: content for label, content in found}
+        held = {label: content for label, _, content in blocks}
+        assert all(f"<td>{text}</td>" in contents["table"] for row in held["table"] for text in row), contents["table"]
+        assert contents["formula"] == held["formula"]
+        words += len(held["seal"])
+        read += sum(word in contents["seal"].split() for word in held["seal"])
+        assert "<table" in markdown["text"] and f"$${held['formula']}$$" in markdown["text"]
+    assert read >= 0.6 * words, f"{read} of {words} seal words read"
+
+
+def test_paddlex_servings_own_request_gets_its_answer(served, images, reference):
+    body = {"file": base64.b64encode(images[0]).decode(), "fileType": 1, "visualize": False}
+    answer = httpx.post(f"{served.url}/layout-parsing", json=body, timeout=300)
+    assert answer.status_code == 200, answer.text[:500]
+    (page,) = answer.json()["result"]["layoutParsingResults"]
+    assert paddlex_reference.near(page["prunedResult"], reference[0]["result"]) == []
+    assert _markdown(page["markdown"]) == reference[0]["markdown"]
+    height, width = cv2.imdecode(__import__("numpy").frombuffer(images[0], "uint8"), cv2.IMREAD_COLOR).shape[:2]
+    assert answer.json()["result"]["dataInfo"] == {"width": width, "height": height, "type": "image"}
+    # The control: tables off for this request leaves the table's block without its HTML (PaddleX's own
+    # switch, handed to its predict as PaddleX serving hands it).
+    off = httpx.post(f"{served.url}/layout-parsing", json={**body, "useTableRecognition": False}, timeout=300)
+    assert off.status_code == 200, off.text[:500]
+    (page,) = off.json()["result"]["layoutParsingResults"]
+    assert "<table" not in dict(_blocks(page["prunedResult"])).get("table", "")
+    assert page["prunedResult"]["model_settings"]["use_table_recognition"] is False
+
+
+@pytest.mark.timeout(1200)
+def test_a_pdf_is_parsed_a_page_at_a_time_as_paddlex_serving_reads_it(served, images, reference_file):
+    from paddlex.inference.serving.infra.utils import read_pdf
+
+    pdf = paddlex_reference.pdf_of(images[:3])
+    rendered, info = read_pdf(pdf)  # PaddleX serving's own reading of the PDF, which the service uses
+    pages = [cv2.imencode(".png", page)[1].tobytes() for page in rendered]
+    expected = paddlex_reference.reference_documents(reference_file, pages)
+    body = {"file": base64.b64encode(pdf).decode(), "fileType": 0}
+    answer = httpx.post(f"{served.url}/layout-parsing", json=body, timeout=600)
+    assert answer.status_code == 200, answer.text[:500]
+    results = answer.json()["result"]["layoutParsingResults"]
+    assert len(results) == 3
+    for got, want in zip(results, expected):
+        assert paddlex_reference.near(got["prunedResult"], want["result"]) == []
+        assert _markdown(got["markdown"]) == want["markdown"]
+    assert answer.json()["result"]["dataInfo"] == info.model_dump(mode="json")
+
+
+def test_its_models_are_the_modules_paddlex_builds(served):
+    names = {m["name"] for m in httpx.post(f"{served.url}/v2/repository/index", json={}, timeout=30).json()}
+    assert names == {"documents", "documents.pipeline", "documents.LayoutDetection", "documents.RegionDetection",
+                     "documents.GeneralOCR.TextDetection", "documents.TextRecognition", "documents.TableClassification",
+                     "documents.WiredTableStructureRecognition", "documents.WirelessTableStructureRecognition",
+                     "documents.WiredTableCellsDetection", "documents.WirelessTableCellsDetection",
+                     "documents.TableOrientationClassify", "documents.SealRecognition.SealOCR.TextDetection",
+                     "documents.FormulaRecognition"}
+    outputs = httpx.get(f"{served.url}/v2/models/documents", timeout=30).json()["outputs"]
+    assert [o["name"] for o in outputs] == ["result", "markdown"]
+
+
+def _locust(url: str, csv, seconds: int = 60):
+    """Locust's load test (loadtest/, which drives POST /ocr with real pages, as images and PDFs, when a
+    PaddleX OCR pipeline is served, and POST /layout-parsing with PDFs of document pages when a PP-StructureV3
+    one is, checking each answer against what was drawn) and its leak gate; its output."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    ran = subprocess.run(
+        [str(Path(sys.executable).with_name("locust")), "-f", "loadtest/", "--host", url, "-u", "4", "-r", "4",
+         "-t", f"{seconds}s", "--max-failure-ratio", "0", "--csv", str(csv), "--html", f"{csv}.html"],
+        cwd=root, capture_output=True, text=True, timeout=seconds + 180)
+    return ran.returncode, ran.stdout + ran.stderr
+
+
+@pytest.fixture(scope="module")
+def both(tmp_path_factory, models):
+    """A repository of PaddleX's OCR file (``ocr``) and this PP-StructureV3 one (``documents``)."""
+    root = tmp_path_factory.mktemp("both")
+    shutil.copytree(models, root / "documents")
+    shutil.copyfile(PIPELINE, root / "documents" / "pipeline.yaml")
+    (root / "ocr").mkdir()
+    for kind in ("det", "rec"):
+        shutil.copytree(ocr_models.models()[kind], root / "ocr" / ocr_models.NAMES[kind])
+    shutil.copyfile(paddlex_reference.PIPELINE, root / "ocr" / "pipeline.yaml")
+    return root
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("isolation", ["on", "off"])
+def test_locust_through_paddlex_servings_api_has_no_leak_and_reads_every_page(both, tmp_path, isolation):
+    """Locust's users post real pages to /ocr (images and PDFs) and PDFs of document pages to /layout-parsing
+    on two devices, sim:0 and sim:1 (the exports there, the pipelines on CPU workers of their own: where the
+    CPU is a device too, its one worker a device would run them all, a page of PP-StructureV3 seconds): with
+    isolation every answer reads as drawn and the leak gate passes; the control, stock Paddle (isolation off),
+    makes the place checks see other workers' devices and fails it."""
+    import re
+
+    proc = ServiceProcess(devices="sim:0,sim:1", workers_per_device=1, models="ocr,documents", model_repository=both,
+                          isolation=isolation)
+    try:
+        proc.wait_ready()
+        code, output = _locust(proc.url, tmp_path / "run")
+        leaks = sum(float(v) for v in re.findall(r'^placeenv_device_leaks_total\{[^}]*\} ([0-9.e+]+)$',
+                                                 httpx.get(f"{proc.url}/metrics").text, re.M))
+    finally:
+        proc.stop()
+    found = re.search(r"requests (\d+), failures (\d+)", output)
+    assert found, output[-3000:]
+    requests, failures = int(found.group(1)), int(found.group(2))
+    # The tasks ran: a PDF through /layout-parsing, and /ocr (an image or a PDF: the users pick at random, a
+    # few requests each in the run).
+    assert "/layout-parsing, a PDF" in output and "POST     /ocr" in output, output[-3000:]
+    if isolation == "on":
+        assert code == 0 and "leak gate: PASS" in output and failures == 0 and leaks == 0, output[-3000:]
+        assert requests >= 4, output[-3000:]
+    else:
+        assert code != 0 and "leak gate: FAIL" in output and leaks > 0, output[-3000:]
