@@ -264,19 +264,25 @@ class DetectionApi:
     name = "object-detection"
 
     def __init__(self, url: str, datas: list[bytes]) -> None:
-        self.url = url + "/object-detection"
-        self.bodies = [json.dumps({"image": base64.b64encode(d).decode(), "visualize": False}).encode()
-                       for d in datas]
+        self.url = f"{url}/{self.name}"
+        self.bodies = [json.dumps(self.body(base64.b64encode(d).decode())).encode() for d in datas]
 
-    def __call__(self, client: httpx.Client, page: int) -> list[str]:
+    @staticmethod
+    def body(data: str) -> dict:
+        return {"image": data, "visualize": False}
+
+    def result(self, client: httpx.Client, page: int) -> dict:
+        """Page ``page``'s answer's ``result`` (PaddleX's error shape raised)."""
         found = client.post(self.url, content=self.bodies[page], headers=JSON_HEADERS)
         found.raise_for_status()
         answer = found.json()
         if answer.get("errorCode") != 0:
-            raise RuntimeError(f"/object-detection answered errorCode {answer.get('errorCode')}: "
-                               f"{answer.get('errorMsg')}")
+            raise RuntimeError(f"/{self.name} answered errorCode {answer.get('errorCode')}: {answer.get('errorMsg')}")
+        return answer["result"]
+
+    def __call__(self, client: httpx.Client, page: int) -> list[str]:
         return [f"{o['categoryName']} " + " ".join(str(2 * round(v / 2)) for v in o["bbox"])
-                for o in answer["result"]["detectedObjects"]]
+                for o in self.result(client, page)["detectedObjects"]]
 
 
 class LayoutApi(DetectionApi):
@@ -284,19 +290,12 @@ class LayoutApi(DetectionApi):
 
     name = "layout-parsing"
 
-    def __init__(self, url: str, datas: list[bytes]) -> None:
-        self.url = url + "/layout-parsing"
-        self.bodies = [json.dumps({"file": base64.b64encode(d).decode(), "fileType": 1, "visualize": False}).encode()
-                       for d in datas]
+    @staticmethod
+    def body(data: str) -> dict:
+        return {"file": data, "fileType": 1, "visualize": False}
 
     def __call__(self, client: httpx.Client, page: int) -> list[str]:
-        found = client.post(self.url, content=self.bodies[page], headers=JSON_HEADERS)
-        found.raise_for_status()
-        answer = found.json()
-        if answer.get("errorCode") != 0:
-            raise RuntimeError(f"/layout-parsing answered errorCode {answer.get('errorCode')}: "
-                               f"{answer.get('errorMsg')}")
-        (result,) = answer["result"]["layoutParsingResults"]
+        (result,) = self.result(client, page)["layoutParsingResults"]
         return [f"{b['block_label']}: {b['block_content']}" for b in result["prunedResult"]["parsing_res_list"]]
 
 
@@ -673,6 +672,7 @@ def main() -> None:
     say(("CPU scaling: our OCR pipeline with 1 and 2 CPU workers" if args.cpu_scaling else
          "PaddleX serving against ours on PaddleX's OCR pipeline file")
         + (" (--detection: object_detection's)" if args.detection else "")
+        + (" (--structure: PP-StructureV3's)" if args.structure else "")
         + f", {args.rounds} rounds, {args.pages} pages; {machine()}")
     if args.textline_orientation + args.doc_preprocessor + args.detection + args.structure > 1:
         parser.error("--textline-orientation, --doc-preprocessor, --detection, --structure: one file at a time")

@@ -92,3 +92,19 @@ def test_its_models_are_the_repositorys(served):
     assert names == {"pages", "pages.pipeline", "pages.DocOrientationClassify", "pages.DocUnwarping"}
     outputs = httpx.get(f"{served.url}/v2/models/pages", timeout=30).json()["outputs"]
     assert [o["name"] for o in outputs] == ["result", "angle", "output_img"]
+
+
+def test_paddlex_servings_own_request_gets_its_answer(served, images, reference):
+    """``/document-preprocessing`` with PaddleX serving's request: its schema's result, the pruned result
+    PaddleX's and the corrected page (``outputImage``, base64 JPEG as PaddleX serving encodes it) upright."""
+    import base64
+
+    import httpx
+
+    body = {"file": base64.b64encode(images[1]).decode(), "fileType": 1}
+    answer = httpx.post(f"{served.url}/document-preprocessing", json=body, timeout=120)
+    assert answer.status_code == 200, answer.text[:500]
+    (page,) = answer.json()["result"]["docPreprocessingResults"]
+    assert {k: page["prunedResult"][k] for k in ("model_settings", "angle")} == reference[1]
+    corrected = base64.b64decode(page["outputImage"])
+    assert _shape(corrected) == _upright(images[1], list(PAGES.values())[1])

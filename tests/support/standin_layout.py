@@ -69,8 +69,8 @@ label_list:
 {labels}"""
 
 
-def yml(name: str, labels) -> str:
-    return LAYOUT_YML.format(name=name, side=SIDE, labels="".join(f"- {label}\n" for label in labels))
+def yml(name: str, labels, side: int = SIDE) -> str:
+    return LAYOUT_YML.format(name=name, side=side, labels="".join(f"- {label}\n" for label in labels))
 
 
 def layout_network(frames: dict[str, tuple[int, int, int]] | None, labels=LAYOUT_LABELS):

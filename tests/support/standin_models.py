@@ -68,9 +68,12 @@ MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 #: this share of the page's height.
 BOW = 0.04
 
-ORIENTATION_YML = f"""\
+def classifier_yml(name: str, labels, topk: int = 1) -> str:
+    """A PaddleClas classifier's ``inference.yml``, as PaddleX reads one: ``ResizeImage resize_short 256``,
+    ``CropImage 224``, ImageNet ``NormalizeImage``, ``ToCHWImage``, ``Topk`` over ``labels``."""
+    return f"""\
 Global:
-  model_name: {ORIENTATION}
+  model_name: {name}
 PreProcess:
   transform_ops:
   - ResizeImage:
@@ -86,9 +89,12 @@ PreProcess:
   - ToCHWImage: null
 PostProcess:
   Topk:
-    topk: 1
+    topk: {topk}
     label_list:
-{''.join(f"    - '{label}'{chr(10)}" for label in LABELS)}"""
+{''.join(f"    - '{label}'{chr(10)}" for label in labels)}"""
+
+
+ORIENTATION_YML = classifier_yml(ORIENTATION, LABELS)
 
 UNWARPING_YML = f"""\
 Global:

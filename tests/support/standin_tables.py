@@ -60,6 +60,9 @@ import numpy as np
 # The drawings the stand-ins read (the load test draws them too).
 from loadtest.documents import cells, table, table_layout  # noqa: F401
 
+from .standin_layout import yml as detr_yml
+from .standin_models import classifier_yml
+
 if TYPE_CHECKING:
     import paddle
 
@@ -96,27 +99,7 @@ def _yaml_list(items, indent):
     return "".join(f"{' ' * indent}- '{item}'\n" for item in items)
 
 
-TABLE_CLS_YML = f"""\
-Global:
-  model_name: {TABLE_CLS}
-PreProcess:
-  transform_ops:
-  - ResizeImage:
-      resize_short: 256
-  - CropImage:
-      size: 224
-  - NormalizeImage:
-      channel_num: 3
-      mean: {list(MEAN)}
-      order: ''
-      scale: 0.00392156862745098
-      std: {list(STD)}
-  - ToCHWImage: null
-PostProcess:
-  Topk:
-    topk: 5
-    label_list:
-{_yaml_list(LABELS, 4)}"""
+TABLE_CLS_YML = classifier_yml(TABLE_CLS, LABELS, topk=5)
 
 
 def _structure_yml(name: str, side: int) -> str:
@@ -158,29 +141,8 @@ PostProcess:
 
 
 def _cells_yml(name: str) -> str:
-    return f"""\
-mode: paddle
-draw_threshold: 0.5
-metric: COCO
-use_dynamic_shape: false
-Global:
-  model_name: {name}
-arch: DETR
-min_subgraph_size: 3
-Preprocess:
-- interp: 2
-  keep_ratio: false
-  target_size: [{DET_SIDE}, {DET_SIDE}]
-  type: Resize
-- is_scale: true
-  mean: [0.0, 0.0, 0.0]
-  norm_type: none
-  std: [1.0, 1.0, 1.0]
-  type: NormalizeImage
-- type: Permute
-label_list:
-- cell
-"""
+    """An RT-DETR export's ``inference.yml`` (the layout stand-ins'), at ``DET_SIDE``, its one class ``cell``."""
+    return detr_yml(name, ("cell",), DET_SIDE)
 
 
 def _sequence(rows: int, cols: int) -> list[tuple[str, tuple[int, int] | None]]:
