@@ -1,20 +1,21 @@
-"""PaddleX serving's API for the PaddleX pipeline files the repository serves (models/paddlex.py), so
-PaddleX's clients work unchanged: each path of ``ENDPOINTS`` (``POST /ocr``, ``/layout-parsing`` for
-PP-StructureV3, ``/table-recognition``, ...) answers the served pipeline whose PaddleX app serves it. The
-request and response schemas are that app's own (``paddlex.inference.serving.schemas``, imported at the first
-such request): a document pipeline's result is its schema's list of a result a page (``_documents``); its
-error shape ``{logId, errorCode, errorMsg}`` with the HTTP status as ``errorCode``, its ``logId``. The answer is built
-from the pipeline's ``result``, PaddleX's own result as its pipeline object made it, pruned as PaddleX serving
-prunes it (models/paddlex_pipeline.py).
+"""PaddleX serving's API for the PaddleX pipeline files the repository serves (models/paddlex.py), so PaddleX's
+clients work unchanged: each path of ``ENDPOINTS`` (``POST /ocr``, ``/layout-parsing`` for PP-StructureV3,
+``/table-recognition``, ...) answers the served pipeline whose PaddleX app serves it. The request and response
+schemas are that app's own (``paddlex.inference.serving.schemas``, imported at the first such request): a
+document pipeline's result is its schema's list of a result a page (``_documents``); its error shape ``{logId,
+errorCode, errorMsg}`` with the HTTP status as ``errorCode``, its ``logId``. The answer is built from the
+pipeline's ``result``, PaddleX's own result as its pipeline object made it, pruned as PaddleX serving prunes
+it (models/paddlex_pipeline.py).
 
-A request goes through the same gateway as v2 (one BYTES input, the file's bytes), so it is checked,
-counted, batched and answered as any. What differs from PaddleX serving, each a clear 422: a file that
-is a URL is fetched only with ``--fetch-urls`` (else any client could make the service fetch
-addresses); a PDF (``fileType`` 0) is rendered by PaddleX serving's own reader and each page is a request of
-the pipeline, all at once, answered in page order (``--max-pdf-pages``, ``--max-pdf-bytes``). ``visualize`` draws
-nothing: the answer carries no visualisations (PP-StructureV3's Markdown images it does carry). The per-request
-settings (``textDetThresh`` ..., ``topk``, ``threshold``) go to the pipeline as the request's parameters, each field's name as PaddleX serving hands it
-to ``pipeline.predict`` (``textDetThresh`` -> ``text_det_thresh``), checked by protocol/paddlex.py.
+A request goes through the same gateway as v2 (one BYTES input, the file's bytes), so it is checked, counted,
+batched and answered as any. What differs from PaddleX serving, each a clear 422: a file that is a URL is
+fetched only with ``--fetch-urls`` (else any client could make the service fetch addresses); a PDF
+(``fileType`` 0) is rendered by PaddleX serving's own reader and each page is a request of the pipeline, all
+at once, answered in page order (``--max-pdf-pages``, ``--max-pdf-bytes``). ``visualize`` draws nothing: the
+answer carries no visualisations (PP-StructureV3's Markdown images it does carry). The per-request settings
+(``textDetThresh`` ..., ``topk``, ``threshold``) go to the pipeline as the request's parameters, each field's
+name as PaddleX serving hands it to ``pipeline.predict`` (``textDetThresh`` -> ``text_det_thresh``), checked
+by protocol/paddlex.py.
 """
 
 from __future__ import annotations
