@@ -8,11 +8,10 @@ them (inputs ``im_shape``, ``image``, ``scale_factor``: PaddleX's ToBatch of the
 class, score, x1, y1, x2, y2 in the original image, and their count an image ``[N]``), with the real
 models' names and labels; what they compute is fixed, not learnt:
 
-- **the pages** (``document()``): a white page of ``BANDS`` equal horizontal bands, each holding a block or
-  two, each block inside a thin frame of its class's colour (``FRAMES``, light enough that the OCR reads the
-  text inside as it would without it): a document title, paragraphs of text (DejaVu, as loadtest/pages.py
-  draws), a paragraph title, a table (``standin_tables.table``), a formula (``standin_formula.formula``) and
-  a red seal (``standin_formula.seal``).
+- **the pages** (``document()``, loadtest/documents.py's, which the load test draws too): a white page of
+  ``BANDS`` equal horizontal bands, each holding a block or two, each block inside a thin frame of its class's
+  colour (``FRAMES``, light enough that the OCR reads the text inside as it would without it): a document
+  title, paragraphs of text, a paragraph title, a table, a formula and a red seal.
 - **layout** (``layout_network(FRAMES)``): for each band and class, the pixels of the class's frame colour
   (each channel within ``TOLERANCE``); the box their extent (the largest and smallest coordinate among them,
   exact to a pixel of the 800x800 input), its score ``0.95 (1 - exp(-pixels / 20))``: about 0.95 for a frame,

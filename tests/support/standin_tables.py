@@ -61,7 +61,7 @@ import numpy as np
 from loadtest.documents import cells, table, table_layout  # noqa: F401
 
 from .standin_layout import yml as detr_yml
-from .standin_models import classifier_yml
+from .standin_models import MEAN, STD, classifier_yml  # (ImageNet's, as the other stand-ins')
 
 if TYPE_CHECKING:
     import paddle
@@ -73,7 +73,6 @@ SLANEXT_WIRELESS = "SLANeXt_wireless"
 WIRED_CELLS = "RT-DETR-L_wired_table_cell_det"
 WIRELESS_CELLS = "RT-DETR-L_wireless_table_cell_det"
 LABELS = ("wired_table", "wireless_table")
-MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 #: The most rows and columns the models find; the side of their view of the table; a line's least run.
 MAX_GRID = 6
