@@ -11,7 +11,8 @@ One mechanism serves every pipeline whose networks run through PaddleX's runner 
 
 Reading the file builds PaddleX's pipeline object once, with runners that only record which modules it
 builds, so the models served are exactly the ones PaddleX makes of the file (its switches, sub-pipelines
-and defaults decide; with those it builds only at a request's first need, ``_later``), and what PaddleX refuses of the file is refused at start, naming it. Each module's
+and defaults decide; with those it builds only at a request's first need, ``_later``), and what PaddleX
+refuses of the file is refused at start, naming it. Each module's
 export (``model_dir``: absolute, or relative to the file) is a model of the repository, named
 ``<name>.<SubModule>`` (with its sub-pipeline's key where two modules share a key); a ``model_dir`` used
 twice is one model.
@@ -255,10 +256,9 @@ def _later(modules: dict[str, Module], built: dict[str, Module], pipeline) -> di
             return
         seen.add(id(value))
         if isinstance(value, dict):
-            where = (value.get("engine_config") or {}).get(MODEL_KEY) if isinstance(value.get("engine_config"),
-                                                                                 dict) else None
-            if isinstance(where, str):
-                held.add(where)
+            engine = value.get("engine_config")
+            if isinstance(engine, dict) and isinstance(engine.get(MODEL_KEY), str):
+                held.add(engine[MODEL_KEY])
             for item in value.values():
                 walk(item, depth + 1)
         elif isinstance(value, (list, tuple)):
