@@ -27,6 +27,11 @@ ones; what they compute is fixed, not learnt:
   each cell of a 4x4 grid, of the colour covering most of it, its extent from the colour's mean and
   spread there (a uniform rectangle spans its mean +- sqrt(3) standard deviations), its score
   ``1 - exp(-8 * the share of the cell covered)``.
+- **multi-label classification** (``multilabel_network``): PaddleClas's export under
+  ``PP-LCNet_x1_0_ML``'s name, the image resized to 448x448 -> a score of each of ``red``, ``green``, ``blue`` (``MultiLabelThreshOutput``,
+  threshold 0.5, as PaddleX's multi-label models have it): ``1 - exp(-300 * the share of the pixels of that
+  colour)`` (a pixel's channel over 0.6 of 0..1, the other two under 0.35), about 0.95 for a rectangle of 1%
+  of the image, 0 where there is none.
 - **segmentation** (``segmentation_network``): PaddleSeg's export, input ``x`` (RGB, PaddleSeg's
   ``Normalize`` with 0.5 and 0.5, any size), output each pixel's class ``[N, H, W]`` (int32, as an export with
   its argmax): 1, 2, 3 where the pixel is red, green or blue (its channel over the other two by 0.4 of 0..1),
@@ -58,6 +63,7 @@ from .paddlex_reference import locked
 ORIENTATION = "PP-LCNet_x1_0_doc_ori"
 UNWARPING = "UVDoc"
 DETECTION = "PicoDet-S"
+MULTILABEL = "PP-LCNet_x1_0_ML"
 SEGMENTATION = "PP-LiteSeg-T"
 LABELS = ("0", "90", "180", "270")
 #: The detector's classes, its input's side and its grid of cells (a box a cell).
@@ -95,6 +101,28 @@ PostProcess:
 
 
 ORIENTATION_YML = classifier_yml(ORIENTATION, LABELS)
+#: The multi-label stand-in's, as PaddleClas exports its ML models: ``ResizeImage`` to 448x448 (no crop:
+#: PaddleX's multi-label predictor runs none), ImageNet ``NormalizeImage``, ``ToCHWImage``, ``MultiLabelThreshOutput``.
+MULTILABEL_SIDE = 448
+MULTILABEL_YML = f"""\
+Global:
+  model_name: {MULTILABEL}
+PreProcess:
+  transform_ops:
+  - ResizeImage:
+      size: [{MULTILABEL_SIDE}, {MULTILABEL_SIDE}]
+  - NormalizeImage:
+      channel_num: 3
+      mean: {list(MEAN)}
+      order: ''
+      scale: 0.00392156862745098
+      std: {list(STD)}
+  - ToCHWImage: null
+PostProcess:
+  MultiLabelThreshOutput:
+    threshold: 0.5
+    label_list:
+{''.join(f"    - {label}{chr(10)}" for label in COLOURS)}"""
 
 UNWARPING_YML = f"""\
 Global:
@@ -170,6 +198,30 @@ def orientation_network():
             return F.softmax(logits, axis=-1)
 
     return Orientation()
+
+
+def multilabel_network():
+    """The multi-label stand-in: which of red, green and blue the crop holds (RGB in, as PaddleClas reads)."""
+    import paddle
+
+    nn, F = paddle.nn, paddle.nn.functional
+
+    class MultiLabel(nn.Layer):
+        def __init__(self):
+            super().__init__()
+            self.mean = self.create_parameter([1, 3, 1, 1], default_initializer=nn.initializer.Assign(
+                np.asarray(MEAN, np.float32).reshape(1, 3, 1, 1)))
+            self.std = self.create_parameter([1, 3, 1, 1], default_initializer=nn.initializer.Assign(
+                np.asarray(STD, np.float32).reshape(1, 3, 1, 1)))
+
+        def forward(self, x):
+            rgb = x * self.std + self.mean
+            high, low = F.sigmoid(40 * (rgb - 0.6)), F.sigmoid(40 * (0.35 - rgb))  # a channel over, under
+            shares = [(high[:, c] * low[:, (c + 1) % 3] * low[:, (c + 2) % 3]).mean(axis=[1, 2])
+                      for c in range(3)]
+            return 1 - paddle.exp(-300 * paddle.stack(shares, axis=1))
+
+    return MultiLabel()
 
 
 def unwarping_network():
@@ -395,7 +447,9 @@ def _build(root: Path) -> None:
                 (DETECTION, detection_network(), [spec([None, 3, SIDE, SIDE], "float32", "image"),
                                                   spec([None, 2], "float32", "scale_factor")], DETECTION_YML),
                 (SEGMENTATION, segmentation_network(), [spec([None, 3, None, None], "float32", "x")],
-                 SEGMENTATION_YML)):
+                 SEGMENTATION_YML),
+                (MULTILABEL, multilabel_network(),
+                 [spec([None, 3, MULTILABEL_SIDE, MULTILABEL_SIDE], "float32", "x")], MULTILABEL_YML)):
             net.eval()
             paddle.jit.save(net, str(staging / name / "inference"), input_spec=specs)
             (staging / name / "inference.yml").write_text(yml)

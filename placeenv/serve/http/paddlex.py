@@ -340,6 +340,14 @@ ENDPOINTS = (
              'PaddleX serving\'s image classification API for a PaddleX image_classification pipeline file the '
              'repository serves: a JSON body {"image": "<base64 image>", "topk": 5}',
              "a body that is not PaddleX's request, an image that is not one, a URL, a topk that is not a whole number"),
+    Endpoint("/multilabel-image-classification", ("image_multilabel_classification",), "image",
+             lambda request: _decoded("image", request.image), _classification_result,
+             "Multi-label image classification (PaddleX serving's API)",
+             "PaddleX serving's multi-label image classification API for a PaddleX "
+             'image_multilabel_classification pipeline file the repository serves: a JSON body '
+             '{"image": "<base64 image>", "threshold": 0.5}',
+             "a body that is not PaddleX's request, an image that is not one, a URL, a threshold that is not a "
+             "number, a mapping or a list"),
     Endpoint("/object-detection", ("object_detection",), "image",
              lambda request: _decoded("image", request.image), _detection_result,
              "Object detection (PaddleX serving's API)",

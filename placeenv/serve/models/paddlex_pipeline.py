@@ -267,6 +267,9 @@ def _markdown(res: dict, result, options: dict) -> dict[str, np.ndarray]:
     return {"markdown": np.array([json.dumps(found, ensure_ascii=False).encode()], dtype=object)}
 
 
+#: A classifier's classes, best first (single- and multi-label alike).
+_CLASSES = (TensorSpec("class_ids", "INT32", (-1,)), TensorSpec("scores", "FP32", (-1,)),
+            TensorSpec("label_names", "BYTES", (-1,)))
 #: A pipeline's result fields served as typed outputs beside ``result``: pipeline_name -> (their specs,
 #: how PaddleX's result, its JSON and itself, and the request's ``RENDERING`` options give them). A pipeline
 #: not listed answers ``result`` alone.
@@ -275,8 +278,8 @@ FIELDS: dict[str, tuple[tuple[TensorSpec, ...], Callable[[dict, Any, dict], dict
              TensorSpec("rec_polys", "INT32", (-1, 4, 2)), TensorSpec("rec_boxes", "INT32", (-1, 4)),
              TensorSpec("dt_polys", "INT32", (-1, 4, 2)), TensorSpec("textline_orientation_angles", "INT32", (-1,)),
              TensorSpec("doc_preprocessor_angle", "INT32", (1,))), _ocr),
-    "image_classification": ((TensorSpec("class_ids", "INT32", (-1,)), TensorSpec("scores", "FP32", (-1,)),
-                              TensorSpec("label_names", "BYTES", (-1,))), _classes),
+    "image_classification": (_CLASSES, _classes),
+    "image_multilabel_classification": (_CLASSES, _classes),
     "object_detection": ((TensorSpec("class_ids", "INT32", (-1,)), TensorSpec("scores", "FP32", (-1,)),
                           TensorSpec("label_names", "BYTES", (-1,)), TensorSpec("coordinates", "FP32", (-1, 4))),
                          _boxes),
