@@ -17,29 +17,19 @@ import base64
 import concurrent.futures
 import shutil
 
-import cv2
 import httpx
 import numpy as np
 import pytest
 from support import paddlex_reference, standin_models
 
 PIPELINE = paddlex_reference.PIPELINE.with_name("object_detection_pipeline.yaml")
-#: The images: (seed, width, height, encoding).
-IMAGES = [(0, 640, 480, ".png"), (1, 900, 700, ".jpg"), (2, 500, 800, ".png"), (3, 320, 320, ".png"),
-          (4, 1200, 500, ".jpg"), (5, 700, 700, ".png"), (6, 480, 640, ".jpg"), (7, 1000, 1000, ".png")]
+IMAGES = standin_models.SHAPES
 KEYS = ("class_ids", "scores", "label_names", "coordinates")
-
-
-def _image(seed: int, width: int, height: int, suffix: str) -> tuple[bytes, list]:
-    image, drawn = standin_models.shapes(seed, width, height)
-    return cv2.imencode(suffix, image, [cv2.IMWRITE_JPEG_QUALITY, 92] if suffix == ".jpg" else [])[1].tobytes(), drawn
 
 
 @pytest.fixture(scope="module")
 def images():
-    """``IMAGES``, then a white one: no box passes."""
-    blank = cv2.imencode(".png", np.full((300, 400, 3), 255, np.uint8))[1].tobytes()
-    return [_image(*spec) for spec in IMAGES] + [(blank, [])]
+    return standin_models.shapes_images()
 
 
 @pytest.fixture(scope="module")
@@ -48,11 +38,6 @@ def repository(tmp_path_factory):
     standin_models.copy_to(standin_models.DETECTION, root / "detect" / standin_models.DETECTION)
     shutil.copyfile(PIPELINE, root / "detect" / "pipeline.yaml")
     return root
-
-
-def _paddlex(boxes: list[dict]) -> dict:
-    return {"class_ids": [b["cls_id"] for b in boxes], "scores": [b["score"] for b in boxes],
-            "label_names": [b["label"] for b in boxes], "coordinates": [b["coordinate"] for b in boxes]}
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +50,7 @@ def reference(images):
         + [(data, {"threshold": {}}) for data, _ in images[:2]]
     found = paddlex_reference.reference_model(standin_models.DETECTION, standin_models.export(standin_models.DETECTION),
                                               asked, {"threshold": None, "img_size": None}, ("boxes",))
-    return [_paddlex(result["boxes"]) for result in found]
+    return [paddlex_reference.box_fields(result["boxes"]) for result in found]
 
 
 @pytest.fixture(scope="module")

@@ -521,6 +521,12 @@ def over_v2(url: str, model: str, data: bytes, parameters: dict | None = None):
     return client.infer(model, [image], parameters=parameters)
 
 
+def box_fields(boxes: list[dict]) -> dict[str, list]:
+    """PaddleX's detected boxes (its result's ``boxes``) as the service's typed outputs hold them."""
+    return {"class_ids": [b["cls_id"] for b in boxes], "scores": [b["score"] for b in boxes],
+            "label_names": [b["label"] for b in boxes], "coordinates": [b["coordinate"] for b in boxes]}
+
+
 def as_lists(result, keys: tuple[str, ...]) -> dict[str, list]:
     """A tritonclient result's outputs ``keys`` as lists, BYTES elements decoded (UTF-8)."""
     return {key: [v.decode() if isinstance(v, bytes) else v for v in result.as_numpy(key).tolist()]

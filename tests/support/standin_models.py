@@ -26,7 +26,8 @@ ones; what they compute is fixed, not learnt:
   PaddleDetection's NMS answers. It finds the red, green and blue rectangles ``shapes()`` draws: a box for
   each cell of a 4x4 grid, of the colour covering most of it, its extent from the colour's mean and
   spread there (a uniform rectangle spans its mean +- sqrt(3) standard deviations), its score
-  ``1 - exp(-8 * the share of the cell covered)``.
+  ``1 - exp(-8 * the share of the cell covered)``. The same network is ``PP-YOLOE_plus_SOD-S`` too, for
+  PaddleX's ``small_object_detection`` pipeline.
 - **multi-label classification** (``multilabel_network``): PaddleClas's export under
   ``PP-LCNet_x1_0_ML``'s name, the image resized to 448x448 -> a score of each of ``red``, ``green``, ``blue`` (``MultiLabelThreshOutput``,
   threshold 0.5, as PaddleX's multi-label models have it): ``1 - exp(-300 * the share of the pixels of that
@@ -64,6 +65,8 @@ ORIENTATION = "PP-LCNet_x1_0_doc_ori"
 UNWARPING = "UVDoc"
 DETECTION = "PicoDet-S"
 MULTILABEL = "PP-LCNet_x1_0_ML"
+#: The detector stand-in again, under the name of a model of PaddleX's small_object_detection module.
+SMALL_DETECTION = "PP-YOLOE_plus_SOD-S"
 SEGMENTATION = "PP-LiteSeg-T"
 LABELS = ("0", "90", "180", "270")
 #: The detector's classes, its input's side and its grid of cells (a box a cell).
@@ -161,6 +164,12 @@ Preprocess:
 - type: Permute
 label_list:
 {''.join(f"- {label}{chr(10)}" for label in COLOURS)}"""
+
+
+#: PP-YOLOE+'s export is PicoDet's in what PaddleX reads of it: the same inputs (image, scale_factor), outputs
+#: and steps; its architecture's name is its own.
+SMALL_DETECTION_YML = DETECTION_YML.replace(f"model_name: {DETECTION}", f"model_name: {SMALL_DETECTION}").replace(
+    "arch: GFL", "arch: YOLO")
 
 
 def orientation_network():
@@ -364,6 +373,23 @@ def shapes(seed: int, width: int, height: int) -> tuple[np.ndarray, list[tuple[s
     return image, drawn
 
 
+#: The detectors' test images: (seed, width, height, encoding) of ``shapes()``.
+SHAPES = [(0, 640, 480, ".png"), (1, 900, 700, ".jpg"), (2, 500, 800, ".png"), (3, 320, 320, ".png"),
+          (4, 1200, 500, ".jpg"), (5, 700, 700, ".png"), (6, 480, 640, ".jpg"), (7, 1000, 1000, ".png")]
+
+
+def shapes_images() -> list[tuple[bytes, list]]:
+    """Each of ``SHAPES`` encoded (JPEG at quality 92), with the rectangles drawn, then a white page (no box)."""
+    import cv2
+
+    found = []
+    for seed, width, height, suffix in SHAPES:
+        image, drawn = shapes(seed, width, height)
+        quality = [cv2.IMWRITE_JPEG_QUALITY, 92] if suffix == ".jpg" else []
+        found.append((cv2.imencode(suffix, image, quality)[1].tobytes(), drawn))
+    return found + [(cv2.imencode(".png", np.full((300, 400, 3), 255, np.uint8))[1].tobytes(), [])]
+
+
 def bowed(bgr: np.ndarray) -> np.ndarray:
     """A page bowed as a photographed book page is: each column moved down by ``BOW`` of the height times
     ``sin(pi x / width)`` (the unwarping stand-in's inverse)."""
@@ -448,6 +474,9 @@ def _build(root: Path) -> None:
                                                   spec([None, 2], "float32", "scale_factor")], DETECTION_YML),
                 (SEGMENTATION, segmentation_network(), [spec([None, 3, None, None], "float32", "x")],
                  SEGMENTATION_YML),
+                (SMALL_DETECTION, detection_network(), [spec([None, 3, SIDE, SIDE], "float32", "image"),
+                                                        spec([None, 2], "float32", "scale_factor")],
+                 SMALL_DETECTION_YML),
                 (MULTILABEL, multilabel_network(),
                  [spec([None, 3, MULTILABEL_SIDE, MULTILABEL_SIDE], "float32", "x")], MULTILABEL_YML)):
             net.eval()

@@ -354,6 +354,13 @@ ENDPOINTS = (
              'PaddleX serving\'s object detection API for a PaddleX object_detection pipeline file the repository '
              'serves: a JSON body {"image": "<base64 image>", "threshold": 0.5}',
              "a body that is not PaddleX's request, an image that is not one, a URL, a threshold that is not a number or a mapping"),
+    Endpoint("/small-object-detection", ("small_object_detection",), "image",
+             lambda request: _decoded("image", request.image), _detection_result,
+             "Small object detection (PaddleX serving's API)",
+             "PaddleX serving's small object detection API for a PaddleX small_object_detection pipeline file the "
+             'repository serves: a JSON body {"image": "<base64 image>", "threshold": 0.5}',
+             "a body that is not PaddleX's request, an image that is not one, a URL, a threshold that is not a "
+             "number or a mapping"),
 )
 assert {e.path for e in ENDPOINTS} == PADDLEX_PATHS
 

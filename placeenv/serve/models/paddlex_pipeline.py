@@ -270,6 +270,8 @@ def _markdown(res: dict, result, options: dict) -> dict[str, np.ndarray]:
 #: A classifier's classes, best first (single- and multi-label alike).
 _CLASSES = (TensorSpec("class_ids", "INT32", (-1,)), TensorSpec("scores", "FP32", (-1,)),
             TensorSpec("label_names", "BYTES", (-1,)))
+#: A detector's boxes, in PaddleX's order.
+_BOXES = (*_CLASSES, TensorSpec("coordinates", "FP32", (-1, 4)))
 #: A pipeline's result fields served as typed outputs beside ``result``: pipeline_name -> (their specs,
 #: how PaddleX's result, its JSON and itself, and the request's ``RENDERING`` options give them). A pipeline
 #: not listed answers ``result`` alone.
@@ -280,9 +282,8 @@ FIELDS: dict[str, tuple[tuple[TensorSpec, ...], Callable[[dict, Any, dict], dict
              TensorSpec("doc_preprocessor_angle", "INT32", (1,))), _ocr),
     "image_classification": (_CLASSES, _classes),
     "image_multilabel_classification": (_CLASSES, _classes),
-    "object_detection": ((TensorSpec("class_ids", "INT32", (-1,)), TensorSpec("scores", "FP32", (-1,)),
-                          TensorSpec("label_names", "BYTES", (-1,)), TensorSpec("coordinates", "FP32", (-1, 4))),
-                         _boxes),
+    "object_detection": (_BOXES, _boxes),
+    "small_object_detection": (_BOXES, _boxes),
     "doc_preprocessor": ((TensorSpec("angle", "INT32", (1,)), TensorSpec("output_img", "UINT8", (1, -1, -1, 3))),
                          _page),
     "semantic_segmentation": ((TensorSpec("pred", "INT32", (1, -1, -1)),), _segments),
