@@ -154,6 +154,9 @@ def _clock(**_):
 def _options(parser):
     parser.add_argument("--max-failure-ratio", type=float, default=0.01, help="leak gate: allowed failure ratio")
     parser.add_argument("--metrics-sample-s", type=float, default=1.0, help="how often to sample /metrics")
+    parser.add_argument("--network-timeout", type=float, default=60.0,
+                        help="seconds a request waits for its answer: above the service's --request-timeout-s, so "
+                        "that a slow request's answer is the service's 504, not a timeout of the client's own")
     parser.add_argument("--prometheus", default="", help="leak gate: read every replica's growth from this "
                         "Prometheus (behind a load balancer, and across restarts) instead of --host's /metrics")
     parser.add_argument("--prometheus-settle-s", type=float, default=11.0,
@@ -355,6 +358,7 @@ def _start(environment, **_):
             LAYOUT_PDFS.append((_pdf_body(pdf), [sorted(label for label, _, _ in blocks)]))
     unserved = {task for task, model in TASK_MODELS.items() if model not in served}
     Client.tasks = [t for t in Client.tasks if t.__name__ not in unserved]  # before any user starts
+    Client.network_timeout = environment.parsed_options.network_timeout
     if environment.parsed_options.prometheus:
         _state["start"] = time.time()
         return

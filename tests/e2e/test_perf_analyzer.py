@@ -68,7 +68,7 @@ def grown(after: dict, before: dict) -> dict[str, tuple[int, int]]:
 def measure(url: str, protocol: str, data, *extra: str, csv=None) -> tuple[int, str]:
     args = ["-m", "digits", "-u", url, "-i", protocol, "--input-data", str(data),
             "--concurrency-range", "1:16:5", "--measurement-mode", "count_windows",
-            "--measurement-request-count", "50", "-s", "50", *extra]
+            "--measurement-request-count", "50", "-s", "50", "--max-trials", "40", *extra]
     if csv is not None:
         args += ["-f", str(csv)]
     done = perf_analyzer.run(args, timeout=300)
