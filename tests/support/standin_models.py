@@ -77,19 +77,22 @@ MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 #: this share of the page's height.
 BOW = 0.04
 
-def classifier_yml(name: str, labels, topk: int = 1) -> str:
+def classifier_yml(name: str, labels, topk: int = 1, multilabel: bool = False) -> str:
     """A PaddleClas classifier's ``inference.yml``, as PaddleX reads one: ``ResizeImage resize_short 256``,
-    ``CropImage 224``, ImageNet ``NormalizeImage``, ``ToCHWImage``, ``Topk`` over ``labels``."""
+    ``CropImage 224``, ImageNet ``NormalizeImage``, ``ToCHWImage``, ``Topk`` over ``labels``; ``multilabel``: as
+    PaddleClas exports its multi-label models, ``ResizeImage`` to ``MULTILABEL_SIDE`` square and no crop
+    (PaddleX's multi-label predictor runs none), ``MultiLabelThreshOutput`` at 0.5 in place of ``Topk``."""
+    resize = f"size: [{MULTILABEL_SIDE}, {MULTILABEL_SIDE}]" if multilabel else "resize_short: 256"
+    crop = "" if multilabel else "  - CropImage:\n      size: 224\n"
+    post = "MultiLabelThreshOutput:\n    threshold: 0.5" if multilabel else f"Topk:\n    topk: {topk}"
     return f"""\
 Global:
   model_name: {name}
 PreProcess:
   transform_ops:
   - ResizeImage:
-      resize_short: 256
-  - CropImage:
-      size: 224
-  - NormalizeImage:
+      {resize}
+{crop}  - NormalizeImage:
       channel_num: 3
       mean: {list(MEAN)}
       order: ''
@@ -97,35 +100,14 @@ PreProcess:
       std: {list(STD)}
   - ToCHWImage: null
 PostProcess:
-  Topk:
-    topk: {topk}
+  {post}
     label_list:
 {''.join(f"    - '{label}'{chr(10)}" for label in labels)}"""
 
 
-ORIENTATION_YML = classifier_yml(ORIENTATION, LABELS)
-#: The multi-label stand-in's, as PaddleClas exports its ML models: ``ResizeImage`` to 448x448 (no crop:
-#: PaddleX's multi-label predictor runs none), ImageNet ``NormalizeImage``, ``ToCHWImage``, ``MultiLabelThreshOutput``.
 MULTILABEL_SIDE = 448
-MULTILABEL_YML = f"""\
-Global:
-  model_name: {MULTILABEL}
-PreProcess:
-  transform_ops:
-  - ResizeImage:
-      size: [{MULTILABEL_SIDE}, {MULTILABEL_SIDE}]
-  - NormalizeImage:
-      channel_num: 3
-      mean: {list(MEAN)}
-      order: ''
-      scale: 0.00392156862745098
-      std: {list(STD)}
-  - ToCHWImage: null
-PostProcess:
-  MultiLabelThreshOutput:
-    threshold: 0.5
-    label_list:
-{''.join(f"    - {label}{chr(10)}" for label in COLOURS)}"""
+ORIENTATION_YML = classifier_yml(ORIENTATION, LABELS)
+MULTILABEL_YML = classifier_yml(MULTILABEL, COLOURS, multilabel=True)
 
 UNWARPING_YML = f"""\
 Global:
@@ -172,6 +154,14 @@ SMALL_DETECTION_YML = DETECTION_YML.replace(f"model_name: {DETECTION}", f"model_
     "arch: GFL", "arch: YOLO")
 
 
+def _channels(layer, values):
+    """A parameter of ``layer`` holding a value a colour channel, ``[1, 3, 1, 1]``: it broadcasts over images."""
+    import paddle
+
+    return layer.create_parameter([1, 3, 1, 1], default_initializer=paddle.nn.initializer.Assign(
+        np.asarray(values, np.float32).reshape(1, 3, 1, 1)))
+
+
 def orientation_network():
     """The page-orientation stand-in (its forward pass ends in a softmax, as PaddleClas exports)."""
     import paddle
@@ -182,12 +172,8 @@ def orientation_network():
         def __init__(self):
             super().__init__()
             # The export's parameters: grey from RGB, and the normalisation the network undoes.
-            self.grey = self.create_parameter([1, 3, 1, 1], default_initializer=nn.initializer.Assign(
-                np.asarray([0.299, 0.587, 0.114], np.float32).reshape(1, 3, 1, 1)))
-            self.mean = self.create_parameter([1, 3, 1, 1], default_initializer=nn.initializer.Assign(
-                np.asarray(MEAN, np.float32).reshape(1, 3, 1, 1)))
-            self.std = self.create_parameter([1, 3, 1, 1], default_initializer=nn.initializer.Assign(
-                np.asarray(STD, np.float32).reshape(1, 3, 1, 1)))
+            self.grey = _channels(self, (0.299, 0.587, 0.114))
+            self.mean, self.std = _channels(self, MEAN), _channels(self, STD)
 
         def forward(self, x):
             grey = F.conv2d(x * self.std + self.mean, self.grey)
@@ -218,10 +204,7 @@ def multilabel_network():
     class MultiLabel(nn.Layer):
         def __init__(self):
             super().__init__()
-            self.mean = self.create_parameter([1, 3, 1, 1], default_initializer=nn.initializer.Assign(
-                np.asarray(MEAN, np.float32).reshape(1, 3, 1, 1)))
-            self.std = self.create_parameter([1, 3, 1, 1], default_initializer=nn.initializer.Assign(
-                np.asarray(STD, np.float32).reshape(1, 3, 1, 1)))
+            self.mean, self.std = _channels(self, MEAN), _channels(self, STD)  # the normalisation undone
 
         def forward(self, x):
             rgb = x * self.std + self.mean
@@ -272,10 +255,7 @@ def detection_network():
     class Detector(nn.Layer):
         def __init__(self):
             super().__init__()
-            self.mean = self.create_parameter([1, 3, 1, 1], default_initializer=constant(
-                np.reshape(MEAN, (1, 3, 1, 1))))
-            self.std = self.create_parameter([1, 3, 1, 1], default_initializer=constant(
-                np.reshape(STD, (1, 3, 1, 1))))
+            self.mean, self.std = _channels(self, MEAN), _channels(self, STD)
             # The pixel centres, as shares of the side (small numbers keep E[x^2] - E[x]^2 exact in FP32).
             centres = (np.arange(SIDE, dtype=np.float32) + 0.5) / SIDE
             self.xs = self.create_parameter([1, 1, 1, SIDE], default_initializer=constant(
