@@ -327,6 +327,16 @@ def _document(path: str, pipelines: tuple[str, ...], what: str) -> Endpoint:
                     "the limits, a setting of the wrong kind", pdf=True)
 
 
+def _image(path: str, pipeline: str, what: str, result: Callable[..., Any], setting: str, refused: str) -> Endpoint:
+    """The endpoint of PaddleX serving's app for a single-image pipeline: an image (``image``, no PDF) and
+    one setting (``setting``: its JSON, as the API's description shows it; ``refused``: its bad values)."""
+    return Endpoint(path, (pipeline,), "image", lambda request: _decoded("image", request.image), result,
+                    f"{what[0].upper()}{what[1:]} (PaddleX serving's API)",
+                    f"PaddleX serving's {what} API for a PaddleX {pipeline} pipeline file the repository serves: a "
+                    f'JSON body {{"image": "<base64 image>", {setting}}}',
+                    f"a body that is not PaddleX's request, an image that is not one, a URL, {refused}")
+
+
 ENDPOINTS = (
     _document("/ocr", ("OCR",), "OCR"),
     _document("/layout-parsing", ("PP-StructureV3", "layout_parsing"), "layout parsing"),
@@ -334,33 +344,15 @@ ENDPOINTS = (
     _document("/seal-recognition", ("seal_recognition",), "seal recognition"),
     _document("/formula-recognition", ("formula_recognition",), "formula recognition"),
     _document("/document-preprocessing", ("doc_preprocessor",), "document preprocessing"),
-    Endpoint("/image-classification", ("image_classification",), "image",
-             lambda request: _decoded("image", request.image), _classification_result,
-             "Image classification (PaddleX serving's API)",
-             'PaddleX serving\'s image classification API for a PaddleX image_classification pipeline file the '
-             'repository serves: a JSON body {"image": "<base64 image>", "topk": 5}',
-             "a body that is not PaddleX's request, an image that is not one, a URL, a topk that is not a whole number"),
-    Endpoint("/multilabel-image-classification", ("image_multilabel_classification",), "image",
-             lambda request: _decoded("image", request.image), _classification_result,
-             "Multi-label image classification (PaddleX serving's API)",
-             "PaddleX serving's multi-label image classification API for a PaddleX "
-             'image_multilabel_classification pipeline file the repository serves: a JSON body '
-             '{"image": "<base64 image>", "threshold": 0.5}',
-             "a body that is not PaddleX's request, an image that is not one, a URL, a threshold that is not a "
-             "number, a mapping or a list"),
-    Endpoint("/object-detection", ("object_detection",), "image",
-             lambda request: _decoded("image", request.image), _detection_result,
-             "Object detection (PaddleX serving's API)",
-             'PaddleX serving\'s object detection API for a PaddleX object_detection pipeline file the repository '
-             'serves: a JSON body {"image": "<base64 image>", "threshold": 0.5}',
-             "a body that is not PaddleX's request, an image that is not one, a URL, a threshold that is not a number or a mapping"),
-    Endpoint("/small-object-detection", ("small_object_detection",), "image",
-             lambda request: _decoded("image", request.image), _detection_result,
-             "Small object detection (PaddleX serving's API)",
-             "PaddleX serving's small object detection API for a PaddleX small_object_detection pipeline file the "
-             'repository serves: a JSON body {"image": "<base64 image>", "threshold": 0.5}',
-             "a body that is not PaddleX's request, an image that is not one, a URL, a threshold that is not a "
-             "number or a mapping"),
+    _image("/image-classification", "image_classification", "image classification", _classification_result,
+           '"topk": 5', "a topk that is not a whole number"),
+    _image("/multilabel-image-classification", "image_multilabel_classification",
+           "multi-label image classification", _classification_result, '"threshold": 0.5',
+           "a threshold that is not a number, a mapping or a list"),
+    _image("/object-detection", "object_detection", "object detection", _detection_result, '"threshold": 0.5',
+           "a threshold that is not a number or a mapping"),
+    _image("/small-object-detection", "small_object_detection", "small object detection", _detection_result,
+           '"threshold": 0.5', "a threshold that is not a number or a mapping"),
 )
 assert {e.path for e in ENDPOINTS} == PADDLEX_PATHS
 
