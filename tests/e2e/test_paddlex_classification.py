@@ -65,9 +65,7 @@ def over_v2(url: str, data: bytes, parameters: dict | None = None) -> dict:
                                       ("class_ids", "scores", "label_names"))
 
 
-def _same(answer: dict, expected: dict) -> bool:
-    return (answer["class_ids"] == expected["class_ids"] and answer["label_names"] == expected["label_names"]
-            and np.allclose(answer["scores"], expected["scores"], atol=paddlex_reference.SCORE))
+_same = paddlex_reference.same_classes
 
 
 def test_the_classes_are_paddlexs(served, images, reference):

@@ -63,18 +63,7 @@ def over_v2(url: str, data: bytes, parameters: dict | None = None) -> dict:
     return paddlex_reference.as_lists(paddlex_reference.over_v2(url, "detect", data, parameters), KEYS)
 
 
-def differences(answer: dict, expected: dict) -> list[str]:
-    """What differs from PaddleX's answer beyond the tolerances (nothing: [])."""
-    if answer["class_ids"] != expected["class_ids"] or answer["label_names"] != expected["label_names"]:
-        return [f"classes {answer['label_names']} != {expected['label_names']}"]
-    found = []
-    got, want = np.asarray(answer["coordinates"]).reshape(-1, 4), np.asarray(expected["coordinates"]).reshape(-1, 4)
-    if got.size and np.abs(got - want).max() > paddlex_reference.POLY_PX:
-        found.append(f"coordinates differ by {np.abs(got - want).max():.2f} px")
-    scores = np.abs(np.asarray(answer["scores"]) - np.asarray(expected["scores"]))
-    if scores.size and scores.max() > paddlex_reference.SCORE:
-        found.append(f"scores differ by {scores.max():.4f}")
-    return found
+differences = paddlex_reference.box_differences
 
 
 def _iou(a, b) -> float:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import base64
 import concurrent.futures
 import json
-import shutil
 
 import cv2
 import httpx
@@ -68,20 +67,13 @@ def reference(images, white):
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    root = tmp_path_factory.mktemp("repository")
-    standin_models.copy_to(standin_models.MULTILABEL, root / "labels" / standin_models.MULTILABEL)
-    shutil.copyfile(PIPELINE, root / "labels" / "pipeline.yaml")
-    with paddlex_reference.served(root, "labels") as proc:
+    with paddlex_reference.served_standin(tmp_path_factory.mktemp("repository"), "labels", standin_models.MULTILABEL,
+                                          PIPELINE) as proc:
         yield proc
 
 
 def _over_v2(url: str, data: bytes, parameters: dict | None = None) -> dict:
     return paddlex_reference.as_lists(paddlex_reference.over_v2(url, "labels", data, parameters), KEYS)
-
-
-def _same(answer: dict, expected: dict) -> bool:
-    return (answer["class_ids"] == expected["class_ids"] and answer["label_names"] == expected["label_names"]
-            and np.allclose(answer["scores"], expected["scores"], atol=paddlex_reference.SCORE))
 
 
 def test_the_labels_are_paddlexs_and_a_threshold_reaches_it(served, images, white, reference):
@@ -90,7 +82,7 @@ def test_the_labels_are_paddlexs_and_a_threshold_reaches_it(served, images, whit
     asked = [(data, None) for data, _ in images] + [(data, per_class) for data, _ in images]
     with concurrent.futures.ThreadPoolExecutor(4) as pool:  # batches join across requests
         answers = list(pool.map(lambda job: _over_v2(url, *job), asked + [(white, None)]))
-    wrong = {i: (a, r) for i, (a, r) in enumerate(zip(answers, reference)) if not _same(a, r)}
+    wrong = {i: (a, r) for i, (a, r) in enumerate(zip(answers, reference)) if not paddlex_reference.same_classes(a, r)}
     assert wrong == {}, wrong
     count = len(images)
     # The stand-in reads the images: each colour drawn, and no other; the controls hold none.
@@ -110,7 +102,7 @@ def test_paddlex_servings_api_answers_with_its_schema(served, images, reference)
         result = AIStudioResultResponse[InferResult].model_validate(answer.json()).result
         found = {"class_ids": [c.id for c in result.categories],
                  "label_names": [c.name for c in result.categories], "scores": [c.score for c in result.categories]}
-        assert _same(found, expected), (found, expected)
+        assert paddlex_reference.same_classes(found, expected), (found, expected)
     refused = httpx.post(f"{served.url}/multilabel-image-classification",
                          json={"image": "http://127.0.0.1:9/cat.png"}, timeout=30)
     assert refused.status_code == 422 and "URLs are not fetched" in refused.json()["errorMsg"]

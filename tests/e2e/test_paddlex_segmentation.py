@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import shutil
 
 import cv2
 import numpy as np
@@ -45,10 +44,8 @@ def reference(images):
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    root = tmp_path_factory.mktemp("repository")
-    standin_models.copy_to(standin_models.SEGMENTATION, root / "segment" / standin_models.SEGMENTATION)
-    shutil.copyfile(PIPELINE, root / "segment" / "pipeline.yaml")
-    with paddlex_reference.served(root, "segment") as proc:
+    with paddlex_reference.served_standin(tmp_path_factory.mktemp("repository"), "segment",
+                                          standin_models.SEGMENTATION, PIPELINE) as proc:
         yield proc
 
 

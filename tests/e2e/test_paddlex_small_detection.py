@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures
-import shutil
 
 import httpx
-import numpy as np
 import pytest
 from support import paddlex_reference, standin_models
 
@@ -43,18 +41,8 @@ def reference(images):
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    root = tmp_path_factory.mktemp("repository")
-    standin_models.copy_to(MODEL, root / "small" / MODEL)
-    shutil.copyfile(PIPELINE, root / "small" / "pipeline.yaml")
-    with paddlex_reference.served(root, "small") as proc:
+    with paddlex_reference.served_standin(tmp_path_factory.mktemp("repository"), "small", MODEL, PIPELINE) as proc:
         yield proc
-
-
-def _same(answer: dict, expected: dict) -> bool:
-    return (answer["class_ids"] == expected["class_ids"] and answer["label_names"] == expected["label_names"]
-            and np.allclose(np.reshape(answer["coordinates"], (-1, 4)), np.reshape(expected["coordinates"], (-1, 4)),
-                            atol=paddlex_reference.POLY_PX)
-            and np.allclose(answer["scores"], expected["scores"], atol=paddlex_reference.SCORE))
 
 
 def test_the_boxes_are_paddlexs(served, images, reference):
@@ -67,7 +55,7 @@ def test_the_boxes_are_paddlexs(served, images, reference):
     asked = [(data, None) for data, _ in images] + [(images[0][0], {"threshold": 1.0})]
     with concurrent.futures.ThreadPoolExecutor(4) as pool:  # the detector's batches join requests
         answers = list(pool.map(over_v2, asked))
-    wrong = {i: (a, r) for i, (a, r) in enumerate(zip(answers, reference)) if not _same(a, r)}
+    wrong = {i: (a, r) for i, (a, r) in enumerate(zip(answers, reference)) if paddlex_reference.box_differences(a, r)}
     assert wrong == {}, wrong
     # The stand-in finds what was drawn (each rectangle's colour, in some order); the controls find none.
     assert [sorted(a["label_names"]) for a in answers[:len(IMAGES)]] == \
@@ -83,7 +71,8 @@ def test_paddlex_servings_api_answers_with_its_schema(served, images, reference)
                         json={"image": base64.b64encode(images[0][0]).decode()}, timeout=120)
     assert answer.status_code == 200, answer.text
     found = AIStudioResultResponse[InferResult].model_validate(answer.json()).result.detectedObjects
-    assert _same({"class_ids": [o.categoryId for o in found], "label_names": [o.categoryName for o in found],
-                  "coordinates": [o.bbox for o in found], "scores": [o.score for o in found]}, reference[0])
+    assert paddlex_reference.box_differences(
+        {"class_ids": [o.categoryId for o in found], "label_names": [o.categoryName for o in found],
+         "coordinates": [o.bbox for o in found], "scores": [o.score for o in found]}, reference[0]) == []
     refused = httpx.post(f"{served.url}/small-object-detection", json={"image": "***"}, timeout=30)
     assert refused.status_code == 422 and "image is not base64" in refused.json()["errorMsg"]

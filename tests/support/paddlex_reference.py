@@ -510,6 +510,18 @@ def served(repository: Path, models: str):
         proc.stop()
 
 
+@contextlib.contextmanager
+def served_standin(root: Path, name: str, export: str, pipeline: Path):
+    """The service on a repository in ``root`` of one pipeline, ``name``: the file ``pipeline`` over the stand-in
+    ``export`` (standin_models.py), in the folder its ``model_dir`` names."""
+    from . import standin_models  # (imported here: it takes this module's lock)
+
+    standin_models.copy_to(export, Path(root) / name / export)
+    shutil.copyfile(pipeline, Path(root) / name / "pipeline.yaml")
+    with served(Path(root), name) as proc:
+        yield proc
+
+
 def over_v2(url: str, model: str, data: bytes, parameters: dict | None = None):
     """tritonclient's result of ``model`` (a served PaddleX pipeline) on one encoded image over v2 REST (``url``:
     host:port), its outputs binary."""
@@ -525,6 +537,26 @@ def box_fields(boxes: list[dict]) -> dict[str, list]:
     """PaddleX's detected boxes (its result's ``boxes``) as the service's typed outputs hold them."""
     return {"class_ids": [b["cls_id"] for b in boxes], "scores": [b["score"] for b in boxes],
             "label_names": [b["label"] for b in boxes], "coordinates": [b["coordinate"] for b in boxes]}
+
+
+def box_differences(answer: dict, expected: dict) -> list[str]:
+    """What differs from PaddleX's detected boxes (``box_fields``) beyond the tolerances (nothing: [])."""
+    if answer["class_ids"] != expected["class_ids"] or answer["label_names"] != expected["label_names"]:
+        return [f"classes {answer['label_names']} != {expected['label_names']}"]
+    found = []
+    got, want = np.asarray(answer["coordinates"]).reshape(-1, 4), np.asarray(expected["coordinates"]).reshape(-1, 4)
+    if got.size and np.abs(got - want).max() > POLY_PX:
+        found.append(f"coordinates differ by {np.abs(got - want).max():.2f} px")
+    scores = np.abs(np.asarray(answer["scores"]) - np.asarray(expected["scores"]))
+    if scores.size and scores.max() > SCORE:
+        found.append(f"scores differ by {scores.max():.4f}")
+    return found
+
+
+def same_classes(answer: dict, expected: dict) -> bool:
+    """Whether a classifier's answer is PaddleX's: the same classes in the same order, scores within ``SCORE``."""
+    return (answer["class_ids"] == expected["class_ids"] and answer["label_names"] == expected["label_names"]
+            and np.allclose(answer["scores"], expected["scores"], atol=SCORE))
 
 
 def as_lists(result, keys: tuple[str, ...]) -> dict[str, list]:
