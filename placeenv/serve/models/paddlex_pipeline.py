@@ -140,12 +140,15 @@ def register(model_names: set[str]) -> dict[str, str]:
 
 @contextlib.contextmanager
 def building(links: Mapping[str, Link], call, built: list | None = None):
-    """Pipeline objects built on this thread inside the block get runners over ``links`` that ``call``."""
+    """Pipeline objects built on this thread inside the block get runners over ``links`` that ``call``. The
+    block may hold another's: a CPU worker waiting on a network call runs other requests' jobs meanwhile,
+    another pipeline's among them, and the outer pipeline may still build a module after that one ends."""
+    outer = _BUILDING.links, _BUILDING.call, _BUILDING.built
     _BUILDING.links, _BUILDING.call, _BUILDING.built = links, call, built
     try:
         yield
     finally:
-        _BUILDING.links, _BUILDING.call, _BUILDING.built = {}, None, None
+        _BUILDING.links, _BUILDING.call, _BUILDING.built = outer
 
 
 def build(config: dict[str, Any], links: Mapping[str, Link], call, built: list | None = None):
