@@ -12,7 +12,6 @@ own schema.
 from __future__ import annotations
 
 import base64
-import concurrent.futures
 import shutil
 
 import cv2
@@ -70,8 +69,7 @@ _same = paddlex_reference.same_classes
 
 def test_the_classes_are_paddlexs(served, images, reference):
     url = served.url[len("http://"):]
-    with concurrent.futures.ThreadPoolExecutor(4) as pool:  # batches join across requests
-        answers = list(pool.map(lambda data: over_v2(url, data), images))
+    answers = paddlex_reference.together(served, over_v2, images)  # batches join across requests
     wrong = {i: (a, r) for i, (a, r) in enumerate(zip(answers, reference)) if not _same(a, r)}
     assert wrong == {}, wrong
     assert [a["label_names"][0] for a in answers] == list(PAGES.values())  # each page's turn, best first

@@ -10,7 +10,6 @@ is the upright one (its sides back as drawn); the control, orientation off per r
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import shutil
 
@@ -71,8 +70,7 @@ def _upright(data: bytes, angle: int) -> tuple:
 @pytest.mark.timeout(900)  # PaddleX's own run is this test's set-up
 def test_the_pages_are_corrected_as_paddlex_corrects_them(served, images, reference):
     url = served.url[len("http://"):]
-    with concurrent.futures.ThreadPoolExecutor(4) as pool:  # pages in flight together, their calls batched
-        answers = list(pool.map(lambda data: _over_v2(url, data), images))
+    answers = paddlex_reference.together(served, _over_v2, images)  # pages in flight, their calls batched
     assert [r["angle"] for r in reference] == list(PAGES.values())  # the stand-in reads these pages right
     assert [{k: result[k] for k in ("model_settings", "angle")} for result, _, _ in answers] == reference
     assert [angle for _, angle, _ in answers] == list(PAGES.values())

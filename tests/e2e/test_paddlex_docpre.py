@@ -14,7 +14,6 @@ preprocessor off per request read the turned pages' lines wrong, and the angle i
 from __future__ import annotations
 
 import base64
-import concurrent.futures
 import shutil
 
 import httpx
@@ -87,8 +86,7 @@ def test_the_document_preprocessor_answers_as_paddlex(served, page_set, images, 
     # The stand-in classifies these pages right (a precondition of the reading checks below).
     assert [r["doc_preprocessor_res"]["angle"] for r in reference] == list(PAGES.values())
     url = served.url[len("http://"):]
-    with concurrent.futures.ThreadPoolExecutor(4) as pool:  # pages in flight together: their steps overlap
-        answers = list(pool.map(lambda data: over_v2(url, data), images))
+    answers = paddlex_reference.together(served, over_v2, images)  # pages in flight: their steps overlap
     problems = {i: d for i, (a, r) in enumerate(zip(answers, reference)) if (d := differences(a, r))}
     assert problems == {}, problems
     assert [a["angle"] for a in answers] == list(PAGES.values())

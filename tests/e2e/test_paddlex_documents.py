@@ -13,7 +13,6 @@ recognition threshold no text passes, empties a table's cells.
 from __future__ import annotations
 
 import base64
-import concurrent.futures
 import json
 import shutil
 
@@ -95,13 +94,11 @@ def _read(name: str, result: dict, held) -> bool:
 @pytest.mark.timeout(1200)  # PaddleX's own runs are this test's set-up
 def test_each_input_is_read_as_paddlex_reads_it(served, case):
     name, inputs, reference = case
-    url = served.url[len("http://"):]
+    def over_v2(target: str, data: bytes) -> dict:
+        return json.loads(paddlex_reference.over_v2(target, name, data).as_numpy("result")[0])
 
-    def over_v2(data: bytes) -> dict:
-        return json.loads(paddlex_reference.over_v2(url, name, data).as_numpy("result")[0])
-
-    with concurrent.futures.ThreadPoolExecutor(4) as pool:  # inputs in flight together, their calls batched
-        answers = list(pool.map(over_v2, [data for data, _ in inputs]))
+    # inputs in flight together, their calls batched
+    answers = paddlex_reference.together(served, over_v2, [data for data, _ in inputs])
     for seed, (answer, expected) in enumerate(zip(answers, reference)):
         assert paddlex_reference.near(answer, expected["result"]) == [], f"{name} {seed}"
     # The stand-ins read them (PP-OCRv5 reads a seal's red O as Q at times, PaddleX as the service).

@@ -14,7 +14,6 @@ PaddleX 3.7.2 applies to every class of a lone image), and a white image holds n
 from __future__ import annotations
 
 import base64
-import concurrent.futures
 import json
 
 import cv2
@@ -77,11 +76,10 @@ def _over_v2(url: str, data: bytes, parameters: dict | None = None) -> dict:
 
 
 def test_the_labels_are_paddlexs_and_a_threshold_reaches_it(served, images, white, reference):
-    url = served.url[len("http://"):]
     per_class = {"threshold": json.dumps(PER_CLASS)}
     asked = [(data, None) for data, _ in images] + [(data, per_class) for data, _ in images]
-    with concurrent.futures.ThreadPoolExecutor(4) as pool:  # batches join across requests
-        answers = list(pool.map(lambda job: _over_v2(url, *job), asked + [(white, None)]))
+    # batches join across requests
+    answers = paddlex_reference.together(served, lambda target, job: _over_v2(target, *job), asked + [(white, None)])
     wrong = {i: (a, r) for i, (a, r) in enumerate(zip(answers, reference)) if not paddlex_reference.same_classes(a, r)}
     assert wrong == {}, wrong
     count = len(images)

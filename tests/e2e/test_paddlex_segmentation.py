@@ -11,7 +11,6 @@ venv does not install): the same class of every pixel, with 4 requests in flight
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 
 import cv2
@@ -50,14 +49,11 @@ def served(tmp_path_factory):
 
 
 def test_every_pixels_class_is_paddlexs(served, images, reference):
-    url = served.url[len("http://"):]
-
-    def ask(data: bytes):
-        result = paddlex_reference.over_v2(url, "segment", data)
+    def ask(target: str, data: bytes):
+        result = paddlex_reference.over_v2(target, "segment", data)
         return result.as_numpy("pred"), json.loads(result.as_numpy("result")[0])
 
-    with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        answers = list(pool.map(lambda image: ask(image[0]), images))
+    answers = paddlex_reference.together(served, ask, [data for data, _ in images])
     for (pred, result), expected, (data, drawn), spec in zip(answers, reference, images, IMAGES):
         assert pred.shape == (1, spec[2], spec[1]) and pred.shape == expected.shape
         assert (pred == expected).all(), f"{(pred != expected).sum()} pixels differ from PaddleX's"

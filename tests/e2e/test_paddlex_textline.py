@@ -20,7 +20,6 @@ code, so with a larger batch size it answers as PaddleX does, quirk and all, and
 from __future__ import annotations
 
 import base64
-import concurrent.futures
 
 import httpx
 import pytest
@@ -88,8 +87,8 @@ def _turned_read(answers, page_set) -> float:
 @pytest.mark.timeout(1800)
 def test_textline_orientation_answers_as_paddlex(served, page_set, reference):
     url = served.url[len("http://"):]
-    with concurrent.futures.ThreadPoolExecutor(4) as pool:  # the classifier's batches join across pages
-        answers = list(pool.map(lambda p: over_v2(url, p.data), page_set))
+    # the classifier's batches join across pages
+    answers = paddlex_reference.together(served, over_v2, [p.data for p in page_set])
     problems = {i: d for i, (a, r) in enumerate(zip(answers, reference)) if (d := differences(a, r))}
     assert problems == {}, problems
     assert [a["textline_orientation_angles"] for a in answers] == [r["textline_orientation_angles"]

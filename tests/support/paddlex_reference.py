@@ -30,6 +30,7 @@ Nothing here skips: what is missing is an ``Unavailable`` that says what to inst
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import fcntl
 import hashlib
@@ -40,7 +41,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -500,14 +503,22 @@ def serve(pipeline_yaml: Path | str, port: int, host: str = "127.0.0.1", **popen
 
 @contextlib.contextmanager
 def served(repository: Path, models: str):
-    """The service on ``repository``'s ``models``, on the CPU, until the block ends."""
-    from .servers import ServiceProcess
+    """The service on ``repository``'s ``models``, on the CPU, until the block ends; its v2 over REST and over
+    gRPC are ``targets(proc)``."""
+    from .servers import ServiceProcess, free_port
 
-    proc = ServiceProcess(devices="cpu", models=models, model_repository=repository)
+    grpc_port = free_port()
+    proc = ServiceProcess(devices="cpu", models=models, model_repository=repository, grpc_port=grpc_port)
+    proc.grpc = f"grpc://127.0.0.1:{grpc_port}"
     try:
         yield proc.wait_ready()
     finally:
         proc.stop()
+
+
+def targets(proc) -> tuple[str, str]:
+    """A ``served`` service's v2 targets for ``over_v2``: REST (host:port) and gRPC (grpc://host:port)."""
+    return proc.url[len("http://"):], proc.grpc
 
 
 @contextlib.contextmanager
@@ -522,9 +533,25 @@ def served_standin(root: Path, name: str, export: str, pipeline: Path):
         yield proc
 
 
+def together(proc, ask: Callable[[str, Any], Any], jobs: list, threads: int = 4) -> list:
+    """``ask(target, job)`` for each of ``jobs``, ``threads`` in flight at once (their network calls batched
+    across requests), alternately over v2 REST and over gRPC (a ``served`` service's ``targets``): the answers,
+    in ``jobs``' order."""
+    both = targets(proc)
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        return list(pool.map(lambda i: ask(both[i % 2], jobs[i]), range(len(jobs))))
+
+
 def over_v2(url: str, model: str, data: bytes, parameters: dict | None = None):
     """tritonclient's result of ``model`` (a served PaddleX pipeline) on one encoded image over v2 REST (``url``:
-    host:port), its outputs binary."""
+    host:port; its outputs binary) or, where ``url`` is grpc://host:port, over v2 gRPC."""
+    if url.startswith("grpc://"):
+        import tritonclient.grpc as tg
+
+        image = tg.InferInput("image", [1], "BYTES")
+        image.set_data_from_numpy(np.array([data], dtype=object))
+        return tg.InferenceServerClient(url[len("grpc://"):]).infer(model, [image], parameters=parameters,
+                                                                     client_timeout=120)
     import tritonclient.http as th
 
     client = th.InferenceServerClient(url, network_timeout=120)
