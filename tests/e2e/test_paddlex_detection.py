@@ -1,20 +1,27 @@
-"""PaddleX's object detection pipeline, served from its file with no code, against PaddleX itself.
+"""PaddleX's object detection pipelines, served from their files with no code, against PaddleX itself: object
+detection, small object detection and instance segmentation (rows of ``paddlex_pipeline.FIELDS``: their
+boxes; an instance's mask in ``result``): one service serves the first two, another the third (PaddleX 3.7.2
+itself runs a PicoDet export wrong in a process that created this Mask-RT-DETR one first: docs/models.md).
 
-The file is PaddleX's object_detection.yaml with its model the detector tests/support/standin_models.py
-builds under PicoDet-S's name (tests/support/object_detection_pipeline.yaml; no detector can be downloaded
-here): a PaddleDetection export's inputs (image, scale_factor) and outputs (the batch's boxes [M, 6], their
-count an image). The images are white pages of several sizes with red, green and blue rectangles
-(``standin_models.shapes``), PNG and JPEG, and a white one. PaddleX's own predictor on the same images is the reference
-(its pipeline is that predictor with the file's settings, and needs ``paddlex[cv]``, which the reference
-venv does not install): the same boxes, classes and order, coordinates within 2 px and scores within
-0.01, with 4 requests in flight so that the detector's batches join requests. PaddleX serving's
-``/object-detection`` answers with its own schema.
+Each file is PaddleX's own with its model the detector tests/support/standin_models.py builds (no detector can
+be downloaded here): under PicoDet-S's name (tests/support/object_detection_pipeline.yaml), a PaddleDetection
+export's inputs (image, scale_factor) and outputs (the batch's boxes [M, 6], their count an image); the same
+under PP-YOLOE_plus_SOD-S's (small_object_detection_pipeline.yaml); and under Mask-RT-DETR-S's, with RT-DETR's
+inputs and a mask a box (instance_segmentation_pipeline.yaml). The images are white pages of several sizes
+with red, green and blue rectangles (``standin_models.shapes``), PNG and JPEG, and a white one. PaddleX's own
+predictor on the same images is the reference (its pipeline is that predictor with the file's settings, and
+needs ``paddlex[cv]``, which the reference venv does not install): the same boxes, classes and order,
+coordinates within 2 px and scores within 0.01, each mask to the pixel, with 4 requests in flight (over v2
+REST and gRPC) so that the detector's batches join requests. PaddleX serving's ``/object-detection``,
+``/small-object-detection`` and ``/instance-segmentation`` answer with its own schemas (an instance's mask
+run-length encoded as PaddleX serving encodes it). The controls: a request's threshold no score passes leaves
+no box.
 """
 
 from __future__ import annotations
 
 import base64
-import concurrent.futures
+import json
 import shutil
 
 import httpx
@@ -32,12 +39,21 @@ def images():
     return standin_models.shapes_images()
 
 
+#: The other two pipelines: their repository names -> their files and models.
+OTHERS = {"small": ("small_object_detection_pipeline.yaml", standin_models.SMALL_DETECTION),
+          "instances": ("instance_segmentation_pipeline.yaml", standin_models.INSTANCES)}
+
+
+def _place(root, name: str, file: str, model: str):
+    standin_models.copy_to(model, root / name / model)
+    shutil.copyfile(PIPELINE.with_name(file), root / name / "pipeline.yaml")
+    return root
+
+
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory):
-    root = tmp_path_factory.mktemp("repository")
-    standin_models.copy_to(standin_models.DETECTION, root / "detect" / standin_models.DETECTION)
-    shutil.copyfile(PIPELINE, root / "detect" / "pipeline.yaml")
-    return root
+    root = _place(tmp_path_factory.mktemp("repository"), "detect", PIPELINE.name, standin_models.DETECTION)
+    return _place(root, "small", *OTHERS["small"])
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +71,14 @@ def reference(images):
 
 @pytest.fixture(scope="module")
 def served(repository):
-    with paddlex_reference.served(repository, "detect") as proc:
+    with paddlex_reference.served(repository, "detect,small") as proc:
+        yield proc
+
+
+@pytest.fixture(scope="module")
+def instances(tmp_path_factory):
+    root = _place(tmp_path_factory.mktemp("instances"), "instances", *OTHERS["instances"])
+    with paddlex_reference.served(root, "instances") as proc:
         yield proc
 
 
@@ -73,10 +96,16 @@ def _iou(a, b) -> float:
     return inter / ((a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter)
 
 
+def _objects(objects) -> dict[str, list]:
+    """PaddleX serving's detected objects (or instances) as the typed outputs hold them."""
+    return {"class_ids": [o.categoryId for o in objects], "label_names": [o.categoryName for o in objects],
+            "scores": [o.score for o in objects], "coordinates": [list(o.bbox) for o in objects]}
+
+
 def test_the_boxes_are_paddlexs(served, images, reference):
     url = served.url[len("http://"):]
-    with concurrent.futures.ThreadPoolExecutor(4) as pool:  # the detector's batches join requests
-        answers = list(pool.map(lambda image: over_v2(url, image[0]), images))
+    # the detector's batches join requests
+    answers = paddlex_reference.together(served, over_v2, [data for data, _ in images])
     wrong = {i: differences(a, r) for i, (a, r) in enumerate(zip(answers, reference)) if differences(a, r)}
     assert wrong == {}, wrong
     # And they are the rectangles drawn: each found, of its colour, overlapping it by 80% or more.
@@ -108,11 +137,7 @@ def test_paddlex_servings_api_answers_with_its_schema(served, images, reference)
         answer = httpx.post(f"{served.url}/object-detection",
                             json={"image": base64.b64encode(images[0][0]).decode(), **body}, timeout=120)
         assert answer.status_code == 200, answer.text
-        result = AIStudioResultResponse[InferResult].model_validate(answer.json()).result
-        found = {"class_ids": [o.categoryId for o in result.detectedObjects],
-                 "label_names": [o.categoryName for o in result.detectedObjects],
-                 "scores": [o.score for o in result.detectedObjects],
-                 "coordinates": [list(o.bbox) for o in result.detectedObjects]}
+        found = _objects(AIStudioResultResponse[InferResult].model_validate(answer.json()).result.detectedObjects)
         assert not differences(found, expected), (found, expected)
 
 
@@ -147,3 +172,63 @@ def test_the_detector_is_a_model_of_the_repository_batched_as_the_file_says(serv
         {"name": "scores", "datatype": "FP32", "shape": [-1]},
         {"name": "label_names", "datatype": "BYTES", "shape": [-1]},
         {"name": "coordinates", "datatype": "FP32", "shape": [-1, 4]}]
+
+
+@pytest.fixture(scope="module")
+def others(images):
+    """PaddleX's answers of the other two: each image with the file's threshold 0.5, then the first with a
+    request's 1.0: their boxes and, of instances, masks."""
+    asked = [(data, {}) for data, _ in images] + [(images[0][0], {"threshold": 1.0})]
+    return {name: paddlex_reference.reference_model(model, standin_models.export(model), asked, {"threshold": 0.5},
+                                                    ("boxes", "masks") if name == "instances" else ("boxes",))
+            for name, (_, model) in OTHERS.items()}
+
+
+@pytest.mark.parametrize("name", list(OTHERS))
+def test_the_other_pipelines_boxes_and_masks_are_paddlexs(request, images, others, name):
+    served = request.getfixturevalue("instances" if name == "instances" else "served")
+
+    def ask(target: str, job) -> tuple[dict, list | None]:
+        data, parameters = job
+        result = paddlex_reference.over_v2(target, name, data, parameters)
+        return paddlex_reference.as_lists(result, KEYS), json.loads(result.as_numpy("result")[0]).get("masks")
+
+    asked = [(data, None) for data, _ in images] + [(images[0][0], {"threshold": 1.0})]
+    answers = paddlex_reference.together(served, ask, asked)  # the detector's batches join requests
+    wrong = {i: (a, r["boxes"]) for i, ((a, _), r) in enumerate(zip(answers, others[name]))
+             if differences(a, paddlex_reference.box_fields(r["boxes"]))}
+    assert wrong == {}, wrong
+    assert [masks for _, masks in answers] == [r.get("masks") for r in others[name]]
+    # The stand-in finds what was drawn (each rectangle's colour, in some order), an instance's mask the
+    # rectangle's pixels in its box; the controls find none.
+    assert [sorted(a["label_names"]) for a, _ in answers[:len(IMAGES)]] == \
+        [sorted(colour for colour, _ in drawn) for _, drawn in images[:len(IMAGES)]]
+    if name == "instances":
+        filled = [np.mean(mask) for _, masks in answers[:len(IMAGES)] for mask in masks]
+        assert filled and min(filled) > 0.8, filled
+    assert answers[len(IMAGES)][0]["label_names"] == [] and answers[-1][0]["label_names"] == []
+
+
+def test_paddlex_servings_small_object_and_instance_apis_answer_with_their_schemas(served, instances, images, others):
+    import pycocotools.mask as mask_util
+    from paddlex.inference.serving.infra.models import AIStudioResultResponse
+    from paddlex.inference.serving.schemas import instance_segmentation, small_object_detection
+
+    body = {"image": base64.b64encode(images[0][0]).decode()}
+    answer = httpx.post(f"{served.url}/small-object-detection", json=body, timeout=120)
+    assert answer.status_code == 200, answer.text[:500]
+    found = AIStudioResultResponse[small_object_detection.InferResult].model_validate(answer.json()).result
+    assert not differences(_objects(found.detectedObjects), paddlex_reference.box_fields(others["small"][0]["boxes"]))
+    answer = httpx.post(f"{instances.url}/instance-segmentation", json=body, timeout=120)
+    assert answer.status_code == 200, answer.text[:500]
+    found = AIStudioResultResponse[instance_segmentation.InferResult].model_validate(answer.json()).result
+    assert not differences(_objects(found.instances), paddlex_reference.box_fields(others["instances"][0]["boxes"]))
+    # Each mask, decoded by pycocotools as a client of PaddleX serving decodes it, is PaddleX's.
+    decoded = [mask_util.decode({"counts": o.mask.rleResult, "size": list(o.mask.size)}).tolist()
+               for o in found.instances]
+    assert decoded == others["instances"][0]["masks"]
+    none = httpx.post(f"{instances.url}/instance-segmentation", json={**body, "threshold": 1.0}, timeout=120)
+    assert none.status_code == 200 and none.json()["result"]["instances"] == [], none.text[:500]
+    for url, path in ((served.url, "/small-object-detection"), (instances.url, "/instance-segmentation")):
+        refused = httpx.post(f"{url}{path}", json={"image": "***"}, timeout=30)
+        assert refused.status_code == 422 and "image is not base64" in refused.json()["errorMsg"]

@@ -15,7 +15,8 @@ models' names and labels; what they compute is fixed, not learnt:
 - **layout** (``layout_network(FRAMES)``): for each band and class, the pixels of the class's frame colour
   (each channel within ``TOLERANCE``); the box their extent (the largest and smallest coordinate among them,
   exact to a pixel of the 800x800 input), its score ``0.95 (1 - exp(-pixels / 20))``: about 0.95 for a frame,
-  0 where there is none.
+  0 where there is none. PaddleX's layout_parsing pipeline's ``RT-DETR-H_layout_17cls`` (``LAYOUT_17``) is
+  the same network over that model's 17 classes.
 - **regions** (``layout_network(None)``): the same over every pixel that is not white (ink and frames): one
   ``Region`` box a band that holds anything.
 - **table orientation** (``upright_network``, folder ``TABLE_ORIENTATION``): PP-StructureV3 runs PaddleOCR's
@@ -43,6 +44,11 @@ LAYOUT_LABELS = ("paragraph_title", "image", "text", "number", "abstract", "cont
                  "formula", "table", "reference", "doc_title", "footnote", "header", "algorithm", "footer", "seal",
                  "chart", "formula_number", "aside_text", "reference_content")
 REGION_LABELS = ("Region",)
+#: PaddleX's layout_parsing pipeline's layout detector, and its 17 classes in its order: the same stand-in.
+LAYOUT_17 = "RT-DETR-H_layout_17cls"
+LAYOUT_17_LABELS = ("paragraph_title", "image", "text", "number", "abstract", "content", "figure_title", "formula",
+                    "table", "table_title", "reference", "doc_title", "footnote", "header", "algorithm", "footer",
+                    "seal")
 SIDE = 800  # the detectors' input side
 
 LAYOUT_YML = """\
@@ -160,6 +166,10 @@ MODELS = {
                                                            ([None, 3, SIDE, SIDE], "float32", "image"),
                                                            ([None, 2], "float32", "scale_factor")],
              yml(REGION, REGION_LABELS)),
+    LAYOUT_17: (lambda: layout_network(FRAMES, LAYOUT_17_LABELS), [([None, 2], "float32", "im_shape"),
+                                                               ([None, 3, SIDE, SIDE], "float32", "image"),
+                                                               ([None, 2], "float32", "scale_factor")],
+                yml(LAYOUT_17, LAYOUT_17_LABELS)),
     TABLE_ORIENTATION: (upright_network, [([None, 3, 224, 224], "float32", "x")], ORIENTATION_YML),
 }
 

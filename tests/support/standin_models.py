@@ -28,6 +28,10 @@ ones; what they compute is fixed, not learnt:
   spread there (a uniform rectangle spans its mean +- sqrt(3) standard deviations), its score
   ``1 - exp(-8 * the share of the cell covered)``. The same network is ``PP-YOLOE_plus_SOD-S`` too, for
   PaddleX's ``small_object_detection`` pipeline.
+- **instance segmentation** (``instance_network``): Mask-RT-DETR's export under ``Mask-RT-DETR-S``'s name, the
+  detector's with RT-DETR's three inputs (``im_shape``, ``image``, ``scale_factor``) and a third output, a mask
+  a box ``[M, H, W]`` at the image's own size (int32, 1 where the pixel is the box's colour, anywhere in the
+  image: PaddleX cuts each to its box).
 - **multi-label classification** (``multilabel_network``): PaddleClas's export under
   ``PP-LCNet_x1_0_ML``'s name, the image resized to 448x448 -> a score of each of ``red``, ``green``, ``blue`` (``MultiLabelThreshOutput``,
   threshold 0.5, as PaddleX's multi-label models have it): ``1 - exp(-300 * the share of the pixels of that
@@ -67,6 +71,8 @@ DETECTION = "PicoDet-S"
 MULTILABEL = "PP-LCNet_x1_0_ML"
 #: The detector stand-in again, under the name of a model of PaddleX's small_object_detection module.
 SMALL_DETECTION = "PP-YOLOE_plus_SOD-S"
+#: The detector stand-in with masks, under the name of PaddleX's instance_segmentation pipeline's model.
+INSTANCES = "Mask-RT-DETR-S"
 SEGMENTATION = "PP-LiteSeg-T"
 LABELS = ("0", "90", "180", "270")
 #: The detector's classes, its input's side and its grid of cells (a box a cell).
@@ -152,6 +158,11 @@ label_list:
 #: and steps; its architecture's name is its own.
 SMALL_DETECTION_YML = DETECTION_YML.replace(f"model_name: {DETECTION}", f"model_name: {SMALL_DETECTION}").replace(
     "arch: GFL", "arch: YOLO")
+
+
+#: Mask-RT-DETR's export is DETR's: its Preprocess is the detector stand-in's.
+INSTANCES_YML = DETECTION_YML.replace(f"model_name: {DETECTION}", f"model_name: {INSTANCES}").replace(
+    "arch: GFL", "arch: DETR")
 
 
 def _channels(layer, values):
@@ -263,12 +274,16 @@ def detection_network():
             self.ys = self.create_parameter([1, 1, SIDE, 1], default_initializer=constant(
                 centres.reshape(1, 1, SIDE, 1)))
 
-        def forward(self, image, scale_factor):
+        def colours(self, image):
+            """Each colour's pixels, [N, 3, SIDE, SIDE], 0..1."""
             rgb = image * self.std + self.mean
             r, g, b = rgb[:, 0:1], rgb[:, 1:2], rgb[:, 2:3]
             strength = paddle.concat([r - paddle.maximum(g, b), g - paddle.maximum(r, b),
                                       b - paddle.maximum(r, g)], axis=1)
-            mask = F.sigmoid(20 * (strength - 0.4))  # each colour's pixels, [N, 3, SIDE, SIDE]
+            return F.sigmoid(20 * (strength - 0.4))
+
+        def forward(self, image, scale_factor):
+            mask = self.colours(image)
 
             def pooled(value):
                 return F.avg_pool2d(value, cell, stride=cell)  # a mean a cell, [N, 3, GRID, GRID]
@@ -296,6 +311,34 @@ def detection_network():
             return boxes, counts
 
     return Detector()
+
+
+def instance_network():
+    """The instance segmentation stand-in: ``(im_shape, image, scale_factor) -> (the detector's boxes
+    [N * 16, 6], counts [N], masks [N * 16, H, W])``, each box's mask its colour's pixels at the first image's
+    own size (PaddleX's instance_segmentation file runs a batch of one)."""
+    import paddle
+
+    F = paddle.nn.functional
+
+    class Instances(paddle.nn.Layer):
+        def __init__(self):
+            super().__init__()
+            self.detector = detection_network()
+
+        def forward(self, im_shape, image, scale_factor):
+            boxes, counts = self.detector(image, scale_factor)
+            # The original size: the input's over its scale (PaddleX's ToBatch gives [h, w] of each); at least
+            # a pixel and at most 2^14 (a warm-up's zeros give no size).
+            size = paddle.clip(paddle.round(im_shape[0] / paddle.clip(scale_factor[0], min=1e-6)), 1, 1 << 14)
+            size = size.astype("int32")
+            pixels = F.interpolate((self.detector.colours(image) > 0.5).astype("float32"),
+                                   size=[size[0], size[1]], mode="nearest")  # [N, 3, H, W]
+            colour = boxes[:, 0].astype("int64") + 3 * (paddle.arange(paddle.shape(boxes)[0]) // (GRID * GRID))
+            masks = paddle.gather(pixels.flatten(0, 1), colour)  # each box's colour's pixels, [M, H, W]
+            return boxes, counts, masks.astype("int32")
+
+    return Instances()
 
 
 SEGMENTATION_YML = f"""\
@@ -457,6 +500,9 @@ def _build(root: Path) -> None:
                 (SMALL_DETECTION, detection_network(), [spec([None, 3, SIDE, SIDE], "float32", "image"),
                                                         spec([None, 2], "float32", "scale_factor")],
                  SMALL_DETECTION_YML),
+                (INSTANCES, instance_network(), [spec([None, 2], "float32", "im_shape"),
+                                                  spec([None, 3, SIDE, SIDE], "float32", "image"),
+                                                  spec([None, 2], "float32", "scale_factor")], INSTANCES_YML),
                 (MULTILABEL, multilabel_network(),
                  [spec([None, 3, MULTILABEL_SIDE, MULTILABEL_SIDE], "float32", "x")], MULTILABEL_YML)):
             net.eval()

@@ -140,7 +140,7 @@ async def _pdf_pages(schemas, call: Call, gateway: Gateway, asked: dict[str, Any
         asked["request"] = request = _parse(schemas, call.body)
         if request.fileType != 0 or _is_url(request.file) and "data" not in asked:  # (an unfetched URL: refused)
             return None
-        asked["log_id"] = request.logId or None
+        asked["log_id"] = getattr(request, "logId", None) or None  # (layout_parsing's request has none)
         data = asked.get("data") or _decoded("file", request.file)
         settings = gateway.settings
         if len(data) > settings.max_pdf_bytes:
@@ -317,6 +317,23 @@ def _detection_result(schemas, models, utils, pages, info, log_id):
         for box in _result(outputs).get("boxes") or []])
 
 
+def _instances_result(schemas, models, utils, pages, info, log_id):
+    """PaddleX serving's instances: each box's coordinates, class id and name, score, and its mask (PaddleX's
+    result holds it cut to the box) run-length encoded by PaddleX serving's own ``_rle``."""
+    from paddlex.inference.serving.basic_serving._pipeline_apps.instance_segmentation import _rle
+
+    outputs, = pages
+    found = _result(outputs)
+    instances = []
+    for box, mask in zip(found.get("boxes") or [], found.get("masks") or []):
+        mask = np.asarray(mask, dtype=np.uint8)
+        if mask.ndim != 2:  # a box under a pixel high: its mask's JSON is [], its width lost
+            mask = mask.reshape(0, 0)
+        instances.append({"bbox": box["coordinate"], "categoryId": box["cls_id"], "categoryName": box["label"],
+                          "score": box["score"], "mask": {"rleResult": _rle(mask), "size": list(mask.shape)}})
+    return schemas.InferResult(instances=instances)
+
+
 def _document(path: str, pipelines: tuple[str, ...], what: str) -> Endpoint:
     """The endpoint of PaddleX serving's app for a document pipeline: a file (an image, or a PDF read page by
     page) and the pipeline's settings."""
@@ -353,6 +370,8 @@ ENDPOINTS = (
            "a threshold that is not a number or a mapping"),
     _image("/small-object-detection", "small_object_detection", "small object detection", _detection_result,
            '"threshold": 0.5', "a threshold that is not a number or a mapping"),
+    _image("/instance-segmentation", "instance_segmentation", "instance segmentation", _instances_result,
+           '"threshold": 0.5', "a threshold that is not a number"),
 )
 assert {e.path for e in ENDPOINTS} == PADDLEX_PATHS
 

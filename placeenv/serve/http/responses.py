@@ -62,7 +62,8 @@ def error_key(path: str) -> str:
 #: The paths of PaddleX serving's API (http/paddlex.py), whose errors are its shape.
 PADDLEX_PATHS = frozenset({"/ocr", "/layout-parsing", "/table-recognition", "/seal-recognition",
                            "/formula-recognition", "/document-preprocessing", "/image-classification",
-                           "/multilabel-image-classification", "/object-detection", "/small-object-detection"})
+                           "/multilabel-image-classification", "/object-detection", "/small-object-detection",
+                           "/instance-segmentation"})
 
 
 def error_body(path: str, detail: Any, status: int, log_id: str | None = None) -> dict[str, Any]:

@@ -287,6 +287,7 @@ FIELDS: dict[str, tuple[tuple[TensorSpec, ...], Callable[[dict, Any, dict], dict
     "image_multilabel_classification": (_CLASSES, _classes),
     "object_detection": (_BOXES, _boxes),
     "small_object_detection": (_BOXES, _boxes),
+    "instance_segmentation": (_BOXES, _boxes),  # each box's mask (cut to the box) is in ``result``
     "doc_preprocessor": ((TensorSpec("angle", "INT32", (1,)), TensorSpec("output_img", "UINT8", (1, -1, -1, 3))),
                          _page),
     "semantic_segmentation": ((TensorSpec("pred", "INT32", (1, -1, -1)),), _segments),
