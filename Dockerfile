@@ -34,8 +34,9 @@ RUN python3 -m venv /opt/venv \
          && pip config --site set global.cert /opt/build-ca.pem; \
        fi
 
-# The service's virtualenv.
-FROM pip-base AS build
+# The service's virtualenv without the project: its dependencies, read from pyproject.toml alone, so
+# that a change to the source rebuilds the project's small layer, not these gigabytes.
+FROM pip-base AS deps
 # cpu: the paddlepaddle wheel from PyPI (what pyproject.toml depends on).
 # gpu: paddlepaddle-gpu from Paddle's own index, in place of the CPU wheel.
 ARG PADDLE=cpu
@@ -43,13 +44,27 @@ ARG PADDLE_GPU_INDEX=https://www.paddlepaddle.org.cn/packages/stable/cu126/
 # Paddle first, in its own layer: by far the largest download, and it changes
 # far less often than the project's source.
 RUN pip install 'paddlepaddle>=3.3,<3.4'
-COPY . /src
-RUN pip install '/src[grpc]' \
+COPY pyproject.toml /src/pyproject.toml
+# The grpc extra's requirements, the placeenv[...] extras it names expanded (tomllib from Python 3.11,
+# pip's vendored tomli before it).
+RUN python -c "import importlib, sys; \
+toml = importlib.import_module('tomllib' if sys.version_info >= (3, 11) else 'pip._vendor.tomli'); \
+project = toml.load(open('/src/pyproject.toml', 'rb'))['project']; \
+extras = project['optional-dependencies']; \
+of = lambda extra: [r for given in extras[extra] \
+                    for r in (of(given[9:-1]) if given.startswith('placeenv[') else [given])]; \
+print('\n'.join(dict.fromkeys(project['dependencies'] + of('grpc'))))" > /tmp/requirements.txt \
+    && pip install -r /tmp/requirements.txt \
     && if [ "$PADDLE" = "gpu" ]; then \
          pip uninstall -y paddlepaddle \
          && pip install 'paddlepaddle-gpu>=3.3,<3.4' -i "$PADDLE_GPU_INDEX"; \
        fi \
     && rm -f /opt/venv/pip.conf
+
+# The project itself, a wheel: the api stage installs it over the dependencies, offline.
+FROM pip-base AS build
+COPY . /src
+RUN pip wheel --no-deps --wheel-dir /wheels /src
 
 # The load generator's virtualenv: what loadtest/ imports, no Paddle.
 FROM pip-base AS build-locust
@@ -89,7 +104,9 @@ RUN command -v g++ >/dev/null \
     || (apt-get update \
         && apt-get install -y --no-install-recommends g++ \
         && rm -rf /var/lib/apt/lists/*)
-COPY --from=build /opt/venv /opt/venv
+COPY --from=deps /opt/venv /opt/venv
+COPY --from=build /wheels /tmp/wheels
+RUN pip install --no-deps --no-index /tmp/wheels/*.whl && rm -rf /tmp/wheels
 WORKDIR /app
 # Unprivileged user; it owns the sim cache so a rebuild (new headers) can still write it. The
 # shim that runs Predictors without the GIL (placeenv.native) is built into XDG_CACHE_HOME.
