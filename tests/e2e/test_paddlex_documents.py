@@ -13,7 +13,6 @@ recognition threshold no text passes, empties a table's cells.
 from __future__ import annotations
 
 import base64
-import json
 
 import cv2
 import httpx
@@ -85,23 +84,12 @@ def _read(name: str, result: dict, held) -> bool:
 @pytest.mark.timeout(1200)  # PaddleX's own runs are this test's set-up
 def test_each_input_is_read_as_paddlex_reads_it(served, case):
     name, inputs, reference = case
-    def over_v2(target: str, data: bytes) -> dict:
-        return json.loads(paddlex_reference.over_v2(target, name, data).as_numpy("result")[0])
-
-    # inputs in flight together, their calls batched
-    answers = paddlex_reference.together(served, over_v2, [data for data, _ in inputs])
-    for seed, (answer, expected) in enumerate(zip(answers, reference)):
-        assert paddlex_reference.near(answer, expected["result"]) == [], f"{name} {seed}"
+    # Over v2 (inputs in flight together, their calls batched) and PaddleX serving's own endpoint.
+    _, _, path, key = PIPELINES[name]
+    answers = paddlex_reference.documents_as_paddlex(served, name, [data for data, _ in inputs], reference, path, key)
     # The stand-ins read them (PP-OCRv5 reads a seal's red O as Q at times, PaddleX as the service).
     read = sum(_read(name, answer, held) for answer, (_, held) in zip(answers, inputs))
     assert read >= (COUNT - 3 if name == "seals" else COUNT), f"{read} of {COUNT} {name} read"
-    # PaddleX serving's own request and answer, on its endpoint.
-    _, _, path, key = PIPELINES[name]
-    body = {"file": base64.b64encode(inputs[0][0]).decode(), "fileType": 1}
-    answer = httpx.post(f"{served.url}{path}", json=body, timeout=300)
-    assert answer.status_code == 200, answer.text[:500]
-    (page,) = answer.json()["result"][key]
-    assert paddlex_reference.near(page["prunedResult"], reference[0]["result"]) == []
 
 
 def test_a_setting_reaches_paddlex_and_the_reading_can_fail(served):

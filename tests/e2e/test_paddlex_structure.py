@@ -30,6 +30,7 @@ from support.servers import ServiceProcess
 
 PIPELINE = standin_models.STRUCTURE_PIPELINE
 SEEDS = tuple(range(8))
+LEAKS = "placeenv_device_leaks_total"
 
 
 @pytest.fixture(scope="module")
@@ -153,11 +154,6 @@ def test_its_models_are_the_modules_paddlex_builds(served):
     assert [o["name"] for o in outputs] == ["result", "markdown"]
 
 
-def _leaks(url: str) -> float:
-    return sum(float(v) for v in re.findall(r'^placeenv_device_leaks_total\{[^}]*\} ([0-9.e+]+)$',
-                                            httpx.get(f"{url}/metrics", timeout=30).text, re.M))
-
-
 def _locust(url: str, csv, seconds: int = 20, finish: int = 300, until=None):
     """Locust's load test (loadtest/, which drives POST /ocr with real pages, as images and PDFs, when a
     PaddleX OCR pipeline is served, and POST /layout-parsing with PDFs of document pages when a PP-StructureV3
@@ -210,13 +206,13 @@ def test_locust_through_paddlex_servings_api_has_no_leak_and_reads_every_page(bo
                           isolation=isolation, request_timeout_s=240)
     try:
         proc.wait_ready(600)  # (some 30 models: on a busy 2-core machine, minutes)
-        before = _leaks(proc.url)  # (without isolation, the models' warm-up may have leaked already)
+        before = proc.total(LEAKS)  # (without isolation, the models' warm-up may have leaked already)
         if isolation == "on":
             code, output = _locust(proc.url, tmp_path / "run")
         else:
             code, output = _locust(proc.url, tmp_path / "run", seconds=300, finish=0,
-                                   until=lambda: _leaks(proc.url) > before)
-        leaks = _leaks(proc.url) - before
+                                   until=lambda: proc.total(LEAKS) > before)
+        leaks = proc.total(LEAKS) - before
     finally:
         proc.stop() if isolation == "on" else proc.kill()
     found = re.search(r"requests (\d+), failures (\d+)", output)

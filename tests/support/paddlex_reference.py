@@ -30,6 +30,7 @@ Nothing here skips: what is missing is an ``Unavailable`` that says what to inst
 
 from __future__ import annotations
 
+import base64
 import concurrent.futures
 import contextlib
 import fcntl
@@ -550,6 +551,28 @@ def together(proc, ask: Callable[[str, Any], Any], jobs: list, threads: int = 4)
     both = targets(proc)
     with concurrent.futures.ThreadPoolExecutor(threads) as pool:
         return list(pool.map(lambda i: ask(both[i % 2], jobs[i]), range(len(jobs))))
+
+
+def documents_as_paddlex(proc, model: str, inputs: list[bytes], reference: list[dict], path: str,
+                         key: str) -> list[dict]:
+    """A served document pipeline's results of ``inputs`` (``result``, as PaddleX serving prunes it) over v2,
+    in flight together (``together``), each checked against PaddleX's (``reference_documents``' answers), and
+    the first input's through PaddleX serving's own endpoint ``path`` (its result list ``key``) too: the
+    v2 results."""
+    import httpx
+
+    def ask(target: str, data: bytes) -> dict:
+        return json.loads(over_v2(target, model, data).as_numpy("result")[0])
+
+    answers = together(proc, ask, inputs)
+    for seed, (answer, expected) in enumerate(zip(answers, reference)):
+        assert near(answer, expected["result"]) == [], f"{model} {seed}"
+    body = {"file": base64.b64encode(inputs[0]).decode(), "fileType": 1}
+    answer = httpx.post(f"{proc.url}{path}", json=body, timeout=300)
+    assert answer.status_code == 200, answer.text[:500]
+    (page,) = answer.json()["result"][key]
+    assert near(page["prunedResult"], reference[0]["result"]) == []
+    return answers
 
 
 def over_v2(url: str, model: str, data: bytes, parameters: dict | None = None):
