@@ -147,10 +147,19 @@ def python() -> Path:
 CV_EXTRA = ("faiss-cpu", "matplotlib", "pycocotools<=2.0.8", "scikit-image")
 
 
+#: What ``paddlex[ts]`` adds: PaddleX's time-series pipelines refuse to start without them.
+TS_EXTRA = ("chinese-calendar", "joblib", "matplotlib", "scikit-learn")
+
+
 def cv_python() -> Path:
-    """An interpreter that sees the reference venv (its site-packages by a ``.pth``) and ``CV_EXTRA`` too, for
-    ``paddlex --serve`` of a vision pipeline (benchmarks/paddlex_serving.py --detection); made on first use,
-    beside the reference venv, which it leaves as it is."""
+    """An interpreter that sees the reference venv and ``CV_EXTRA`` too (``extra_python``), for ``paddlex
+    --serve`` of a vision pipeline (benchmarks/paddlex_serving.py --detection)."""
+    return extra_python("cv", CV_EXTRA)
+
+
+def extra_python(extra: str, packages: tuple[str, ...]) -> Path:
+    """An interpreter that sees the reference venv (its site-packages by a ``.pth``) and ``packages`` too (what
+    ``paddlex[extra]`` adds); made on first use, beside the reference venv, which it leaves as it is."""
     reference = python()
 
     def make(target: Path) -> dict:
@@ -160,10 +169,10 @@ def cv_python() -> Path:
 
         (site(target / "bin" / "python") / "paddlex-reference.pth").write_text(f"{site(reference)}\n")
         _run([str(target / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-              *CV_EXTRA], f"pip install {' '.join(CV_EXTRA)} (paddlex[cv], from PyPI, into {target})")
-        return {"over": str(venv_dir()), "packages": CV_EXTRA}
+              *packages], f"pip install {' '.join(packages)} (paddlex[{extra}], from PyPI, into {target})")
+        return {"over": str(venv_dir()), "packages": packages}
 
-    return _made(venv_dir().with_name(venv_dir().name + "-cv"), make)
+    return _made(venv_dir().with_name(f"{venv_dir().name}-{extra}"), make)
 
 
 def models() -> Path:
@@ -486,6 +495,46 @@ def reference_classification(model_name: str, model_dir: Path | str, images: lis
                            timeout)
 
 
+#: The script reference_forecast runs in the venv: argv is the pipeline YAML, a JSON list of CSV paths and the
+#: JSON file to write. Each CSV is read and the forecast written as PaddleX serving's app reads and writes them.
+TS_RUNNER = r'''
+import json, sys
+from paddlex import create_pipeline
+from paddlex.inference.serving.basic_serving._pipeline_apps._common.common import prune_result
+from paddlex.inference.serving.infra.utils import csv_bytes_to_data_frame, data_frame_to_bytes
+pipeline = create_pipeline(pipeline=sys.argv[1], device="cpu")
+results = []
+for path in json.loads(sys.argv[2]):
+    with open(path, "rb") as given:
+        (result,) = list(pipeline.predict(csv_bytes_to_data_frame(given.read())))
+    results.append({"result": prune_result(result.json["res"]), "csv": data_frame_to_bytes(result["forecast"]).decode()})
+with open(sys.argv[3], "w") as out:
+    json.dump(results, out)
+'''
+
+
+def reference_forecast(pipeline_yaml: Path | str, series: list[bytes], timeout: float = 900) -> list[dict]:
+    """PaddleX's time-series forecasting pipeline on each CSV of ``series``, as PaddleX serving runs it: per
+    series its ``result`` (pruned as PaddleX serving prunes it) and the forecast's ``csv``; kept (``_kept``)."""
+    pipeline_yaml = Path(pipeline_yaml)
+
+    def compute() -> list[dict]:
+        interpreter = extra_python("ts", TS_EXTRA)
+        with tempfile.TemporaryDirectory(prefix="paddlex-reference-") as scratch:
+            paths = []
+            for i, data in enumerate(series):
+                paths.append(str(Path(scratch) / f"{i:04d}.csv"))
+                Path(paths[-1]).write_bytes(data)
+            out, script = Path(scratch) / "out.json", Path(scratch) / "runner.py"
+            script.write_text(TS_RUNNER)
+            _run([str(interpreter), str(script), str(pipeline_yaml), json.dumps(paths), str(out)],
+                 f"PaddleX {PADDLEX}'s pipeline {pipeline_yaml} in {interpreter.parents[1]}", timeout=timeout,
+                 env=environment())
+            return json.loads(out.read_text())
+
+    return _kept([TS_RUNNER, _pipeline_text(pipeline_yaml), *series], compute)
+
+
 def serve_command(pipeline_yaml: Path | str, port: int, host: str = "127.0.0.1", cv: bool = False) -> list[str]:
     """``paddlex --serve`` for ``pipeline_yaml`` on the CPU, from the reference venv (``cv``: with
     ``paddlex[cv]``, ``cv_python``)."""
@@ -575,20 +624,21 @@ def documents_as_paddlex(proc, model: str, inputs: list[bytes], reference: list[
     return answers
 
 
-def over_v2(url: str, model: str, data: bytes, parameters: dict | None = None):
-    """tritonclient's result of ``model`` (a served PaddleX pipeline) on one encoded image over v2 REST (``url``:
-    host:port; its outputs binary) or, where ``url`` is grpc://host:port, over v2 gRPC."""
+def over_v2(url: str, model: str, data: bytes, parameters: dict | None = None, given: str = "image"):
+    """tritonclient's result of ``model`` (a served PaddleX pipeline) on one encoded image (or the file its input
+    ``given`` takes) over v2 REST (``url``: host:port; its outputs binary) or, where ``url`` is grpc://host:port,
+    over v2 gRPC."""
     if url.startswith("grpc://"):
         import tritonclient.grpc as tg
 
-        image = tg.InferInput("image", [1], "BYTES")
+        image = tg.InferInput(given, [1], "BYTES")
         image.set_data_from_numpy(np.array([data], dtype=object))
         return tg.InferenceServerClient(url[len("grpc://"):]).infer(model, [image], parameters=parameters,
                                                                      client_timeout=120)
     import tritonclient.http as th
 
     client = th.InferenceServerClient(url, network_timeout=120)
-    image = th.InferInput("image", [1], "BYTES")
+    image = th.InferInput(given, [1], "BYTES")
     image.set_data_from_numpy(np.array([data], dtype=object), binary_data=True)
     return client.infer(model, [image], parameters=parameters)
 

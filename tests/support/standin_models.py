@@ -42,6 +42,9 @@ ones; what they compute is fixed, not learnt:
   its argmax): 1, 2, 3 where the pixel is red, green or blue (its channel over the other two by 0.4 of 0..1),
   else 0, the background.
 
+The time-series forecaster under PaddleTS's ``DLinear`` name, for PaddleX's ``ts_forecast`` pipeline, is in
+standin_ts.py (its scaler beside it).
+
 ``place_structure(directory)`` (``python -m tests.support.standin_models --structure DIR`` from the checkout's
 root) places PaddleX's PP-StructureV3 file with PP-OCRv5 mobile's exports and PP-StructureV3's stand-ins
 (standin_layout.py, standin_tables.py, standin_formula.py) as a repository's pipeline.
@@ -442,9 +445,10 @@ def turned(data: bytes, angle: int, bow: bool = False) -> bytes:
     return cv2.imencode(".png", image)[1].tobytes()
 
 
-#: The modules of PP-StructureV3's stand-ins (each a ``MODELS`` table: name -> (network, input specs,
-#: inference.yml)), built here with these.
-MODULES = ("standin_layout", "standin_tables", "standin_formula")
+#: The modules of PP-StructureV3's stand-ins and the time-series forecaster's (each a ``MODELS`` table: name ->
+#: (network, input specs, inference.yml), and any files beside them, ``FILES``: name -> what writes them into its
+#: folder), built here with these.
+MODULES = ("standin_layout", "standin_tables", "standin_formula", "standin_ts")
 
 
 def _modules():
@@ -520,6 +524,8 @@ def _build(root: Path) -> None:
                 paddle.jit.save(net, str(staging / name / "inference"),
                                 input_spec=[spec(shape, dtype, key) for shape, dtype, key in given])
                 (staging / name / "inference.yml").write_text(yml)
+            for name, write in getattr(module, "FILES", {}).items():
+                write(staging / name)
         staging.chmod(0o755)
         os.replace(staging, root)  # whole: a reader never sees a half-written export
     finally:
@@ -530,8 +536,9 @@ def copy_to(name: str, directory: Path) -> Path:
     """A copy of ``name``'s export in ``directory`` (made), as a user would place it beside a pipeline file."""
     source = export(name)
     directory.mkdir(parents=True, exist_ok=True)
-    for file in ("inference.json", "inference.pdiparams", "inference.yml"):
-        shutil.copyfile(source / file, directory / file)
+    for file in source.iterdir():  # (the network, inference.yml, and what else the export has: a scaler)
+        if file.is_file():
+            shutil.copyfile(file, directory / file.name)
     return directory
 
 

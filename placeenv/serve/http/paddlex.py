@@ -56,6 +56,7 @@ class Endpoint:
     about: str  # what GET / and a 405 say of it
     refused: str  # what its 422s refuse
     pdf: bool = False  # whether it reads PDFs (fileType 0), page by page
+    given: str = "image"  # the served pipeline's input the file is (models/paddlex_pipeline.py's INPUTS)
 
 
 def _schemas(kind: str):
@@ -97,7 +98,7 @@ async def serve(endpoint: Endpoint, gateway: Gateway, call: Call) -> Response:
 
     def read(data: bytes):
         def one(model, version) -> InferRequest:
-            return InferRequest(model.name, None, {"image": np.array([data], dtype=object)}, None,
+            return InferRequest(model.name, None, {endpoint.given: np.array([data], dtype=object)}, None,
                                 call.arrived, len(data), parameters=asked["parameters"] or None)
         return one
 
@@ -246,8 +247,8 @@ def _decoded(field: str, text: str) -> bytes:
     try:
         return base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):
-        raise InvalidInput(f"Invalid input file: {field} is not base64 (it starts {text[:16]!r}); send the image "
-                           "file's bytes in base64") from None
+        raise InvalidInput(f"Invalid input file: {field} is not base64 (it starts {text[:16]!r}); send the "
+                           f"{'CSV' if field == 'csv' else 'image'} file's bytes in base64") from None
 
 
 async def _fetched(body: bytes, field: str, gateway: Gateway) -> bytes | None:
@@ -334,6 +335,13 @@ def _instances_result(schemas, models, utils, pages, info, log_id):
     return schemas.InferResult(instances=instances)
 
 
+def _forecast_result(schemas, models, utils, pages, info, log_id):
+    """PaddleX serving's forecast: the pipeline's forecast as CSV (its app's ``data_frame_to_bytes``), base64; no
+    chart (``visualize`` draws nothing)."""
+    outputs, = pages
+    return schemas.InferResult(csv=utils.base64_encode(outputs["forecast"][0]), image=None)
+
+
 def _document(path: str, pipelines: tuple[str, ...], what: str) -> Endpoint:
     """The endpoint of PaddleX serving's app for a document pipeline: a file (an image, or a PDF read page by
     page) and the pipeline's settings."""
@@ -372,6 +380,12 @@ ENDPOINTS = (
            '"threshold": 0.5', "a threshold that is not a number or a mapping"),
     _image("/instance-segmentation", "instance_segmentation", "instance segmentation", _instances_result,
            '"threshold": 0.5', "a threshold that is not a number"),
+    Endpoint("/time-series-forecasting", ("ts_forecast",), "csv", lambda request: _decoded("csv", request.csv),
+             _forecast_result, "Time-series forecasting (PaddleX serving's API)",
+             "PaddleX serving's time-series forecasting API for a PaddleX ts_forecast pipeline file the repository "
+             'serves: a JSON body {"csv": "<base64 CSV>"}',
+             "a body that is not PaddleX's request, a CSV pandas cannot read or the model cannot take (too short, "
+             "without its columns), a URL", given="csv"),
 )
 assert {e.path for e in ENDPOINTS} == PADDLEX_PATHS
 

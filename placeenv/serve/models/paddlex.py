@@ -4,7 +4,8 @@
 One mechanism serves every pipeline whose networks run through PaddleX's runner (``paddlex_pipeline``):
 
     image (BYTES) -> <name>.pipeline (CPU workers: PaddleX's own pipeline object built from the file, one
-                     a worker; its ``predict`` on the image, under PlaceEnv('cpu'))
+                     a worker; its ``predict`` on the image, under PlaceEnv('cpu'); ts_forecast's input is a
+                     CSV, ``csv``)
                         each network call -> <name>.<SubModule> (the module's export, on the devices,
                                              batched across requests' calls of one shape)
                   -> result (PaddleX's result as JSON), and for the pipelines of FIELDS its fields typed
@@ -48,9 +49,11 @@ ENGINE_KEYS = ("engine", "engine_config", "use_hpip", "hpi_config", "device")
 #: CPU itself, the CPU device's workers run them (``--workers-per-device``), as any CPU step.
 CPU_WORKERS = 8
 CPU_WORKERS_VARIABLE = "PLACEENV_PADDLEX_CPU_WORKERS"
-#: PaddleX's pipelines whose input is not an image (the service reads an image a request), and what it is.
-NOT_IMAGES = {"ts_forecast": "a time series (CSV)", "ts_anomaly_detection": "a time series (CSV)",
-              "ts_classification": "a time series (CSV)", "video_classification": "a video",
+#: PaddleX's pipelines whose input the service does not read (an image a request, or the CSV of
+#: ``paddlex_pipeline.INPUTS``' pipelines), and what it is.
+NOT_IMAGES = {"ts_anomaly_detection": "a time series (CSV) whose result the service does not answer yet",
+              "ts_classification": "a time series (CSV) whose result the service does not answer yet",
+              "video_classification": "a video",
               "video_detection": "a video", "3d_bev_detection": "point clouds and camera images (a tar file)",
               "multilingual_speech_recognition": "audio", "text_to_speech": "text"}
 #: A module's model_dir that holds no export, as handed to PaddleX's probe: PaddleX says it does not exist.
@@ -104,7 +107,7 @@ def read(name: str, path: Path, max_batch_size: int, max_batch_delay_ms: float
         raise refuse("no pipeline_name: give PaddleX's pipeline file (its pipeline_name, SubModules, ...)")
     if kind in NOT_IMAGES:
         raise refuse(f"pipeline_name {kind}: its input is {NOT_IMAGES[kind]}; the service serves PaddleX's pipelines "
-                     "that read an image (docs/models.md lists them)")
+                     "that read an image, and ts_forecast (docs/models.md lists them)")
     try:
         workers = cpu_workers()
     except ValueError as exc:
@@ -131,15 +134,16 @@ def read(name: str, path: Path, max_batch_size: int, max_batch_delay_ms: float
     settings = {"kind": kind, "config": config, "links": links, "settings": table}
     cpu = ModelConfig(description=f"PaddleX's {kind} pipeline object ({path.name}), one a CPU worker",
                       max_batch_size=0, warmup=[], instance_group=[InstanceGroup(kind="cpu", count=workers)])
-    context = ModelContext(step, 1, path.parent, None, (seam.IMAGE,), outputs, settings)
+    given = seam.input_of(kind)
+    context = ModelContext(step, 1, path.parent, None, (given,), outputs, settings)
     entries[step] = Entry(step, path.parent, cpu, None,
                           {1: Version(seam.PaddleXPipeline, context, config_fingerprint(path))}, 0, 0.0)
     pipeline_config = ModelConfig(
         description=f"PaddleX's {kind} pipeline ({path.name}): "
                     + ", ".join(sorted({str(m.settings.get('model_name')) for m in used.values()})),
-        inputs=[TensorOverride(name="image", datatype="BYTES", shape=[1])],
+        inputs=[TensorOverride(name=given.name, datatype=given.datatype, shape=list(given.shape))],
         outputs=[TensorOverride(name=s.name, datatype=s.datatype, shape=list(s.shape)) for s in outputs],
-        pipeline=[Step(model=step, inputs={"image": "image"}, outputs={s.name: s.name for s in outputs})])
+        pipeline=[Step(model=step, inputs={given.name: given.name}, outputs={s.name: s.name for s in outputs})])
     return entries, pipeline_config, {"pipeline_name": kind, "settings": table}
 
 

@@ -247,6 +247,13 @@ def _page(res: dict, result, options: dict) -> dict[str, np.ndarray]:
             "output_img": np.ascontiguousarray(result["output_img"], dtype=np.uint8)[None]}
 
 
+def _forecast(res: dict, result, options: dict) -> dict[str, np.ndarray]:
+    # The forecast as PaddleX serving's app answers it: its DataFrame as CSV (``data_frame_to_bytes``).
+    from paddlex.inference.serving.infra.utils import data_frame_to_bytes
+
+    return {"forecast": np.array([data_frame_to_bytes(result["forecast"])], dtype=object)}
+
+
 def _segments(res: dict, result, options: dict) -> dict[str, np.ndarray]:
     # Each pixel's class, from PaddleX's result itself (its JSON holds the same map as lists).
     return {"pred": _rows(result["pred"], np.int32, (1, *np.shape(result["pred"])[-2:]))}
@@ -292,6 +299,7 @@ FIELDS: dict[str, tuple[tuple[TensorSpec, ...], Callable[[dict, Any, dict], dict
                          _page),
     "semantic_segmentation": ((TensorSpec("pred", "INT32", (1, -1, -1)),), _segments),
     "PP-StructureV3": ((TensorSpec("markdown", "BYTES", (1,)),), _markdown),
+    "ts_forecast": ((TensorSpec("forecast", "BYTES", (1,)),), _forecast),
 }
 #: A request's settings of how a pipeline's answer is rendered, not of its ``predict``: PaddleX serving's apps
 #: hand them to the result's own methods, as the step does (``FIELDS``' options): pipeline_name -> {setting:
@@ -301,6 +309,14 @@ RENDERING: dict[str, dict[str, str]] = {
 }
 RESULT = TensorSpec("result", "BYTES", (1,))
 IMAGE = TensorSpec("image", "BYTES", (1,))
+CSV = TensorSpec("csv", "BYTES", (1,))
+#: A pipeline's input where it is not an image (one encoded file a request, as PaddleX serving's app takes it):
+#: pipeline_name -> its spec. A CSV is a time series, read as PaddleX serving reads it (``series``).
+INPUTS = {"ts_forecast": CSV}
+
+
+def input_of(kind: str) -> TensorSpec:
+    return INPUTS.get(kind, IMAGE)
 
 
 def outputs_of(kind: str) -> tuple[TensorSpec, ...]:
@@ -330,15 +346,28 @@ class PaddleXPipeline(Model):
 
     def preprocess(self, inputs):
         checks.settings(self.context.parameters["settings"], self.request_parameters)  # a bad one: this request's 400
+        if input_of(self.context.parameters["kind"]) is CSV:  # (preprocess may run where load did not)
+            data = one_file(inputs, CSV.name, "a CSV file's bytes (UTF-8)")
+            series(data)  # (what pandas cannot read: this request's 400)
+            return {CSV.name: np.frombuffer(data, np.uint8)[None]}  # (its bytes as a row, to the step)
         return {"image": decoded(inputs)[None]}
 
     def execute(self, inputs):
-        page = inputs["image"].numpy()[0]
+        given = inputs[input_of(self.kind).name].numpy()[0]
+        page = series(given.tobytes()) if input_of(self.kind) is CSV else given
         settings = checks.settings(self.context.parameters["settings"], self.request_parameters)
         options = {key: settings.pop(key) for key in RENDERING.get(self.kind, {}) if key in settings}
         try:
             with building(self.links, self._call):  # (PaddleX builds some modules at a request's first need)
                 results = list(self.pipeline.predict(page, **settings))
+        except (ValueError, KeyError) as exc:
+            if input_of(self.kind) is not CSV:
+                raise
+            # PaddleX's time-series processors fail so on a series its model cannot take (too short, without
+            # the model's columns); PaddleX serving answers them 500, with the same words.
+            raise InputError(f"PaddleX's {self.kind} pipeline cannot take this series ({type(exc).__name__}: "
+                             f"{str(exc)[:160]}); send a CSV with the time and target columns and at least as many "
+                             "rows as its model's inference.yml names (info_params, size.in_chunk_len)") from None
         except Exception as exc:
             # PaddleX's pipelines fail so on a module switched on that the file has no model for
             # (AttributeError: no textline_orientation_model; AssertionError: no config for it); PaddleX
@@ -383,18 +412,40 @@ MAX_DECODED_PIXELS = 1 << 26
 MAX_ASPECT = 256
 
 
+def one_file(inputs, name: str, what: str) -> bytes:
+    """A request's one file, its input ``name`` (BYTES); ``InputError`` naming ``what`` to send where it is not."""
+    data = inputs[name].reshape(-1)
+    if data.size != 1:
+        raise InputError(f"input {name!r}: one file a request, got {data.size}")
+    blob = data[0]
+    if not isinstance(blob, (bytes, bytearray)) or not blob:
+        raise InputError(f"input {name!r}: expected {what}")
+    return bytes(blob)
+
+
+def series(data: bytes):
+    """A request's CSV as PaddleX serving's app reads it (its ``csv_bytes_to_data_frame``: UTF-8, pandas), the
+    DataFrame PaddleX's time-series pipelines take; ``InputError`` naming what to send where it is not one."""
+    import pandas as pd
+    from paddlex.inference.serving.infra.utils import csv_bytes_to_data_frame
+
+    try:
+        frame = csv_bytes_to_data_frame(data)
+    except (UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
+        raise InputError(f"input 'csv': not a CSV pandas can read ({len(data)} bytes, starting {data[:8]!r}: "
+                         f"{type(exc).__name__}); send a UTF-8 CSV file's bytes, a header row first") from None
+    if frame.empty:
+        raise InputError("input 'csv': the CSV has no rows; send the series, a row a time step")
+    return frame
+
+
 def decoded(inputs) -> np.ndarray:
     """A request's one encoded image (its input ``image``), decoded as PaddleX serving reads it: OpenCV, BGR.
     ``InputError`` naming what to send where it is not one image OpenCV can decode, or its header claims
     over ``MAX_DECODED_PIXELS``."""
     import cv2
 
-    data = inputs["image"].reshape(-1)
-    if data.size != 1:
-        raise InputError(f"input 'image': one encoded image a request, got {data.size}")
-    blob = data[0]
-    if not isinstance(blob, (bytes, bytearray)) or not blob:
-        raise InputError("input 'image': expected the bytes of an encoded image (JPEG, PNG, BMP, TIFF, WebP)")
+    blob = one_file(inputs, "image", "the bytes of an encoded image (JPEG, PNG, BMP, TIFF, WebP)")
     size = checks.claimed_size(blob)
     if size is None or size[0] * size[1] > MAX_DECODED_PIXELS:
         from PIL import Image

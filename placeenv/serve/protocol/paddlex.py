@@ -26,7 +26,7 @@ KINDS = {"bool": "true or false", "int": "a whole number", "number": "a number",
          "str": "a string", "json": "a number, or a JSON object or list as text",
          "text": "a number, a string, or a JSON object or list as text"}
 #: The fields of PaddleX serving's requests that are not the pipeline's settings (the file, its type, ...).
-NOT_SETTINGS = frozenset({"file", "fileType", "image", "visualize", "logId"})
+NOT_SETTINGS = frozenset({"file", "fileType", "image", "csv", "visualize", "logId"})
 #: Whole-number settings that size an image PaddleX makes (a page resized to it), bounded: within them PaddleX
 #: decides, past them a request could make it allocate without bound.
 SIDES = {"limit_side_len": (0, 100_000), "max_side_limit": (1, 100_000)}

@@ -126,9 +126,9 @@ def test_single_model_files_and_a_detectors_boxes_a_row_an_image(folder):
     (CLASSIFICATION, ("pipeline_name: image_classification", "pipeline_name: no_such_pipeline"),
      "'no_such_pipeline'"),
     (CLASSIFICATION, ("pipeline_name: image_classification\n", ""), "no pipeline_name"),
-    (CLASSIFICATION, ("pipeline_name: image_classification", "pipeline_name: ts_forecast"),
-     "pipeline_name ts_forecast: its input is a time series (CSV); the service serves PaddleX's pipelines that read "
-     "an image"),
+    (CLASSIFICATION, ("pipeline_name: image_classification", "pipeline_name: ts_classification"),
+     "pipeline_name ts_classification: its input is a time series (CSV) whose result the service does not answer "
+     "yet; the service serves PaddleX's pipelines that read an image, and ts_forecast"),
     (DETECTION, ("model_name: PicoDet-S", "model_name: PP-YOLOE_plus-S"), "PaddleX could not build"),
 ])
 def test_a_wrong_file_is_refused_naming_where(folder, pipeline, change, says):
