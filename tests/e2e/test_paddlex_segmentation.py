@@ -6,14 +6,17 @@ builds under PP-LiteSeg-T's name (tests/support/semantic_segmentation_pipeline.y
 be downloaded here): each pixel's class, background or the red, green or blue of the rectangles
 ``standin_models.shapes`` draws. The images: 8 of several sizes, PNG and JPEG. PaddleX's own predictor on the
 same images is the reference (its pipeline is that predictor, and needs ``paddlex[cv]``, which the reference
-venv does not install): the same class of every pixel, with 4 requests in flight.
+venv does not install): the same class of every pixel, with 4 requests in flight, over v2 and PaddleX serving's
+``/semantic-segmentation`` (its ``labelMap``, row by row, and ``size``).
 """
 
 from __future__ import annotations
 
+import base64
 import json
 
 import cv2
+import httpx
 import numpy as np
 import pytest
 from support import paddlex_reference, standin_models
@@ -63,3 +66,19 @@ def test_every_pixels_class_is_paddlexs(served, images, reference):
         for name, (x1, y1, x2, y2) in drawn:
             assert pred[0, int((y1 + y2) / 2), int((x1 + x2) / 2)] == names[name]
     assert all(set(np.unique(p).tolist()) > {0} for p, _ in answers)  # background and colours, not one class
+
+
+def test_paddlex_servings_api_answers_with_its_schema(served, images, reference):
+    from paddlex.inference.serving.infra.models import AIStudioResultResponse
+    from paddlex.inference.serving.schemas.semantic_segmentation import InferResult
+
+    body = {"image": base64.b64encode(images[2][0]).decode()}
+    answer = httpx.post(f"{served.url}/semantic-segmentation", json=body, timeout=120)
+    assert answer.status_code == 200, answer.text
+    result = AIStudioResultResponse[InferResult].model_validate(answer.json()).result
+    assert list(result.size) == list(reference[2].shape[1:])  # [height, width], as PaddleX serving's app gives it
+    assert result.labelMap == reference[2].reshape(-1).tolist() and result.image is None
+    for bad, says in (({"targetSize": "big"}, "targetSize"),
+                      ({"image": "http://127.0.0.1:9/a.png"}, "URLs are not fetched")):
+        refused = httpx.post(f"{served.url}/semantic-segmentation", json={**body, **bad}, timeout=30)
+        assert refused.status_code == 422 and says in refused.json()["errorMsg"], refused.text

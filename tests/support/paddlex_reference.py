@@ -507,7 +507,8 @@ results = []
 for path in json.loads(sys.argv[2]):
     with open(path, "rb") as given:
         (result,) = list(pipeline.predict(csv_bytes_to_data_frame(given.read())))
-    results.append({"result": prune_result(result.json["res"]), "csv": data_frame_to_bytes(result["forecast"]).decode()})
+    forecast = data_frame_to_bytes(result["forecast"]).decode()
+    results.append({"result": prune_result(result.json["res"]), "csv": forecast})
 with open(sys.argv[3], "w") as out:
     json.dump(results, out)
 '''

@@ -335,6 +335,14 @@ def _instances_result(schemas, models, utils, pages, info, log_id):
     return schemas.InferResult(instances=instances)
 
 
+def _segmentation_result(schemas, models, utils, pages, info, log_id):
+    """PaddleX serving's class map: each pixel's class, row by row, and the map's [height, width] (from the typed
+    output ``pred``); no image (``visualize`` draws nothing)."""
+    outputs, = pages
+    classes = np.asarray(outputs["pred"])[0]
+    return schemas.InferResult(labelMap=classes.reshape(-1).tolist(), size=list(classes.shape), image=None)
+
+
 def _forecast_result(schemas, models, utils, pages, info, log_id):
     """PaddleX serving's forecast: the pipeline's forecast as CSV (its app's ``data_frame_to_bytes``), base64; no
     chart (``visualize`` draws nothing)."""
@@ -380,6 +388,8 @@ ENDPOINTS = (
            '"threshold": 0.5', "a threshold that is not a number or a mapping"),
     _image("/instance-segmentation", "instance_segmentation", "instance segmentation", _instances_result,
            '"threshold": 0.5', "a threshold that is not a number"),
+    _image("/semantic-segmentation", "semantic_segmentation", "semantic segmentation", _segmentation_result,
+           '"targetSize": -1', "a targetSize that is not a whole number or a [width, height]"),
     Endpoint("/time-series-forecasting", ("ts_forecast",), "csv", lambda request: _decoded("csv", request.csv),
              _forecast_result, "Time-series forecasting (PaddleX serving's API)",
              "PaddleX serving's time-series forecasting API for a PaddleX ts_forecast pipeline file the repository "

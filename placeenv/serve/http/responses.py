@@ -63,7 +63,8 @@ def error_key(path: str) -> str:
 PADDLEX_PATHS = frozenset({"/ocr", "/layout-parsing", "/table-recognition", "/seal-recognition",
                            "/formula-recognition", "/document-preprocessing", "/image-classification",
                            "/multilabel-image-classification", "/object-detection", "/small-object-detection",
-                           "/instance-segmentation", "/time-series-forecasting"})
+                           "/instance-segmentation", "/semantic-segmentation",
+                           "/time-series-forecasting"})
 
 
 def error_body(path: str, detail: Any, status: int, log_id: str | None = None) -> dict[str, Any]:
