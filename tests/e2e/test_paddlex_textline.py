@@ -83,7 +83,7 @@ def _turned_read(answers, page_set) -> float:
     return sum(text in texts for text, texts in turned) / len(turned)
 
 
-# PaddleX's own run is this test's set-up, and on a fresh machine the classifier's training (12 minutes).
+# PaddleX's own run is this test's set-up, and on a fresh machine the classifier's training (about 7 minutes).
 @pytest.mark.timeout(1800)
 def test_textline_orientation_answers_as_paddlex(served, page_set, reference):
     url = served.url[len("http://"):]

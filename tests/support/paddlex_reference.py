@@ -362,20 +362,25 @@ def reference_documents(pipeline_yaml: Path | str, images: list[bytes], timeout:
     ``{"result": PaddleX's result as its serving prunes it, "markdown": {text, images (their names), flags}}``
     (the Markdown where the result makes one); kept (``_kept``)."""
     pipeline_yaml = Path(pipeline_yaml)
+    return _kept([DOCUMENT_RUNNER, _pipeline_text(pipeline_yaml), *images],
+                 lambda: _run_files(DOCUMENT_RUNNER, python(), pipeline_yaml, images, ".png", timeout))
 
-    def compute() -> list[dict]:
-        with tempfile.TemporaryDirectory(prefix="paddlex-reference-") as scratch:
-            paths = []
-            for i, image in enumerate(images):
-                paths.append(str(Path(scratch) / f"{i:04d}.png"))
-                Path(paths[-1]).write_bytes(image)
-            out, script = Path(scratch) / "out.json", Path(scratch) / "runner.py"
-            script.write_text(DOCUMENT_RUNNER)
-            _run([str(python()), str(script), str(pipeline_yaml), json.dumps(paths), str(out)],
-                 f"PaddleX {PADDLEX}'s pipeline {pipeline_yaml} in {venv_dir()}", timeout=timeout, env=environment())
-            return json.loads(out.read_text())
 
-    return _kept([DOCUMENT_RUNNER, _pipeline_text(pipeline_yaml), *images], compute)
+def _run_files(runner: str, interpreter: Path, pipeline_yaml: Path, files: list[bytes], suffix: str,
+               timeout: float) -> Any:
+    """The script ``runner`` in a PaddleX venv (``interpreter``), its argv the pipeline file, a JSON list of
+    ``files`` written as paths (each ``suffix``) and the JSON file it writes: what it wrote."""
+    with tempfile.TemporaryDirectory(prefix="paddlex-reference-") as scratch:
+        paths = []
+        for i, data in enumerate(files):
+            paths.append(str(Path(scratch) / f"{i:04d}{suffix}"))
+            Path(paths[-1]).write_bytes(data)
+        out, script = Path(scratch) / "out.json", Path(scratch) / "runner.py"
+        script.write_text(runner)
+        _run([str(interpreter), str(script), str(pipeline_yaml), json.dumps(paths), str(out)],
+             f"PaddleX {PADDLEX}'s pipeline {pipeline_yaml} in {interpreter.parents[1]}", timeout=timeout,
+             env=environment())
+        return json.loads(out.read_text())
 
 
 def near(answer, expected, tolerance: float = POLY_PX, where: str = "") -> list[str]:
@@ -520,18 +525,7 @@ def reference_forecast(pipeline_yaml: Path | str, series: list[bytes], timeout: 
     pipeline_yaml = Path(pipeline_yaml)
 
     def compute() -> list[dict]:
-        interpreter = extra_python("ts", TS_EXTRA)
-        with tempfile.TemporaryDirectory(prefix="paddlex-reference-") as scratch:
-            paths = []
-            for i, data in enumerate(series):
-                paths.append(str(Path(scratch) / f"{i:04d}.csv"))
-                Path(paths[-1]).write_bytes(data)
-            out, script = Path(scratch) / "out.json", Path(scratch) / "runner.py"
-            script.write_text(TS_RUNNER)
-            _run([str(interpreter), str(script), str(pipeline_yaml), json.dumps(paths), str(out)],
-                 f"PaddleX {PADDLEX}'s pipeline {pipeline_yaml} in {interpreter.parents[1]}", timeout=timeout,
-                 env=environment())
-            return json.loads(out.read_text())
+        return _run_files(TS_RUNNER, extra_python("ts", TS_EXTRA), pipeline_yaml, series, ".csv", timeout)
 
     return _kept([TS_RUNNER, _pipeline_text(pipeline_yaml), *series], compute)
 
