@@ -85,7 +85,11 @@ def test_new_versions_load_under_32_users_with_no_failure(tmp_path, frontends):
                 before = served_ok(service.url)
                 wait_until(lambda: served_ok(service.url) > before + 200, 60, "Locust's requests are not served")
                 shutil.copytree(repository / "digits" / "1", repository / "digits" / str(version))
-                answer = httpx.post(f"{service.url}/v2/repository/models/digits/load", timeout=120)
+                try:
+                    answer = httpx.post(f"{service.url}/v2/repository/models/digits/load", timeout=120)
+                except httpx.TransportError as exc:  # (seen once beside a busy loop: the connection closed unanswered)
+                    raise AssertionError(f"loading version {version}: {exc!r}; the service's log:\n"
+                                         f"{service.output()[-4000:]}") from exc
                 assert answer.status_code == 200, answer.text
                 assert httpx.get(f"{service.url}/v2/models/digits").json()["versions"] == [str(version)]
             before = served_ok(service.url)
