@@ -347,21 +347,23 @@ class PaddleXPipeline(Model):
     def preprocess(self, inputs):
         checks.settings(self.context.parameters["settings"], self.request_parameters)  # a bad one: this request's 400
         if input_of(self.context.parameters["kind"]) is CSV:  # (preprocess may run where load did not)
+            # Its bytes as a row, to the step, which reads them once (``series``: what pandas cannot read is
+            # this request's 400 there, as a series the model cannot take is).
             data = one_file(inputs, CSV.name, "a CSV file's bytes (UTF-8)")
-            series(data)  # (what pandas cannot read: this request's 400)
-            return {CSV.name: np.frombuffer(data, np.uint8)[None]}  # (its bytes as a row, to the step)
+            return {CSV.name: np.frombuffer(data, np.uint8)[None]}
         return {"image": decoded(inputs)[None]}
 
     def execute(self, inputs):
-        given = inputs[input_of(self.kind).name].numpy()[0]
-        page = series(given.tobytes()) if input_of(self.kind) is CSV else given
+        spec = input_of(self.kind)
+        given = inputs[spec.name].numpy()[0]
+        page = series(given.tobytes()) if spec is CSV else given
         settings = checks.settings(self.context.parameters["settings"], self.request_parameters)
         options = {key: settings.pop(key) for key in RENDERING.get(self.kind, {}) if key in settings}
         try:
             with building(self.links, self._call):  # (PaddleX builds some modules at a request's first need)
                 results = list(self.pipeline.predict(page, **settings))
         except (ValueError, KeyError) as exc:
-            if input_of(self.kind) is not CSV:
+            if spec is not CSV:
                 raise
             # PaddleX's time-series processors fail so on a series its model cannot take (too short, without
             # the model's columns); PaddleX serving answers them 500, with the same words.
