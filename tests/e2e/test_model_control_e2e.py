@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -31,7 +32,11 @@ def locust(url: str, seconds: int, csv: Path) -> subprocess.Popen:
             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True)
 
 
-def finished(run: subprocess.Popen, csv: Path) -> str:
+def finished(run: subprocess.Popen, csv: Path, end: bool = False) -> str:
+    """Locust's output once it has exited; ``end``: ended now by SIGTERM, which Locust answers with its
+    gate over the run so far (its ``-t`` is then only an outer bound: the scenario sets the length)."""
+    if end and run.poll() is None:
+        run.send_signal(signal.SIGTERM)
     run.wait(timeout=120)
     return Path(str(csv) + ".log").read_text()
 
@@ -79,7 +84,7 @@ def test_new_versions_load_under_32_users_with_no_failure(tmp_path, frontends):
                         FRONTENDS=frontends) as service:
         service.wait_ready()
         readiness = Readiness(service.url)
-        run = locust(service.url, 30, tmp_path / "run")
+        run = locust(service.url, 120, tmp_path / "run")
         try:
             for version in (2, 3):  # each load retires the one before (the default policy: the latest)
                 before = served_ok(service.url)
@@ -94,14 +99,14 @@ def test_new_versions_load_under_32_users_with_no_failure(tmp_path, frontends):
                 assert httpx.get(f"{service.url}/v2/models/digits").json()["versions"] == [str(version)]
             before = served_ok(service.url)
             wait_until(lambda: served_ok(service.url) > before + 200, 60, "version 3 does not serve Locust")
-            output = finished(run, tmp_path / "run")
+            output = finished(run, tmp_path / "run", end=True)
         finally:
             readiness.stop()
             if run.poll() is None:
                 run.kill()
         requests, failures = summary(output)
         assert run.returncode == 0 and "leak gate: PASS" in output, output[-3000:]
-        assert requests > 1000 and failures == 0, output[-3000:]
+        assert requests > 600 and failures == 0, output[-3000:]  # 200 on each version at least
         assert readiness.not_ready == [] and readiness.looks > 100, readiness.not_ready[:10]
         print(f"two loads under 32 users: {requests} requests, {failures} failed, /readyz 200 at all "
               f"{readiness.looks} looks")

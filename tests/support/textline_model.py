@@ -7,9 +7,10 @@ machine, under that model's name and with its input (an 80x160 RGB line), output
 and ``inference.yml``: a small convolutional network (``network()``; PP-LCNet's own layout did not learn
 the task in the minutes a test fixture can spend), on text lines drawn with the test pages' fonts,
 colours and words (``loadtest/pages.py``), cut out around their ink with margins of random sizes, as the
-detector cuts them, each upright or turned 180 degrees. It reaches about 95% on lines it has not seen,
-in about 7 minutes on this 2-core VM (600 steps of 64, 0.7 s a step; it reads the line at half its size,
-which the task allows: at full size a step took 2.7 s, 22 minutes for the same accuracy).
+detector cuts them, each upright or turned 180 degrees. It trains until it reads 95% of lines it has not
+seen (600 steps of 64, then 100 at a time, at most 1,500): about 7 minutes on a 2-core VM (0.7 s a step;
+it reads the line at half its size, which the task allows: at full size a step took 2.7 s, 22 minutes for
+the same accuracy).
 
 The export is PaddleX's layout: ``inference.json`` and ``inference.pdiparams`` (``paddle.jit.save``, a
 softmax at the end as PaddleClas exports it), and ``inference.yml`` with PaddleX's model name, its
@@ -42,6 +43,7 @@ SIZE = (160, 80)  # width, height: PaddleX's ResizeImage size for the text-line 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 CHANNELS = (3, 16, 32, 48, 64, 64)
 STEPS, BATCH, SEED, LEARNING_RATE = 600, 64, 0, 2e-3
+MORE, MAX_STEPS, TARGET, FLOOR = 100, 1500, 0.95, 0.92
 
 INFERENCE_YML = f"""\
 Global:
@@ -144,23 +146,31 @@ def examples(rng: random.Random, count: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def train():
-    """The trained network (eval mode) and its accuracy on 256 lines it never saw."""
+    """The trained network (eval mode) and its accuracy on 256 lines it never saw: ``STEPS`` steps, then
+    ``MORE`` at a time until it reads ``TARGET`` of those lines or has had ``MAX_STEPS``. The same seed does
+    not give the same network on every CPU (oneDNN's kernels differ by instruction set): 600 steps gave 95%
+    on one VM and 91% on another, where the tests then read too few upside-down lines."""
     import paddle
 
     paddle.seed(SEED)
     rng = random.Random(SEED)
     net = network()
     optimiser = paddle.optimizer.Adam(learning_rate=LEARNING_RATE, parameters=net.parameters())
-    for _ in range(STEPS):
-        x, y = examples(rng, BATCH)
-        loss = paddle.nn.functional.cross_entropy(net.logits(paddle.to_tensor(x)), paddle.to_tensor(y))
-        loss.backward()
-        optimiser.step()
-        optimiser.clear_grad()
-    net.eval()
     held_x, held_y = examples(random.Random(SEED + 1), 256)
-    with paddle.no_grad():
-        accuracy = float((net(paddle.to_tensor(held_x)).numpy().argmax(1) == held_y).mean())
+    steps, accuracy = 0, 0.0
+    while steps < MAX_STEPS and (steps < STEPS or accuracy < TARGET):
+        for _ in range(STEPS if steps == 0 else MORE):
+            x, y = examples(rng, BATCH)
+            loss = paddle.nn.functional.cross_entropy(net.logits(paddle.to_tensor(x)), paddle.to_tensor(y))
+            loss.backward()
+            optimiser.step()
+            optimiser.clear_grad()
+        steps += STEPS if steps == 0 else MORE
+        net.eval()
+        with paddle.no_grad():
+            accuracy = float((net(paddle.to_tensor(held_x)).numpy().argmax(1) == held_y).mean())
+        net.train()
+    net.eval()
     return net, accuracy
 
 
@@ -196,7 +206,7 @@ def _build(target: Path) -> None:
 
     paddle.set_device("cpu")
     net, accuracy = train()
-    if accuracy < 0.85:
+    if accuracy < FLOOR:
         raise RuntimeError(f"the text-line orientation classifier reached only {accuracy:.3f} on held-out lines")
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
