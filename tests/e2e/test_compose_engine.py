@@ -139,22 +139,22 @@ def base_image(engine) -> str:
     return tag
 
 
-#: The Dockerfile's stages that hold the dependencies' virtualenvs, with the build arguments compose gives
-#: the images built from them (docker-compose.yml and deploy/compose.ci.yml).
-DEPENDENCY_STAGES = {"deps": ("PADDLE", "BASE", "EXTRA_CA_CERTS"), "build-locust": ("BASE", "EXTRA_CA_CERTS")}
+#: The Dockerfile's stages that hold the dependencies' virtualenvs, by the compose service whose image copies them.
+DEPENDENCY_STAGES = {"api": "deps", "locust": "build-locust"}
 
 
-def _build_dependencies(env: dict) -> None:
-    """The dependency stages built and tagged before compose builds the images. docker-compose 1.29 uses the
-    classic builder, whose cache is its images: a stage no final image descends from (``deps``, whose venv the
-    api copies) is left untagged, ``_prune`` deletes it, and every build then installed Paddle and the rest
-    again. Tagged, they stay until pyproject.toml or loadtest/requirements.txt changes (the old tag's images
-    are then untagged and pruned), and compose's build of the same stages, with the same arguments, reuses
-    them."""
-    values = {"PADDLE": "cpu", "BASE": env["CI_BASE_IMAGE"], "EXTRA_CA_CERTS": env["CI_EXTRA_CA_CERTS"]}
-    for stage, args in DEPENDENCY_STAGES.items():
-        _run(["docker", "build", "--network", "host", "--target", stage, "-t", f"placeenv-ci-{stage}:local",
-              *[a for name in args for a in ("--build-arg", f"{name}={values[name]}")], "."], env, timeout=900)
+def _build_dependencies(merged: dict, env: dict) -> None:
+    """The dependency stages built and tagged before compose builds the images, with the build arguments the
+    merged compose file gives their services. docker-compose 1.29 uses the classic builder, whose cache is its
+    images: a stage no final image descends from (``deps``, whose venv the api copies) is left untagged,
+    ``_prune`` deletes it, and every build then installed Paddle and the rest again. Tagged, they stay until
+    pyproject.toml or loadtest/requirements.txt changes (the old tag's images are then untagged and pruned),
+    and compose's build of the same stages, with the same arguments, reuses them."""
+    for service, stage in DEPENDENCY_STAGES.items():
+        build = merged["services"][service]["build"]
+        args = [a for name, value in build.get("args", {}).items() for a in ("--build-arg", f"{name}={value}")]
+        _run(["docker", "build", "--network", build.get("network", "default"), "--target", stage,
+              "-t", f"placeenv-ci-{stage}:local", *args, build["context"]], env, timeout=900)
 
 
 @pytest.fixture(scope="module")
@@ -185,7 +185,7 @@ def stack(engine, base_image, tmp_path_factory):
     timings = {}
     try:
         started = time.monotonic()
-        _build_dependencies(env)
+        _build_dependencies(merged, env)
         _run([*compose, "--profile", "load", "build"], env, timeout=900)
         timings["build_s"] = time.monotonic() - started
         started = time.monotonic()
