@@ -45,7 +45,7 @@ ARG PADDLE_GPU_INDEX=https://www.paddlepaddle.org.cn/packages/stable/cu126/
 # far less often than the project's source.
 RUN pip install 'paddlepaddle>=3.3,<3.4'
 COPY pyproject.toml /src/pyproject.toml
-# The grpc extra's requirements, the placeenv[...] extras it names expanded (tomllib from Python 3.11,
+# The grpc and openvino extras' requirements, the placeenv[...] extras they name expanded (tomllib from Python 3.11,
 # pip's vendored tomli before it).
 RUN python -c "import importlib, sys; \
 toml = importlib.import_module('tomllib' if sys.version_info >= (3, 11) else 'pip._vendor.tomli'); \
@@ -53,7 +53,7 @@ project = toml.load(open('/src/pyproject.toml', 'rb'))['project']; \
 extras = project['optional-dependencies']; \
 of = lambda extra: [r for given in extras[extra] \
                     for r in (of(given[9:-1]) if given.startswith('placeenv[') else [given])]; \
-print('\n'.join(dict.fromkeys(project['dependencies'] + of('grpc'))))" > /tmp/requirements.txt \
+print('\n'.join(dict.fromkeys(project['dependencies'] + of('grpc') + of('openvino'))))" > /tmp/requirements.txt \
     && pip install -r /tmp/requirements.txt \
     && if [ "$PADDLE" = "gpu" ]; then \
          pip uninstall -y paddlepaddle \

@@ -128,7 +128,7 @@ class InferenceServicer(rpc.GRPCInferenceServiceServicer):
             found = await self.gateway.statistics(request.name or None, request.version or None)
         except ServiceError as exc:
             await self._fail(context, exc)
-        return json_format.ParseDict({"model_stats": found}, pb.ModelStatisticsResponse())
+        return json_format.ParseDict({"model_stats": found}, pb.ModelStatisticsResponse(), ignore_unknown_fields=True)
 
     async def RepositoryIndex(self, request, context):
         rows = await self.gateway.repository_index(ready_only=request.ready)

@@ -9,13 +9,13 @@ import os
 import statistics
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import numpy as np
 import paddle
 import pytest
+
+from support.threads import longest_stall
 
 from placeenv import PlaceEnv, native
 from placeenv.tensors import host_view
@@ -86,32 +86,6 @@ def test_a_run_without_the_gil_answers_as_the_bindings_run(programs):
         bind(p, x)
         run()
         np.testing.assert_array_equal(output(p), expected)
-
-
-def longest_stall(call) -> tuple[float, float]:
-    """(the longest a pure-Python thread went without a turn while ``call`` ran, the call's seconds): about
-    the whole call where it holds the GIL, a scheduler's slice or two where it lets the thread run."""
-    longest, stop, started = [0.0], threading.Event(), threading.Event()
-
-    def spin() -> None:
-        last = time.perf_counter()
-        started.set()
-        while not stop.is_set():
-            now = time.perf_counter()
-            longest[0] = max(longest[0], now - last)
-            last = now
-        longest[0] = max(longest[0], time.perf_counter() - last)
-
-    thread = threading.Thread(target=spin)
-    thread.start()
-    started.wait()
-    longest[0] = 0.0  # (the thread's own start is not the call's)
-    began = time.perf_counter()
-    call()
-    seconds = time.perf_counter() - began
-    stop.set()  # the thread's next turn ends the gap the call made, if it made one
-    thread.join()
-    return longest[0], seconds
 
 
 def test_other_threads_run_through_a_run_without_the_gil_and_not_through_the_bindings(programs):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import linecache
 import sys
 import threading
+import time
 
 import paddle
 
@@ -74,3 +75,29 @@ def expect(mode, failures):
         assert failures == []
     else:
         assert failures, "the check did not catch stock Paddle's leak"
+
+
+def longest_stall(call) -> tuple[float, float]:
+    """(the longest a pure-Python thread went without a turn while ``call`` ran, the call's seconds): about
+    the whole call where it holds the GIL, a scheduler's slice or two where it lets the thread run."""
+    longest, stop, started = [0.0], threading.Event(), threading.Event()
+
+    def spin() -> None:
+        last = time.perf_counter()
+        started.set()
+        while not stop.is_set():
+            now = time.perf_counter()
+            longest[0] = max(longest[0], now - last)
+            last = now
+        longest[0] = max(longest[0], time.perf_counter() - last)
+
+    thread = threading.Thread(target=spin)
+    thread.start()
+    started.wait()
+    longest[0] = 0.0  # (the thread's own start is not the call's)
+    began = time.perf_counter()
+    call()
+    seconds = time.perf_counter() - began
+    stop.set()  # the thread's next turn ends the gap the call made, if it made one
+    thread.join()
+    return longest[0], seconds

@@ -225,7 +225,7 @@ class Engine:
         """The served models, as front ends check requests against them (after ``start``)."""
         workers = self.pool.workers
         models = self.served.generation.models(
-            lambda key: [(w.device, w.backends[key]) for w in workers if key in w.backends])
+            lambda key: [(w.device, w.backends[key], w.choices.get(key)) for w in workers if key in w.backends])
         return Catalog(models, dict(self.served.skipped), list(self.devices), self.settings.max_examples_per_request,
                        self.dispatcher.capacity(self.settings.max_batch_size), dict(self.served.load_errors),
                        self.settings.model_control_mode)
@@ -240,8 +240,11 @@ class Engine:
         generation = self.served.generation
         found = [(key, served.stats) for key, served in generation.versions.items()]
         found += [((name, served.pipeline.version), served.stats) for name, served in generation.pipelines.items()]
-        return [stats.describe(name, number) for (name, number), stats in found
-                if model in (None, name) and version in (None, number)]
+        workers = self.pool.workers
+        # Beside Triton's fields (gRPC's answer leaves them out): what runs the version on each device.
+        return [{**stats.describe(name, number),
+                 "backends": {w.device: w.backends[name, number] for w in workers if (name, number) in w.backends}}
+                for (name, number), stats in found if model in (None, name) and version in (None, number)]
 
     # -- model control (control.py) -------------------------------------------------------------
 

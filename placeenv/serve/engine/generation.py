@@ -154,9 +154,10 @@ class Generation:
 
     # -- what the protocols read ---------------------------------------------------------------
 
-    def models(self, backends: Callable[[Key], list[tuple[str, str]]]) -> dict[str, ModelInfo]:
+    def models(self, backends: Callable[[Key], list[tuple[str, str, dict | None]]]) -> dict[str, ModelInfo]:
         """The catalog's models: each pipeline and model served, with ``backends(key)``: what runs the
-        version on each worker that holds it, as (its device, its ``Model.backend``)."""
+        version on each worker that holds it, as (its device, its ``Model.backend``, what ``auto`` measured
+        there or None)."""
         models = {}
         for name, served in self.pipelines.items():
             found = served.pipeline
@@ -167,13 +168,18 @@ class Generation:
                                                                         "ensemble")},
                                      found.max_batch_size, 0.0, found.config.description, config)
         for entry in self.entries.values():
-            versions = {n: VersionInfo(n, v.inputs, v.outputs, platform(v, [b for _, b in backends((entry.name, n))]))
+            versions = {n: VersionInfo(n, v.inputs, v.outputs, platform(v, [b for _, b, _ in backends((entry.name, n))]))
                         for n, v in entry.versions.items()}
-            # What runs the default version on each device: the backend auto chose, or why it fell back.
-            by_device = dict(backends((entry.name, entry.default.number)))
+            # What runs the default version on each device: the backend auto chose and its measurements, or
+            # why it fell back.
+            found = backends((entry.name, entry.default.number))
+            config = {**entry.config.model_dump(mode="json", exclude={"inputs", "outputs"}),
+                      "backends": {device: backend for device, backend, _ in found}}
+            measured = {device: choice for device, _, choice in found if choice is not None}
+            if measured:
+                config["backend_choice"] = measured
             models[entry.name] = ModelInfo(
-                entry.name, versions, entry.max_batch_size, entry.max_batch_delay_ms, entry.config.description,
-                {**entry.config.model_dump(mode="json", exclude={"inputs", "outputs"}), "backends": by_device})
+                entry.name, versions, entry.max_batch_size, entry.max_batch_delay_ms, entry.config.description, config)
         return models
 
 
@@ -181,11 +187,12 @@ def platform(version: Version, backends: list[str]) -> str:
     """The Open Inference Protocol's platform of a version: ``paddle_python`` where Python code of its own
     is its forward (no saved program, or an ``execute`` of its own: a model.py, a PaddleX pipeline's CPU
     step), else what runs its program on its workers (``backends``, each a ``Model.backend``):
-    ``paddle_inference`` (a Predictor), ``paddle_jit`` (``paddle.jit.load``), both joined by ``+`` where
-    its devices differ."""
+    ``paddle_inference`` (a Predictor), ``paddle_jit`` (``paddle.jit.load``), Triton's ``onnxruntime_onnx``
+    and ``openvino``, joined by ``+`` where its devices differ."""
     if version.program is None or version.model_class.execute is not Model.execute:
         return "paddle_python"
-    found = sorted({"paddle_inference" if b.startswith("inference") else "paddle_jit" for b in backends})
+    names = {"inference": "paddle_inference", "onnxruntime": "onnxruntime_onnx", "openvino": "openvino"}
+    found = sorted({names.get(b.split(" ", 1)[0], "paddle_jit") for b in backends})
     return "+".join(found) or "paddle_jit"
 
 

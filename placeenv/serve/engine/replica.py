@@ -65,7 +65,8 @@ def _build(slot: Slot, entry: Entry, version) -> Model:
     # The replica decides whether it takes the share (its config's share_weights, its own code).
     share = (slot.shares.get(slot.device, entry.name, version.number, version.fingerprint)
              if slot.shares is not None else None)
-    replica.initialize(slot.place, dataclasses.replace(version.context, accelerators=slot.accelerators, share=share))
+    replica.initialize(slot.place, dataclasses.replace(version.context, accelerators=slot.accelerators, share=share,
+                                                          samples=tuple(arrays for _, arrays in version.warmup)))
     stray = {k: d for k, d in replica.parameter_devices().items() if d != slot.device}
     slot.check("load", next(iter(stray.values()), slot.device))
     if stray and slot.isolation:

@@ -7,6 +7,7 @@ batching across calls; place checks only when asked for.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +26,7 @@ def replica(entry: Entry, place, version: int | None = None) -> Model:
     worker warms it (a Predictor that cannot run its program rebuilt)."""
     chosen = entry.versions[version] if version is not None else entry.default
     model = chosen.model_class()
-    model.initialize(place, chosen.context)
+    model.initialize(place, dataclasses.replace(chosen.context, samples=tuple(a for _, a in chosen.warmup)))
     warm_up(model, entry, chosen)
     return model
 

@@ -83,6 +83,7 @@ class Worker:
         self.error: BaseException | None = None
         self.failed: dict[str, str] = {}  # model -> why it did not load here
         self.backends: dict[tuple[str, int], str] = {}  # (model, version) -> what runs it here
+        self.choices: dict[tuple[str, int], dict] = {}  # (model, version) -> what backend auto measured here
         self.held: dict[tuple[str, int], tuple[int, float]] = {}  # (model, version) -> batch limits
         self.replicas: dict[tuple[str, int], Model] = {}  # (model, version) -> this worker's replica
         self.current: list[Job] = []  # the jobs it holds (a batch, and those it runs while waiting for a call)
@@ -146,6 +147,8 @@ class Worker:
         self.replicas = {**self.replicas, **built}
         self.held = {**self.held, **{key: (entry.max_batch_size, delay) for key in built}}
         self.backends.update((key, replica.backend) for key, replica in built.items())
+        self.choices = {**{k: c for k, c in self.choices.items() if k not in built},
+                        **{key: replica.choice for key, replica in built.items() if replica.choice is not None}}
         return replaced
 
     def drop(self, keys, replaced: dict[tuple[str, int], Model] | None = None) -> None:
@@ -157,6 +160,7 @@ class Worker:
         self.replicas = {key: replica for key, replica in self.replicas.items() if key not in keys}
         for key in keys:
             self.backends.pop(key, None)
+        self.choices = {key: found for key, found in self.choices.items() if key not in keys}
         for replica in gone:
             finalize(replica, self.name)
 

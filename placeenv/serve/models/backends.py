@@ -1,6 +1,7 @@
 """What runs a replica, and what the replicas of a device share: the backend chosen for a version (a
-Paddle Inference Predictor or ``paddle.jit.load``, models/inference.py), the rebuild of a Predictor that
-fails its first run, and one copy of the weights a device.
+Paddle Inference Predictor, ``paddle.jit.load``, models/inference.py, or ONNX Runtime or OpenVINO,
+models/runtimes.py; ``auto`` measures them, models/choice.py), the rebuild of a Predictor that fails its
+first run, and one copy of the weights a device.
 
 ``Model.initialize`` and ``Model.rebuild`` (base.py), which users subclass and call with ``super()``, hand
 their replica here: the defaults' decisions live apart from the contract users write against. ``replica``
@@ -15,12 +16,13 @@ import logging
 import threading
 from typing import Any
 
+import numpy as np
 import paddle
 
 from placeenv import PlaceEnv, device_name, native
 from placeenv.tensors import JIT_LOAD_LOCK, host_view
 
-from . import inference
+from . import choice, inference, runtimes
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +57,11 @@ class DeviceShare:
     #: The options the Predictor was rebuilt with after its first one failed to run (``Model.rebuild``):
     #: the next replica that finds its own failing takes this one.
     rebuilt: inference.InferenceOptions | None = None
+    #: A runtime's session (ONNX Runtime, OpenVINO), made once and run by every worker of the device.
+    session: runtimes.Session | None = None
+    #: What ``auto`` measured for the device (choice.py): the first replica measures, the others take it.
+    choosing: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    choice: choice.Choice | None = None
 
 
 def adopt_weights(network: paddle.nn.Layer, source: paddle.nn.Layer) -> bool:
@@ -78,25 +85,97 @@ def adopt_weights(network: paddle.nn.Layer, source: paddle.nn.Layer) -> bool:
 
 
 def attach(replica, context, written: Written) -> None:
-    """Give ``replica`` (its place and context set) what runs it: a Predictor, or the network ``load()``
-    makes, as the config's ``backend`` and what its class replaces allow; the device's shared copy where
-    the config's ``share_weights`` (or, unset, the defaults) allow. ``replica.backend`` says which."""
+    """Give ``replica`` (its place and context set) what runs it: a Predictor, a runtime's session, or the
+    network ``load()`` makes, as the config's ``backend`` and what its class replaces allow; the device's
+    shared copy where the config's ``share_weights`` (or, unset, the defaults) allow. ``replica.backend``
+    says which, and ``replica.choice`` what ``auto`` measured."""
     own = written.execute or written.initialize  # auto keeps jit.load for it (backend: inference opts in)
     device = device_name(replica.place)
     plain = not written.load and context.program is not None
-    if context.backend == "auto" and plain and not own and (why := inference.why_jit(device, context.accelerators)):
-        replica.backend = why
     defaults = not written.load and not written.initialize
     sharing = context.share if context.share_weights or (context.share_weights is None and defaults) else None
+    if context.backend in runtimes.RUNTIMES:
+        _runtime(replica, context, written, device, sharing)
+        return
+    if context.backend == "auto" and plain and not own and (why := inference.why_jit(device, context.accelerators)):
+        replica.backend = why
+    measured = None
+    if (context.backend == "auto" and plain and not own and context.samples
+            and inference.chosen("auto", device, context.accelerators) == "inference"):
+        measured = _measured(replica, context, device)
+    if measured is not None:
+        replica.choice = measured.describe()
+        if measured.inference is not None:
+            context = replica.context = dataclasses.replace(context, inference=measured.inference)
+        if measured.session is not None:
+            session = measured.session if sharing is not None else runtimes.open_session(
+                measured.serves, context.program, device, context.runtime)
+            replica.runtime_run, replica.backend = session.runner(), measured.summary()
+            replica.shares_weights = sharing is not None
+            return
     if (plain and not (own and context.backend == "auto")
+            and (measured is None or measured.serves == "inference")
             and inference.chosen(context.backend, device, context.accelerators) == "inference"):
         # A model.py's own execute() would run a shared Predictor without its lock: it gets its own. So does
         # each worker where runs leave the GIL, unless the config asks to share: one Predictor runs one at a
         # time, and Paddle's clone() copies the weights as a new Predictor does.
         alone = written.execute or (context.share_weights is None and _runs_overlap(replica))
         if _predictor(replica, context, None if alone else sharing):
+            if measured is not None:
+                replica.backend = measured.summary()
             return
     _network(replica, context, sharing)
+    if measured is not None and measured.serves == "jit":
+        replica.backend = measured.summary()
+
+
+def _measured(replica, context, device: str) -> choice.Choice | None:
+    """What ``auto`` chooses for ``replica``'s version on ``device``: measured by the first of the device's
+    replicas (``context.share``), taken by the others; None where it could not be measured (no backend runs
+    the program: the Predictor's path then says why)."""
+    share = context.share
+    with share.choosing if share is not None else contextlib.nullcontext():
+        if share is not None and share.choice is not None:
+            return share.choice
+        with PlaceEnv("cpu"):  # the model's own preprocess, on the host, as a batch's
+            prepared = [replica.preprocess({name: array.copy() for name, array in arrays.items()})
+                        for arrays in context.samples]
+            samples = [[np.asarray(one[spec.name]) for spec in context.inputs] for one in prepared]
+        try:
+            found = choice.measure(context.program, replica.place, device, context, samples)
+        except Exception as exc:  # noqa: BLE001 - served as before measuring, which says what fails
+            say_once(context, f"model {context.name!r} version {context.version} on {device}: backend auto could "
+                     f"not measure ({type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}); "
+                     "it takes a Predictor, as without a runtime")
+            return None
+        if share is not None:
+            share.choice = found
+            share.session = found.session
+        log.info("model %r version %s on %s: %s", context.name, context.version, device, found.summary())
+        return found
+
+
+def _runtime(replica, context, written: Written, device: str, sharing: DeviceShare | None) -> None:
+    """``replica`` runs the config's runtime (ONNX Runtime or OpenVINO) on the device's session; an error
+    naming why it cannot, which fails the load before the version is ready."""
+    name = context.backend
+    if context.program is None or written.load or written.execute:
+        raise RuntimeError(f"backend {name} runs the version's saved program through the default load() and "
+                           "execute(); this model.py has its own: use backend auto, jit or inference")
+    why = runtimes.unavailable(name, device)
+    if why is not None:
+        raise RuntimeError(f"backend {name} cannot run on {device}: {why}")
+    with sharing.adopting if sharing is not None else contextlib.nullcontext():
+        session = sharing.session if sharing is not None and sharing.session is not None else None
+        if session is None:
+            try:
+                session = runtimes.open_session(name, context.program, device, context.runtime)
+            except runtimes.ConversionFailed as exc:
+                raise RuntimeError(f"backend {name}: {exc}") from None
+            if sharing is not None:
+                sharing.session = session
+    replica.runtime_run, replica.backend = session.runner(), name
+    replica.shares_weights = sharing is not None
 
 
 def _predictor(replica, context, share: DeviceShare | None) -> bool:
@@ -145,6 +224,16 @@ def run_predictor(replica, inputs: list) -> list:
         predictor.get_input_handle(name).share_external_data(tensor)  # no copy: it lives through the run
     run()
     return [host_view(predictor.get_output_handle(name).copy_to_cpu()) for name in predictor.get_output_names()]
+
+
+def host_array(value) -> np.ndarray:
+    """A runtime's input: a host array as it is, a CPU tensor's memory without a copy (DLPack), another
+    device's tensor copied to the host."""
+    if isinstance(value, np.ndarray):
+        return value
+    if value.place.is_cpu_place():
+        return np.from_dlpack(value)
+    return value.numpy()
 
 
 def _native_run(replica):

@@ -29,12 +29,13 @@ import paddle
 
 import placeenv
 from placeenv import PlaceEnv, device_name
-from placeenv.tensors import JIT_LOAD_LOCK, host_tensor, move_to
+from placeenv.tensors import JIT_LOAD_LOCK, host_tensor, host_view, move_to
 
 from ..protocol.request import NO_PARAMETERS, InputError, TensorSpec
 from . import backends
-from .backends import DeviceShare
-from .inference import Backend, InferenceOptions
+from .backends import DeviceShare, host_array
+from .inference import Backend, ChoiceOptions, InferenceOptions
+from .runtimes import RuntimeOptions
 
 __all__ = ["InputError", "Model", "ModelContext", "TensorSpec", "batch_tensor", "host_tensor", "move_to"]
 
@@ -74,6 +75,8 @@ class ModelContext:
     parameters: Mapping[str, Any]  # the config file's free-form ``parameters``
     backend: Backend = "jit"  # the config file's: what runs the saved program (models/inference.py)
     inference: InferenceOptions = dataclasses.field(default_factory=InferenceOptions)
+    runtime: RuntimeOptions = dataclasses.field(default_factory=RuntimeOptions)
+    choice: ChoiceOptions = dataclasses.field(default_factory=ChoiceOptions)
     # The accelerators this process serves: ``auto`` runs a Predictor on a GPU only when it is 1, since a
     # Predictor holds the GIL while its device works.
     accelerators: int = 1
@@ -83,6 +86,8 @@ class ModelContext:
     share_weights: bool | None = None
     # The config's batch_padding: input -> (the dims its batch's parts are padded in, the value they hold).
     padding: Mapping[str, tuple[tuple[int, ...], float]] = dataclasses.field(default_factory=dict)
+    # The version's warm-up requests' arrays, as clients send them: what backend auto measures on.
+    samples: tuple[Mapping[str, np.ndarray], ...] = ()
 
 
 class Model:
@@ -97,7 +102,10 @@ class Model:
     inputs: tuple[TensorSpec, ...] | None = None
     outputs: tuple[TensorSpec, ...] | None = None
     predictor = None  # a Paddle Inference Predictor, with the inference backend
-    backend = "jit"  # what runs this replica: "inference", "jit", or why jit (a fallback)
+    backend = "jit"  # what runs this replica: "inference", "jit", a runtime, or why (auto's choice, a fallback)
+    choice = None  # what backend auto measured (models/choice.py), as the config endpoint shows it
+    # The call that runs the device's runtime session (ONNX Runtime, OpenVINO): host arrays in and out.
+    runtime_run = None
 
     def __init__(self) -> None:
         self.network: paddle.nn.Layer | None = None
@@ -149,6 +157,9 @@ class Model:
 
     def execute(self, inputs: dict[str, paddle.Tensor]) -> dict[str, paddle.Tensor]:
         """Forward pass on this replica's place; ``inputs`` are already there, in ``self.context.inputs`` order."""
+        if self.runtime_run is not None:  # host arrays in the program's order, and out
+            out = self.runtime_run([host_array(inputs[spec.name]) for spec in self.context.inputs])
+            return {spec.name: host_view(array) for spec, array in zip(self.context.outputs, out)}
         if self.predictor is not None:  # its outputs are in the program's order
             with self._run_lock:  # shared by the replicas on this device
                 out = backends.run_predictor(self, [inputs[spec.name] for spec in self.context.inputs])
@@ -213,6 +224,7 @@ class Model:
         """Drop this replica's network (or Predictor), so its device memory can be reclaimed; what the
         replicas of a device share stays with the worker pool, for a replacement worker."""
         self.network, self.predictor, self._env, self._native_run = None, None, None, None
+        self.runtime_run = None
 
     # -- what the service checks -------------------------------------------------------------
 
@@ -231,6 +243,8 @@ class Model:
         tensors, though the parameters stay on ``sim:N`` (see docs/service.md).
         """
         device = device_name(self.place)
+        if self.runtime_run is not None:  # a runtime's outputs are host arrays
+            return "cpu"
         if self.context is not None and self.context.program is not None and device.startswith("sim:"):
             return "cpu"
         return device

@@ -14,7 +14,8 @@ import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..protocol.wire import DATATYPES
-from .inference import Backend, InferenceOptions
+from .inference import Backend, ChoiceOptions, InferenceOptions
+from .runtimes import RuntimeOptions
 
 CONFIG_FILES = ("config.yaml", "config.yml", "config.toml")
 
@@ -164,11 +165,18 @@ class ModelConfig(BaseModel):
     parameters: dict[str, Any] = Field(default_factory=dict, description="free-form, for model.py")
     backend: Backend = Field(
         "auto", description="what runs the saved program: 'inference' (a Paddle Inference Predictor per worker), "
-        "'jit' (paddle.jit.load), or 'auto': a Predictor on the CPU, and on a GPU when it is the process's only "
-        "accelerator (a Predictor holds the GIL while its device works); paddle.jit.load on custom devices, on "
-        "GPUs when the process serves several, and when the Predictor cannot load the program")
+        "'jit' (paddle.jit.load), 'onnxruntime' or 'openvino' (the program converted by paddle2onnx, one session "
+        "a device), or 'auto': on the CPU (and a GPU ONNX Runtime has a provider for), each of Paddle Inference "
+        "and the runtimes installed timed on the warm-up inputs, and the fastest whose outputs agree with "
+        "Paddle's serves; paddle.jit.load on custom devices, on GPUs when the process serves several (a "
+        "Predictor holds the GIL while its device works), and when the Predictor cannot load the program")
     inference: InferenceOptions = Field(default_factory=InferenceOptions,
                                         description="the Predictor's options (backend inference or auto)")
+    runtime: RuntimeOptions = Field(default_factory=RuntimeOptions,
+                                    description="ONNX Runtime's and OpenVINO's options (backends onnxruntime, "
+                                    "openvino or auto)")
+    choice: ChoiceOptions = Field(default_factory=ChoiceOptions,
+                                  description="how backend auto measures: tolerances, rounds, which backends")
     share_weights: bool | None = Field(
         None, description="whether the workers of a device share one copy of each version's weights. Default: "
         "yes, unless a model.py overrides load() or initialize() (which may make or change tensors per worker); "
@@ -192,7 +200,8 @@ class ModelConfig(BaseModel):
 
 
 #: A model config's fields that a pipeline does not take: its steps' models have their own.
-STEP_FIELDS = ("max_batch_delay_ms", "instance_group", "parameters", "backend", "inference", "share_weights",
+STEP_FIELDS = ("max_batch_delay_ms", "instance_group", "parameters", "backend", "inference", "runtime",
+               "choice", "share_weights",
                "version_policy", "warmup", "batch_padding")
 
 

@@ -24,7 +24,20 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from placeenv import device_name
 
-Backend = Literal["auto", "jit", "inference"]
+Backend = Literal["auto", "jit", "inference", "onnxruntime", "openvino"]
+
+
+class ChoiceOptions(BaseModel):
+    """How ``backend: auto`` measures (models/choice.py): how close a runtime's outputs must be to Paddle's
+    before it may serve, and how many rounds of the warm-up inputs it is timed over."""
+
+    model_config = ConfigDict(extra="forbid")
+    rtol: float = Field(1e-3, ge=0, le=1, description="relative tolerance of every output, against Paddle's")
+    atol: float = Field(1e-4, ge=0, le=1e3, description="absolute tolerance of every output, against Paddle's")
+    rounds: int = Field(3, ge=1, le=50, description="interleaved rounds each backend is timed over (median)")
+    backends: list[Literal["inference", "onnxruntime", "openvino"]] | None = Field(
+        None, description="the backends auto measures; default: Paddle Inference and every runtime installed "
+        "that has a provider for the device")
 
 
 class ShapeRange(BaseModel):

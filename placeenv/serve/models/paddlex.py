@@ -32,6 +32,7 @@ from ..protocol.paddlex import NOT_SETTINGS, kind_of, setting_name
 from .configs import InstanceGroup, ModelConfig, RepositoryError, Step, TensorOverride
 from .entries import Entry, Version
 from .inference import InferenceOptions
+from .runtimes import RuntimeOptions
 from .base import ModelContext
 from .paddlex_pipeline import MODEL_KEY
 from .reading import config_fingerprint, load_entry
@@ -42,6 +43,12 @@ MODULE_BATCH_SIZE = 1
 #: Predictor (``engine_config``'s run_mode and cpu_threads), never handed to PaddleX, whose networks the
 #: service runs.
 ENGINE_KEYS = ("engine", "engine_config", "use_hpip", "hpi_config", "device")
+#: Of those, the ones that name a runtime: obeyed where they do (``backend_of``), else the service measures.
+RUNTIME_KEYS = ("engine", "use_hpip", "hpi_config")
+#: PaddleX's engines (``engine``) and high-performance inference backends (``hpi_config.backend``) that name a
+#: runtime the service has, and its backend for each.
+ENGINES = {"paddle": "inference", "paddle_static": "inference", "paddle_dynamic": "jit",
+           "onnxruntime": "onnxruntime", "openvino": "openvino"}
 
 #: CPU workers of a PaddleX pipeline, each with a pipeline object of its own: a request holds one while its
 #: networks run on the devices, so there are more than cores. ``PLACEENV_PADDLEX_CPU_WORKERS`` (a whole
@@ -156,6 +163,7 @@ def _prepared(raw: dict[str, Any], path: Path) -> tuple[dict[str, Any], dict[str
     def walk(node: dict[str, Any], where: str, inherited: dict[str, Any]) -> dict[str, Any]:
         engine = {**inherited, **(node.get("engine_config") or {})} if isinstance(node.get("engine_config"),
                                                                              (dict, type(None))) else inherited
+        engine = {**engine, **_runtime_keys(node)}
         out = {k: v for k, v in node.items() if k not in ENGINE_KEYS}
         for group in ("SubModules", "SubPipelines"):
             children = node.get(group)
@@ -189,7 +197,15 @@ def _module(where: str, settings: dict[str, Any], path: Path, engine: dict[str, 
         found = Path(given) if Path(given).is_absolute() else path.parent / given
         if (found / "inference.json").is_file() and (found / "inference.yml").is_file():
             directory = found.resolve()
-    return Module(where, settings, directory, {**engine, **(settings.get("engine_config") or {})})
+    own = settings.get("engine_config")
+    return Module(where, settings, directory,
+                  {**engine, **(own if isinstance(own, dict) else {}), **_runtime_keys(settings)})
+
+
+def _runtime_keys(node: dict[str, Any]) -> dict[str, Any]:
+    """PaddleX's settings that choose a module's runtime (``engine``, ``use_hpip``, ``hpi_config``), kept with
+    its engine_config under their own names; a module's own override its pipeline's."""
+    return {key: node[key] for key in RUNTIME_KEYS if key in node}
 
 
 def _why(exc: Exception, modules: dict[str, Module], refused: dict[str, str], kind: str) -> str:
@@ -291,10 +307,12 @@ def _batch_size(refuse, where: str, module: dict) -> int:
 
 
 def _load_export(name: str, where: str, module: Module, batch: int, refuse) -> Entry:
-    """A module's export as model ``name``: a Predictor (oneDNN as the module's ``engine_config.run_mode``
-    says: ``paddle`` off, ``mkldnn`` on; else on, and off where it cannot run the program). Its batches go as
-    soon as a worker is free (no delay): a request's calls come one after another, so a wait only adds to
-    each."""
+    """A module's export as model ``name``, on the backend its settings name (``backend_of``), else measured
+    (``backend: auto``, models/choice.py). A Predictor's oneDNN is as the module's ``engine_config.run_mode``
+    says: ``paddle`` off, ``mkldnn`` on; else on, and off where it cannot run the program. ``run_mode`` sets how
+    Paddle Inference runs where it serves, the reference ``auto`` compares the others with: it names no runtime
+    (PaddleX's ``engine`` does). Its batches go as soon as a worker is free (no delay): a request's calls come
+    one after another, so a wait only adds to each."""
     engine = module.engine_config
     run_mode = engine.get("run_mode")
     # Unset, the service's default (every core), not PaddleX's 10: here a Predictor's runs leave the GIL and
@@ -309,9 +327,32 @@ def _load_export(name: str, where: str, module: Module, batch: int, refuse) -> E
     config = ModelConfig(
         description=f"PaddleX {module.settings.get('module_name')}: {module.settings.get('model_name')} "
                     f"({module.directory})",
-        max_batch_size=batch, max_batch_delay_ms=0.0,
-        inference=InferenceOptions(onednn=run_mode != "paddle", cpu_threads=cpu_threads))
+        max_batch_size=batch, max_batch_delay_ms=0.0, backend=backend_of(engine, where, refuse),
+        inference=InferenceOptions(onednn=run_mode != "paddle", cpu_threads=cpu_threads),
+        runtime=RuntimeOptions(cpu_threads=cpu_threads))
     return load_entry(name, module.directory, config, None, batch, 0.0)
+
+
+def backend_of(engine: dict[str, Any], where: str, refuse) -> str:
+    """The backend a module's PaddleX settings name: its ``engine`` (``paddle``, ``paddle_static``,
+    ``paddle_dynamic``, ``onnxruntime``, ``openvino``), or with ``use_hpip`` (or ``engine: hpi``) its
+    ``hpi_config.backend``; ``auto`` where they name none (HPI without a backend chooses by its table: the
+    service measures instead)."""
+    named = engine.get("engine")
+    hpi = engine.get("hpi_config") if isinstance(engine.get("hpi_config"), dict) else {}
+    if named == "hpi" or (named is None and engine.get("use_hpip") is True):
+        named = hpi.get("backend")
+        if named is None:
+            return "auto"
+        if named not in ENGINES:
+            raise refuse(f"{where}: hpi_config backend {named!r} is not served here; use one of "
+                         f"{', '.join(sorted(ENGINES))}, or leave it out (the service measures)")
+    if named is None:
+        return "auto"
+    if named not in ENGINES:
+        raise refuse(f"{where}: engine {named!r} is not served here; use one of {', '.join(sorted(ENGINES))}, "
+                     "or leave it out (the service measures which runs the export fastest)")
+    return ENGINES[named]
 
 
 def _per_image(refuse, where: str, module: Module, entry: Entry) -> None:

@@ -23,6 +23,7 @@ from . import examples
 from .base import JIT_LOAD_LOCK, Model, ModelContext, TensorSpec
 from .configs import CONFIG_FILES, ModelConfig, RepositoryError
 from .entries import Entry, Version
+from .runtimes import RUNTIMES
 from .warmup import warmup_requests
 
 PROGRAM_PREFIXES = ("model", "inference")
@@ -179,6 +180,13 @@ def read_version(name: str, directory: Path, config: ModelConfig, number: int) -
                               "backend inference runs the version's saved program with a Predictor: it needs "
                               "model.json (paddle.jit.save) and a model.py that does not override load(); "
                               "set backend: jit or auto")
+    if config.backend in RUNTIMES and (program is None or model_class.load is not Model.load
+                                       or model_class.execute is not Model.execute):
+        raise RepositoryError(name, source if source.is_file() else directory,
+                              f"backend {config.backend} runs the version's saved program, converted to ONNX, "
+                              "through the default load() and execute(): it needs model.json (paddle.jit.save) or "
+                              "inference.json and a model.py that overrides neither; set backend: auto, jit or "
+                              "inference")
     inputs, outputs = program_specs(name, program) if program is not None else ((), ())
     inputs = declared(name, source, model_class.inputs, inputs, "inputs")
     outputs = declared(name, source, model_class.outputs, outputs, "outputs")
@@ -198,6 +206,7 @@ def read_version(name: str, directory: Path, config: ModelConfig, number: int) -
                                            "that turns them into numeric arrays")
     return Version(model_class, ModelContext(name, number, directory, program, inputs, outputs,
                                              config.parameters, config.backend, config.inference,
+                                             runtime=config.runtime, choice=config.choice,
                                              share_weights=config.share_weights,
                                              padding={name: (tuple(p.dims), p.value)
                                                       for name, p in config.batch_padding.items()}))

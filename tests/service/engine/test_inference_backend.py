@@ -60,6 +60,9 @@ def repository(tmp_path_factory) -> Path:
     for backend in ("jit", "inference"):
         shutil.copytree(root / "two-auto", root / f"two-{backend}")
         (root / f"two-{backend}" / "config.yaml").write_text(f"backend: {backend}\n")
+    # auto measuring the Predictor alone: a Predictor on the CPU, paddle.jit.load on sim.
+    shutil.copytree(root / "two-auto", root / "two-predictor")
+    (root / "two-predictor" / "config.yaml").write_text("backend: auto\nchoice: {backends: [inference]}\n")
     return root
 
 
@@ -89,8 +92,9 @@ def test_each_backend_answers_as_jit_load_with_two_inputs_of_two_datatypes(repos
         assert raw["output"] == {"cpu"}
 
 
-def test_auto_takes_a_predictor_on_the_cpu_and_jit_load_on_a_sim_device(repository):
-    assert replica_of(repository, "two-auto", "cpu").backend == "inference"
+def test_auto_measures_on_the_cpu_and_takes_jit_load_on_a_sim_device(repository):
+    on_cpu = replica_of(repository, "two-auto", "cpu")
+    assert on_cpu.choice is not None and on_cpu.backend.startswith(f"{on_cpu.choice['serves']} (backend auto")
     on_sim = replica_of(repository, "two-auto", "sim:1")
     assert on_sim.backend == "jit" and on_sim.network is not None
     forced = replica_of(repository, "two-inference", "sim:1")  # asked for: a Predictor on the custom device
@@ -204,26 +208,28 @@ def test_a_service_serves_every_backend_under_concurrent_load_and_says_which(rep
         backends = {name: httpx.get(f"{proc.url}/v2/models/{name}/config", timeout=10).json()
                     for name in ("two-auto", "two-jit", "two-inference")}
     # Triton's ModelConfig has no field for them: they are in its parameters, as JSON (protocol/triton.py).
-    assert {n: (c["parameters"]["backend"]["string_value"], json.loads(c["parameters"]["backends"]["string_value"]))
-            for n, c in backends.items()} == {
-        "two-auto": ("auto", {"cpu": "inference"}), "two-jit": ("jit", {"cpu": "jit"}),
-        "two-inference": ("inference", {"cpu": "inference"})}
+    found = {n: (c["parameters"]["backend"]["string_value"], json.loads(c["parameters"]["backends"]["string_value"]))
+             for n, c in backends.items()}
+    measured = json.loads(backends["two-auto"]["parameters"]["backend_choice"]["string_value"])["cpu"]["serves"]
+    assert found.pop("two-auto")[1]["cpu"].startswith(f"{measured} (backend auto, measured: ")
+    assert found == {"two-jit": ("jit", {"cpu": "jit"}), "two-inference": ("inference", {"cpu": "inference"})}
 
 
 @pytest.mark.parametrize("isolation", ["on", "off"])
 def test_a_predictor_workers_place_checks_catch_a_leak_only_without_isolation(repository, isolation):
-    # two-auto runs as a Predictor on the CPU's workers and as a jit.load layer on sim:0's. With
+    # two-predictor runs as a Predictor on the CPU's workers and as a jit.load layer on sim:0's. With
     # isolation off (stock Paddle: one process-wide device, each worker calling set_device before
     # its batch), a sim worker's set_device lands under a CPU worker: the CPU worker's checks of its
     # thread's device before and after the Predictor's run count the leak. With isolation on, none.
     with ServiceProcess(DEVICES="cpu,sim:0", WORKERS_PER_DEVICE=2, MODEL_REPOSITORY=str(repository),
-                        MODELS="two-auto", ISOLATION=isolation) as proc:
-        config = httpx.get(f"{proc.url}/v2/models/two-auto/config", timeout=10).json()
-        assert json.loads(config["parameters"]["backends"]["string_value"]) == {"cpu": "inference", "sim:0": "jit"}
+                        MODELS="two-predictor", ISOLATION=isolation) as proc:
+        config = httpx.get(f"{proc.url}/v2/models/two-predictor/config", timeout=10).json()
+        backends = json.loads(config["parameters"]["backends"]["string_value"])
+        assert backends["sim:0"] == "jit" and backends["cpu"].startswith("inference (backend auto"), backends
 
         def one(i: int) -> int:
             body = v2_body(two_inputs(1 + i % 4, 1 + i % 7))
-            return httpx.post(f"{proc.url}/v2/models/two-auto/infer", json=body, timeout=60).status_code
+            return httpx.post(f"{proc.url}/v2/models/two-predictor/infer", json=body, timeout=60).status_code
 
         with ThreadPoolExecutor(16) as pool:
             codes = list(pool.map(one, range(400)))

@@ -230,9 +230,10 @@ def test_each_saved_program_runs_on_a_sim_device_as_it_does_by_hand(programs, tm
     mask = rng.integers(0, 2, (3, 5)).astype(bool)
     for device in ("sim:2", "cpu"):
         two = replica(entries["two"], device)
-        # backend auto: paddle.jit.load on sim, whose weights the checks see; a Predictor on the CPU,
-        # whose weights are in its own scope on the place its config names.
-        assert two.backend == ("jit" if device.startswith("sim:") else "inference")
+        # backend auto: paddle.jit.load on sim, whose weights the checks see; on the CPU the backend it
+        # measured fastest (a Predictor or a runtime), whose weights are in its own scope or session.
+        assert two.backend == "jit" if device.startswith("sim:") else two.backend.startswith(
+            f"{two.choice['serves']} (backend auto, measured: ")
         assert set(two.parameter_devices().values()) == ({device} if two.backend == "jit" else set())
         out, raw = run(two, {"x": x, "ids": ids})
         assert raw["output"] == {two.output_device()} == {"cpu"}
@@ -406,7 +407,8 @@ def test_every_saved_program_is_warmed_up_by_default_at_its_typical_shape(progra
 
 
 def test_a_predictor_that_onednn_cannot_run_is_rebuilt_before_ready_a_step_at_a_time(programs, tmp_path):
-    add(tmp_path, "up", programs["upsampled"])
+    # auto measuring the Predictor alone: the rebuild's steps are the Predictor's.
+    add(tmp_path, "up", programs["upsampled"], config="choice: {backends: [inference]}\n")
     add(tmp_path, "unwarmed", programs["upsampled"], config="warmup: []\n")
     entries, errors = read(tmp_path)
     assert errors == []
@@ -415,6 +417,7 @@ def test_a_predictor_that_onednn_cannot_run_is_rebuilt_before_ready_a_step_at_a_
     model = replica(entries["up"], "cpu")
     assert model.backend.startswith("inference (oneDNN for its fused convolutions only: with all its kernels the "
                                     "program failed to run: NotImplementedError")
+    assert "; backend auto, measured: inference " in model.backend
     assert model.context.inference.onednn and model.context.inference.onednn_ops == "fused"
     out, _ = run(model, {"x": x})
     np.testing.assert_array_equal(out["fetch_name_0"], expected)

@@ -1,0 +1,179 @@
+"""``backend: auto`` measures: at load, once for a version on a device, each backend that can run the export is
+timed on the version's warm-up inputs, and the fastest whose outputs agree with Paddle's serves.
+
+Paddle's outputs are the reference: a Predictor's (with oneDNN as the config says, else its fused convolutions
+only, else without it: the steps a failing Predictor is rebuilt through), or ``paddle.jit.load``'s where no
+Predictor runs the program. A runtime (ONNX Runtime, OpenVINO: models/runtimes.py) is compared with it on the
+warm-up inputs and on random inputs of their shapes (a warm-up of zeros says little of the weights), every
+output within the config's ``choice`` tolerances; one that differs, cannot convert or cannot run is passed
+over, and why is kept. The backends still in are timed in interleaved rounds (the median of each), one
+measurement at a time in the process, so that two devices' workers loading at once do not time each other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import paddle
+
+from placeenv import PlaceEnv
+from placeenv.tensors import JIT_LOAD_LOCK, host_tensor
+
+from . import inference, runtimes
+from .inference import InferenceOptions
+
+#: One measurement at a time in the process: timings taken while another device's workers measure are noise.
+MEASURING = threading.Lock()
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """What ``auto`` chose for a version on a device: the backend that serves, each timed backend's median
+    milliseconds over the warm-up inputs, why each other was passed over, the Predictor options that ran the
+    program (None where none did), and the session of a runtime that serves."""
+
+    serves: str
+    timings_ms: dict[str, float]
+    passed_over: dict[str, str]
+    inference: InferenceOptions | None
+    session: runtimes.Session | None = None
+    #: How the Predictor came to run the program where the config's options did not, as a rebuild says it.
+    note: str | None = None
+
+    def describe(self) -> dict[str, Any]:
+        """What ``/v2/models/{m}/config`` and the statistics say of it."""
+        found = {"serves": self.serves, "timings_ms": dict(self.timings_ms), "passed_over": dict(self.passed_over)}
+        if self.note:
+            found["inference"] = self.note
+        return found
+
+    def summary(self) -> str:
+        """``Model.backend``: the backend, and how it was chosen."""
+        times = ", ".join(f"{name} {ms:.1f} ms" for name, ms in sorted(self.timings_ms.items(), key=lambda i: i[1]))
+        over = "; ".join(f"{name}: {why}" for name, why in self.passed_over.items())
+        how = f"{self.note}; " if self.note and self.serves == "inference" else ""
+        return f"{self.serves} ({how}backend auto, measured: {times}{'; passed over: ' + over if over else ''})"
+
+
+def measure(program, place, device: str, context, samples: list[list[np.ndarray]]) -> Choice:
+    """Choose the backend of the saved program at ``program`` on ``device`` (``place``) from ``context``'s
+    config, on ``samples`` (each the program's inputs in its order, host arrays)."""
+    settings = context.choice
+    wanted = list(settings.backends or ("inference", *runtimes.RUNTIMES))
+    passed: dict[str, str] = {}
+    runs: dict[str, Any] = {}
+    with MEASURING:
+        predictor, options, problem, note = _predictor(program, place, context.inference, samples[0])
+        if predictor is not None:
+            reference_name = "inference"
+            reference = _predictor_call(predictor)
+            if "inference" in wanted:
+                runs["inference"] = reference
+        else:
+            passed["inference"] = f"Paddle Inference cannot run the program: {problem}"
+            reference_name, reference = "jit", _jit_call(program, place)
+            runs["jit"] = reference
+        checks = samples + [_random_like(sample) for sample in samples]
+        expected = [reference(arrays) for arrays in checks]
+        sessions: dict[str, runtimes.Session] = {}
+        for name in runtimes.RUNTIMES:
+            if name not in wanted:
+                continue
+            why = runtimes.unavailable(name, device)
+            if why is None:
+                try:
+                    session = runtimes.open_session(name, program, device, context.runtime)
+                    run = session.runner()
+                    why = disagreement([run(arrays) for arrays in checks], expected, settings.rtol, settings.atol,
+                                       reference_name)
+                except Exception as exc:  # noqa: BLE001 - the reason it is passed over
+                    why = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"
+            if why is None:
+                runs[name], sessions[name] = run, session
+            else:
+                passed[name] = why
+        timings = _timed(runs, samples, settings.rounds)
+    serves = min(timings, key=timings.get)
+    return Choice(serves, timings, passed, options, sessions.get(serves), note)
+
+
+def disagreement(found: list[list[np.ndarray]], expected: list[list[np.ndarray]], rtol: float, atol: float,
+                 reference: str) -> str | None:
+    """Why outputs ``found`` (a list per input) do not agree with ``expected``; None where they do."""
+    for got, want in zip(found, expected):
+        if len(got) != len(want):
+            return f"it answers {len(got)} outputs, {reference} {len(want)}"
+        for i, (a, b) in enumerate(zip(got, want)):
+            a, b = np.asarray(a), np.asarray(b)
+            if a.shape != b.shape:
+                return f"its output {i} has shape {list(a.shape)}, {reference}'s {list(b.shape)}"
+            if not np.allclose(a, b, rtol=rtol, atol=atol, equal_nan=True):
+                worst = float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
+                return (f"its output {i} differs from {reference}'s by up to {worst:.3g} (choice tolerances: "
+                        f"rtol {rtol:g}, atol {atol:g})")
+    return None
+
+
+def _predictor(program, place, options: InferenceOptions, arrays: list[np.ndarray]):
+    """A Predictor that runs ``arrays``, with ``options`` or the rebuild's next steps (oneDNN's fused
+    convolutions only, then oneDNN off): (predictor, its options, None, how it came to them in a rebuild's
+    words or None), or (None, None, the last problem, None)."""
+    steps = [(options, None)]
+    if options.onednn and options.onednn_ops == "all":
+        steps.append((options.model_copy(update={"onednn_ops": "fused"}),
+                      "oneDNN for its fused convolutions only: with all its kernels"))
+    if options.onednn:
+        steps.append((options.model_copy(update={"onednn": False}), "oneDNN off: with it"))
+    problem = ""
+    for step, how in steps:
+        try:
+            with JIT_LOAD_LOCK:
+                predictor = inference.create(program, place, step)
+            _predictor_call(predictor)(arrays)
+            return predictor, step, None, how and f"{how} the program failed to run: {problem}"
+        except Exception as exc:  # noqa: BLE001 - the next step, or the reason none ran
+            problem = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:200]}"
+    return None, None, problem, None
+
+
+def _predictor_call(predictor):
+    def run(arrays: list[np.ndarray]) -> list[np.ndarray]:
+        return [tensor.numpy() for tensor in predictor.run([host_tensor(a) for a in arrays])]
+
+    return run
+
+
+def _jit_call(program, place):
+    with JIT_LOAD_LOCK, PlaceEnv(place):
+        layer = paddle.jit.load(str(program))
+    layer.eval()
+
+    def run(arrays: list[np.ndarray]) -> list[np.ndarray]:
+        with PlaceEnv(place), paddle.no_grad():
+            out = layer(*[paddle.to_tensor(a) for a in arrays])
+        return [t.numpy() for t in (out if isinstance(out, (list, tuple)) else [out])]
+
+    return run
+
+
+def _random_like(arrays: list[np.ndarray]) -> list[np.ndarray]:
+    """The same inputs with their floating-point values drawn uniformly from [0, 1) (integers and booleans
+    kept: they may be indices or masks)."""
+    rng = np.random.default_rng(0)
+    return [rng.random(a.shape).astype(a.dtype) if np.issubdtype(a.dtype, np.floating) else a for a in arrays]
+
+
+def _timed(runs: dict[str, Any], samples: list[list[np.ndarray]], rounds: int) -> dict[str, float]:
+    """Each run's median milliseconds over ``samples``, in ``rounds`` interleaved rounds."""
+    found: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            for arrays in samples:
+                run(arrays)
+            found[name].append((time.perf_counter() - start) * 1000)
+    return {name: round(float(np.median(times)), 2) for name, times in found.items()}

@@ -1,0 +1,225 @@
+"""ONNX Runtime and OpenVINO as backends of a Paddle export, beside Paddle Inference and ``paddle.jit.load``.
+
+The export (``inference.json`` / ``model.json`` and its ``.pdiparams``) is converted to ONNX by
+``paddle2onnx``, Paddle's own converter, once: the file is kept in the user cache under the digest of the
+export's bytes and the converter's version, where the sim plugin and the native shim are kept
+(``PLACEENV_ONNX_CACHE`` names another directory). The converter runs in a child process: it imports Paddle
+afresh and switches its static mode, and a crash of it is a reason, never the service's end. A conversion
+that fails is kept as its reason under the same digest, so the next start does not try again.
+
+A session is made once per version and device and shared by the device's workers: ONNX Runtime's
+``InferenceSession.run`` is safe from several threads and leaves the GIL while it runs, so their runs
+overlap with one copy of the weights. OpenVINO's compiled model is shared the same way, each worker with an
+infer request of its own (a request is one run at a time); its ``infer`` leaves the GIL too.
+
+Devices: ONNX Runtime runs on the CPU, and on ``gpu:N`` through its CUDA execution provider with
+``device_id`` N where the installed package has it (onnxruntime-gpu); OpenVINO on the CPU only (its GPU
+plugin is Intel's, not CUDA). Elsewhere (custom devices, sim) neither is offered.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from placeenv.cbuild import cache_root
+
+Runtime = Literal["onnxruntime", "openvino"]
+RUNTIMES: tuple[Runtime, ...] = ("onnxruntime", "openvino")
+#: The ONNX opset the export is converted to: paddle2onnx's tested one for PP-OCR and PaddleX's exports.
+OPSET = 14
+#: A conversion that hangs holds up every worker's start: it fails instead.
+CONVERT_TIMEOUT_S = 600
+
+
+class RuntimeOptions(BaseModel):
+    """What users tune of ONNX Runtime and OpenVINO on the CPU."""
+
+    model_config = ConfigDict(extra="forbid")
+    cpu_threads: int | None = Field(
+        None, ge=1, le=1024, description="threads a run uses on the CPU; default: every core this process may "
+        "use (a run alone takes them all; the device's workers' runs overlap and share them)")
+    memory_arena: bool = Field(
+        False, description="ONNX Runtime's CPU memory arena: off, each run's buffers go back to the system, "
+        "so resident memory does not grow with every new input shape; on, it keeps them for the next run")
+
+
+class ConversionFailed(RuntimeError):
+    """paddle2onnx could not convert the export: the reason, said once."""
+
+
+def unavailable(runtime: Runtime, device: str) -> str | None:
+    """Why ``runtime`` is not offered on ``device`` (its package is missing, or it has no provider there);
+    None where it is."""
+    kind, _, index = device.partition(":")
+    if runtime == "onnxruntime":
+        try:
+            import onnxruntime
+        except ImportError as exc:
+            return f"onnxruntime is not installed ({exc})"
+        if kind == "cpu":
+            return None
+        if kind == "gpu":
+            if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
+                return None
+            return (f"the installed onnxruntime has no CUDA execution provider for {device} "
+                    "(install onnxruntime-gpu)")
+        return f"ONNX Runtime has no execution provider for {device}"
+    try:
+        import openvino  # noqa: F401
+    except ImportError as exc:
+        return f"openvino is not installed ({exc})"
+    if kind == "cpu":
+        return None
+    return f"OpenVINO runs on the CPU here; its GPU plugin is Intel's, and {device} is not one it has"
+
+
+def _version(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "none"
+
+
+_convert_lock = threading.Lock()
+
+
+def onnx_file(program: Path) -> Path:
+    """The ONNX file of the saved program at ``program`` (its path prefix), converted on first use and kept;
+    ``ConversionFailed`` with paddle2onnx's reason where it cannot be."""
+    graph = program.with_suffix(".json")
+    params = program.with_suffix(".pdiparams")
+    digest = hashlib.sha256()
+    for part in (graph, params):
+        digest.update(part.read_bytes() if part.is_file() else b"-")
+    digest.update(f"paddle2onnx {_version('paddle2onnx')} opset {OPSET}".encode())
+    directory = cache_root("PLACEENV_ONNX_CACHE", "onnx") / digest.hexdigest()[:16]
+    found, failed = directory / "model.onnx", directory / "failed.txt"
+    with _convert_lock:  # the workers of several devices find it missing at once: one converts
+        if found.is_file():
+            return found
+        if failed.is_file():
+            raise ConversionFailed(failed.read_text(encoding="utf-8"))
+        directory.mkdir(parents=True, exist_ok=True)
+        # Written beside the target and renamed: another process never reads half a file.
+        with tempfile.TemporaryDirectory(dir=directory) as tmp:
+            partial = Path(tmp) / "model.onnx"
+            problem = _convert(graph, params, partial)
+            if problem is None:
+                os.replace(partial, found)
+                return found
+            (Path(tmp) / "failed.txt").write_text(problem, encoding="utf-8")
+            os.replace(Path(tmp) / "failed.txt", failed)
+        raise ConversionFailed(problem)
+
+
+def _convert(graph: Path, params: Path, target: Path) -> str | None:
+    """Run paddle2onnx in a child process; None on success, else why not."""
+    if _version("paddle2onnx") == "none":
+        return "paddle2onnx is not installed"
+    # onnxoptimizer, not paddle2onnx's default polygraphy, which sets POLYGRAPHY_AUTOINSTALL_DEPS and may
+    # run pip inside the service.
+    code = ("import sys, paddle2onnx; paddle2onnx.export(sys.argv[1], sys.argv[2], sys.argv[3], "
+            f"opset_version={OPSET}, optimize_tool='onnxoptimizer', verbose=False)")
+    try:
+        result = subprocess.run([sys.executable, "-c", code, str(graph), str(params) if params.is_file() else "",
+                                 str(target)], capture_output=True, text=True, timeout=CONVERT_TIMEOUT_S,
+                                env={**os.environ, "GLOG_minloglevel": "2"})
+    except subprocess.TimeoutExpired:
+        return f"paddle2onnx did not finish within {CONVERT_TIMEOUT_S} s"
+    if result.returncode == 0 and target.is_file():
+        return None
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in (result.stdout + result.stderr).splitlines()]
+    # Its own words first ("[ERROR][Paddle2ONNX] Due to the unsupported operators, ..."), then Python's; the
+    # abort that follows them says nothing.
+    said = next((line for line in lines if "[ERROR]" in line), None) or next(
+        (line for line in reversed(lines) if "Error" in line and "FatalError" not in line), None) or (
+        f"it exited with status {result.returncode}")
+    return f"paddle2onnx {_version('paddle2onnx')} could not convert {graph.name}: {said[:300]}"
+
+
+def default_threads() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+class Session:
+    """One backend's compiled model of a version on a device, shared by the device's workers; ``runner()``
+    gives a worker the call that runs it: host arrays in the program's input order, host arrays in its
+    output order."""
+
+    runtime: Runtime
+    input_names: list[str]
+
+    def runner(self):
+        raise NotImplementedError
+
+
+class OnnxRuntimeSession(Session):
+    runtime = "onnxruntime"
+
+    def __init__(self, path: Path, device: str, options: RuntimeOptions) -> None:
+        import onnxruntime
+
+        settings = onnxruntime.SessionOptions()
+        settings.intra_op_num_threads = options.cpu_threads or default_threads()
+        settings.inter_op_num_threads = 1
+        settings.enable_cpu_mem_arena = options.memory_arena
+        settings.enable_mem_pattern = options.memory_arena  # its plans are per input shape
+        settings.log_severity_level = 3
+        kind, _, index = device.partition(":")
+        providers: list[Any] = ["CPUExecutionProvider"]
+        if kind == "gpu":
+            providers.insert(0, ("CUDAExecutionProvider", {"device_id": int(index or 0)}))
+        self.session = onnxruntime.InferenceSession(str(path), settings, providers=providers)
+        self.input_names = [i.name for i in self.session.get_inputs()]
+        self.output_names = [o.name for o in self.session.get_outputs()]
+
+    def runner(self):
+        session, inputs, outputs = self.session, self.input_names, self.output_names
+
+        def run(arrays: list[np.ndarray]) -> list[np.ndarray]:
+            return session.run(outputs, dict(zip(inputs, arrays, strict=True)))
+
+        return run
+
+
+class OpenVinoSession(Session):
+    runtime = "openvino"
+
+    def __init__(self, path: Path, device: str, options: RuntimeOptions) -> None:
+        import openvino
+
+        core = openvino.Core()
+        config = {"INFERENCE_NUM_THREADS": options.cpu_threads or default_threads(),
+                  "PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32"}
+        self.compiled = core.compile_model(core.read_model(str(path)), "CPU", config)
+        self.input_names = [i.get_any_name() for i in self.compiled.inputs]
+
+    def runner(self):
+        request = self.compiled.create_infer_request()  # one run at a time: one a worker
+        count = len(self.compiled.outputs)
+
+        def run(arrays: list[np.ndarray]) -> list[np.ndarray]:
+            request.infer(arrays, share_inputs=True)
+            return [np.array(request.get_output_tensor(i).data) for i in range(count)]
+
+        return run
+
+
+def open_session(runtime: Runtime, program: Path, device: str, options: RuntimeOptions) -> Session:
+    """``runtime``'s session of the saved program at ``program`` on ``device`` (converted first);
+    ``ConversionFailed`` or the runtime's own error where it cannot be made."""
+    path = onnx_file(program)
+    kind = OnnxRuntimeSession if runtime == "onnxruntime" else OpenVinoSession
+    return kind(path, device, options)

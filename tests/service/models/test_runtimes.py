@@ -1,0 +1,307 @@
+"""ONNX Runtime and OpenVINO as backends of a Paddle export (models/runtimes.py), and ``backend: auto``'s
+measured choice (models/choice.py).
+
+Replicas are made as a worker makes them (``engine.standalone``, or a device's workers sharing one
+``DeviceShare``). Each runtime's answers are the Predictor's; the conversion is kept by the export's content,
+and one that fails is a reason; ``auto`` serves the fastest backend whose outputs agree, and its negative
+control is a converted model made wrong on purpose, which it passes over. A runtime's runs leave the GIL
+(the negative control: the binding's Predictor run, which holds it). Over HTTP, the config and statistics
+say which backend serves and why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import statistics
+import threading
+
+import httpx
+import numpy as np
+import onnx
+import paddle
+import pytest
+from onnx import numpy_helper
+from support.models import replica_of, run
+from support.servers import ServiceProcess
+from support.threads import longest_stall
+
+from placeenv import PlaceEnv
+from placeenv.serve.engine.replica import warm_up
+from placeenv.serve.models import runtimes, scan
+from placeenv.serve.models.backends import DeviceShare
+from placeenv.tensors import host_tensor
+
+RNG = np.random.default_rng(0)
+
+
+class TwoKinds(paddle.nn.Layer):
+    """Two inputs of different datatypes, a dynamic sequence length, two outputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = paddle.nn.Embedding(50, 8)
+        self.linear = paddle.nn.Linear(8, 3)
+
+    def forward(self, features, ids):
+        return self.linear(self.embedding(ids).mean(axis=1) + features), ids.sum(axis=1)
+
+
+class Convs(paddle.nn.Layer):
+    """x FP32 [-1, 3, -1, -1] -> three 3x3 convolutions of 32 channels: a run long enough to watch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = paddle.nn.Sequential(paddle.nn.Conv2D(3, 32, 3, padding=1), paddle.nn.ReLU(),
+                                        paddle.nn.Conv2D(32, 32, 3, padding=1), paddle.nn.ReLU(),
+                                        paddle.nn.Conv2D(32, 32, 3, padding=1))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+class Unconvertible(paddle.nn.Layer):
+    """An op paddle2onnx 2.1 has no converter for (histogram)."""
+
+    def forward(self, x):
+        return x + paddle.histogram(x, bins=4).astype("float32")[0]
+
+
+@pytest.fixture(scope="module")
+def onnx_cache(tmp_path_factory):
+    """A conversion cache of this module's own: a test spoils what is in it."""
+    directory = tmp_path_factory.mktemp("onnx-cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PLACEENV_ONNX_CACHE", str(directory))
+        yield directory
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory, onnx_cache):
+    """``two-<backend>`` for each backend, ``convs-<backend>``, ``histogram-<backend>``: one export each,
+    with a config naming the backend."""
+    root = tmp_path_factory.mktemp("repository")
+    paddle.seed(0)
+    with PlaceEnv("cpu"):
+        for name, layer, spec in (
+                ("two", TwoKinds(), [paddle.static.InputSpec([None, 8], "float32", "features"),
+                                     paddle.static.InputSpec([None, None], "int64", "ids")]),
+                ("convs", Convs(), [paddle.static.InputSpec([None, 3, -1, -1], "float32", "x")]),
+                ("histogram", Unconvertible(), [paddle.static.InputSpec([None, 4], "float32", "x")])):
+            layer.eval()
+            paddle.jit.save(layer, str(root / "export" / name / "model"), input_spec=spec)
+            for backend in ("auto", "inference", "onnxruntime", "openvino"):
+                shutil.copytree(root / "export" / name, root / f"{name}-{backend}" / "1")
+                # A runtime has no provider on sim: the service loads it on the CPU's workers only.
+                config = f"backend: {backend}\n" + (
+                    "instance_group: [{kind: cpu, count: 2}]\n" if backend in runtimes.RUNTIMES else "")
+                if name == "convs":  # one thread a run: the GIL test's other thread has a core of its own
+                    config += ("warmup: [{dims: {x: [3, 96, 96]}}]\nruntime: {cpu_threads: 1}\n"
+                               "inference: {cpu_threads: 1}\n")
+                (root / f"{name}-{backend}" / "config.yaml").write_text(config)
+    return root
+
+
+def two_inputs(rows: int, length: int) -> dict[str, np.ndarray]:
+    return {"features": RNG.random((rows, 8), dtype=np.float32),
+            "ids": RNG.integers(0, 50, (rows, length)).astype(np.int64)}
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "openvino"])
+def test_each_runtime_answers_as_the_predictor_with_two_inputs_of_two_datatypes(repository, backend):
+    predictor = replica_of(repository, "two-inference", "cpu")
+    replica = replica_of(repository, f"two-{backend}", "cpu")
+    assert replica.backend == backend and replica.runtime_run is not None
+    assert replica.predictor is None and replica.network is None  # the control: the Predictor's has one
+    assert predictor.predictor is not None and predictor.runtime_run is None
+    for rows, length in ((1, 1), (4, 7), (3, 30)):  # the sequence length changes between calls
+        inputs = two_inputs(rows, length)
+        want, _ = run(predictor, inputs)
+        got, places = run(replica, inputs)
+        assert list(got) == list(want) == ["fetch_name_0", "fetch_name_1"]
+        np.testing.assert_allclose(got["fetch_name_0"], want["fetch_name_0"], rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(got["fetch_name_1"], want["fetch_name_1"])
+        assert got["fetch_name_1"].dtype == np.int64 and places["output"] == {"cpu"}
+
+
+def test_the_conversion_is_kept_by_the_exports_content(repository, onnx_cache, tmp_path):
+    first = runtimes.onnx_file(repository / "two-onnxruntime" / "1" / "model")
+    written = first.stat().st_mtime_ns
+    assert first.is_relative_to(onnx_cache) and first.name == "model.onnx"
+    # Another directory with the same bytes: the same file, not converted again.
+    assert runtimes.onnx_file(repository / "two-auto" / "1" / "model") == first
+    assert first.stat().st_mtime_ns == written
+    # Other weights: another file (the control).
+    paddle.seed(1)
+    with PlaceEnv("cpu"):
+        layer = TwoKinds()
+        paddle.jit.save(layer, str(tmp_path / "model"), input_spec=[
+            paddle.static.InputSpec([None, 8], "float32", "features"),
+            paddle.static.InputSpec([None, None], "int64", "ids")])
+    other = runtimes.onnx_file(tmp_path / "model")
+    assert other != first and other.is_file()
+
+
+def test_a_conversion_that_fails_is_a_reason_kept_and_auto_serves_on(repository, onnx_cache):
+    prefix = repository / "histogram-onnxruntime" / "1" / "model"
+    with pytest.raises(runtimes.ConversionFailed, match="unsupported operators") as failed:
+        runtimes.onnx_file(prefix)
+    kept = list(onnx_cache.glob("*/failed.txt"))
+    assert [p.read_text() for p in kept] == [str(failed.value)]
+    with pytest.raises(runtimes.ConversionFailed) as again:  # from the cache: no second conversion
+        runtimes.onnx_file(prefix)
+    assert str(again.value) == str(failed.value) and list(onnx_cache.glob("*/failed.txt")) == kept
+    # Asked for, the runtime is refused before the version is ready; under auto it is passed over.
+    for backend in ("onnxruntime", "openvino"):
+        with pytest.raises(RuntimeError, match=f"backend {backend}: paddle2onnx .* unsupported operators"):
+            replica_of(repository, f"histogram-{backend}", "cpu")
+    replica = replica_of(repository, "histogram-auto", "cpu")
+    assert replica.choice["serves"] == "inference" and replica.predictor is not None
+    assert set(replica.choice["passed_over"]) == {"onnxruntime", "openvino"}
+    assert all("unsupported operators" in why for why in replica.choice["passed_over"].values())
+
+
+def test_a_runtime_asked_for_where_it_has_no_provider_is_refused_before_ready(repository):
+    for backend in ("onnxruntime", "openvino"):
+        with pytest.raises(RuntimeError, match=f"backend {backend} cannot run on sim:0"):
+            replica_of(repository, f"two-{backend}", "sim:0")
+    assert replica_of(repository, "two-auto", "sim:0").backend == "jit"  # auto measures nothing there
+
+
+def test_auto_serves_the_fastest_backend_whose_outputs_agree(repository):
+    replica = replica_of(repository, "two-auto", "cpu")
+    found = replica.choice
+    assert set(found["timings_ms"]) == {"inference", "onnxruntime", "openvino"} and not found["passed_over"]
+    assert found["serves"] == min(found["timings_ms"], key=found["timings_ms"].get)
+    assert found["timings_ms"][found["serves"]] <= found["timings_ms"]["inference"]
+    assert replica.backend.startswith(f"{found['serves']} (backend auto, measured: ")
+    predictor = replica_of(repository, "two-inference", "cpu")
+    inputs = two_inputs(3, 5)
+    want, _ = run(predictor, inputs)
+    got, _ = run(replica, inputs)
+    np.testing.assert_allclose(got["fetch_name_0"], want["fetch_name_0"], rtol=1e-5, atol=1e-5)
+
+
+def spoil(path) -> None:
+    """The converted model made wrong: every floating-point weight doubled."""
+    model = onnx.load(str(path))
+    # paddle2onnx writes the weights as Constant nodes' values (initializers where an optimiser folds them).
+    tensors = list(model.graph.initializer) + [attribute.t for node in model.graph.node if node.op_type == "Constant"
+                                               for attribute in node.attribute if attribute.name == "value"]
+    spoiled = 0
+    for tensor in tensors:
+        array = numpy_helper.to_array(tensor)
+        if np.issubdtype(array.dtype, np.floating) and array.size > 1:
+            tensor.CopyFrom(numpy_helper.from_array(array * 2, tensor.name))
+            spoiled += 1
+    assert spoiled, "no weights found to spoil"
+    onnx.save(model, str(path))
+
+
+def test_negative_control_auto_passes_over_a_converted_model_whose_answers_differ(repository, tmp_path):
+    # Its own export (other weights), so that spoiling its conversion leaves the other tests' alone.
+    shutil.copytree(repository / "convs-auto", tmp_path / "convs-auto")
+    paddle.seed(7)
+    with PlaceEnv("cpu"):
+        paddle.jit.save(Convs(), str(tmp_path / "convs-auto" / "1" / "model"),
+                        input_spec=[paddle.static.InputSpec([None, 3, -1, -1], "float32", "x")])
+    spoil(runtimes.onnx_file(tmp_path / "convs-auto" / "1" / "model"))
+    replica = replica_of(tmp_path, "convs-auto", "cpu")
+    found = replica.choice
+    assert found["serves"] == "inference" and replica.predictor is not None, found
+    assert set(found["passed_over"]) == {"onnxruntime", "openvino"}
+    assert all("differs from inference's by up to" in why for why in found["passed_over"].values()), found
+    assert set(found["timings_ms"]) == {"inference"}
+    # With tolerances no output can miss, the same spoiled model is taken: the check is what stopped it.
+    (tmp_path / "convs-auto" / "config.yaml").write_text(
+        "backend: auto\nchoice: {rtol: 1.0, atol: 1000.0}\nwarmup: [{dims: {x: [3, 96, 96]}}]\n")
+    loose = replica_of(tmp_path, "convs-auto", "cpu").choice
+    assert not loose["passed_over"] and set(loose["timings_ms"]) == {"inference", "onnxruntime", "openvino"}
+
+
+def device_workers(entry, count: int = 2) -> list:
+    """``count`` replicas of ``entry`` on the CPU sharing one DeviceShare, as a device's workers do."""
+    version, share = entry.default, DeviceShare()
+    replicas = []
+    for _ in range(count):
+        replica = version.model_class()
+        replica.initialize(paddle.CPUPlace(), dataclasses.replace(
+            version.context, share=share, samples=tuple(a for _, a in version.warmup)))
+        warm_up(replica, entry, version)
+        replicas.append(replica)
+    return replicas
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "openvino"])
+def test_a_devices_workers_share_one_session_and_their_runs_leave_the_gil(repository, backend):
+    entries, errors = scan([repository], [f"convs-{backend}", "convs-inference"], max_batch_size=4,
+                           max_batch_delay_ms=0)
+    assert not errors, errors
+    first, second = device_workers(entries[f"convs-{backend}"])
+    assert first.shares_weights and second.shares_weights
+    assert first.context.share.session is second.context.share.session is not None
+    x = RNG.standard_normal((2, 3, 160, 160)).astype(np.float32)
+    expected = run(first, {"x": x})[0]["fetch_name_0"]
+    found, errors = {}, []
+
+    def loop(index: int, replica) -> None:
+        try:
+            found[index] = [run(replica, {"x": x})[0]["fetch_name_0"] for _ in range(6)]
+        except BaseException as exc:  # noqa: BLE001 - the test fails on it below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=loop, args=(i, r)) for i, r in enumerate((first, second))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    for answers in found.values():
+        for got in answers:
+            np.testing.assert_array_equal(got, expected)
+    # Other threads run through a runtime's run; the negative control: the binding's Predictor run holds the GIL.
+    predictor = entries["convs-inference"].default
+    config = paddle.inference.Config(str(predictor.program.with_suffix(".json")),
+                                     str(predictor.program.with_suffix(".pdiparams")))
+    config.set_cpu_math_library_num_threads(1)
+    binding = paddle.inference.create_predictor(config)
+    big = RNG.standard_normal((1, 3, 256, 256)).astype(np.float32)
+    tensor = host_tensor(big)
+    binding.run([tensor])
+    runner = first.context.share.session.runner()
+    free, held = [], []
+    for _ in range(5):  # interleaved: a busy machine slows both alike
+        stall, seconds = longest_stall(lambda: runner([big]))
+        free.append(stall / seconds)
+        stall, seconds = longest_stall(lambda: binding.run([tensor]))
+        held.append(stall / seconds)
+    # Held, the thread waits for nearly all of the run (the rest: the scheduler's turns around its ends).
+    assert statistics.median(held) > 0.6, (free, held)
+    assert statistics.median(free) < 0.35, (free, held)
+
+
+def test_the_service_says_which_backend_serves_its_timings_and_why_the_others_were_passed_over(repository):
+    with ServiceProcess(DEVICES="cpu,sim:0", WORKERS_PER_DEVICE=2, MODEL_REPOSITORY=str(repository),
+                        MODELS="two-auto,two-onnxruntime,histogram-auto") as proc:
+        configs = {name: httpx.get(f"{proc.url}/v2/models/{name}/config", timeout=10).json()
+                   for name in ("two-auto", "two-onnxruntime", "histogram-auto")}
+        metadata = {name: httpx.get(f"{proc.url}/v2/models/{name}", timeout=10).json()
+                    for name in ("two-auto", "two-onnxruntime")}
+        stats = httpx.get(f"{proc.url}/v2/models/two-auto/stats", timeout=10).json()["model_stats"]
+        inputs = two_inputs(2, 4)
+        body = {"inputs": [{"name": n, "shape": list(a.shape), "datatype": "FP32" if a.dtype == np.float32
+                            else "INT64", "data": a.ravel().tolist()} for n, a in inputs.items()]}
+        answer = httpx.post(f"{proc.url}/v2/models/two-onnxruntime/infer", json=body, timeout=60)
+    assert answer.status_code == 200, answer.text
+    parameters = {n: c["parameters"] for n, c in configs.items()}
+    choice = json.loads(parameters["two-auto"]["backend_choice"]["string_value"])
+    assert set(choice) == {"cpu"}  # sim:0 runs jit.load, measuring nothing
+    assert choice["cpu"]["serves"] == min(choice["cpu"]["timings_ms"], key=choice["cpu"]["timings_ms"].get)
+    backends = json.loads(parameters["two-auto"]["backends"]["string_value"])
+    assert backends["sim:0"] == "jit" and backends["cpu"].startswith(choice["cpu"]["serves"] + " (backend auto")
+    assert stats[0]["backends"] == backends
+    assert json.loads(parameters["two-onnxruntime"]["backends"]["string_value"]) == {"cpu": "onnxruntime"}
+    passed = json.loads(parameters["histogram-auto"]["backend_choice"]["string_value"])["cpu"]["passed_over"]
+    assert set(passed) == {"onnxruntime", "openvino"}
+    assert metadata["two-onnxruntime"]["platform"] == "onnxruntime_onnx"
