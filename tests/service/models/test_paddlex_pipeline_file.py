@@ -165,3 +165,44 @@ def test_a_detector_that_does_not_answer_paddledetections_boxes_is_refused(folde
     shutil.copyfile(folder / standin_models.DETECTION / "inference.yml", other / "inference.yml")
     problem = _refused(folder, DETECTION.read_text().replace("model_dir: PicoDet-S", f"model_dir: {other}"))
     assert "a PaddleDetection export answers its boxes [M, 6] and their count an image [N]" in problem, problem
+
+
+@pytest.mark.parametrize("settings, backend", [
+    ("", "auto"),  # nothing names a runtime: measured
+    ("    engine_config:\n      run_mode: paddle\n", "auto"),  # how Paddle Inference runs, not which runtime
+    ("    engine: onnxruntime\n", "onnxruntime"),
+    ("    engine: openvino\n", "openvino"),
+    ("    engine: paddle_static\n", "inference"),
+    ("    engine: paddle\n", "inference"),
+    ("    engine: paddle_dynamic\n", "jit"),
+    ("    use_hpip: true\n    hpi_config:\n      backend: openvino\n", "openvino"),
+    ("    engine: hpi\n    hpi_config:\n      backend: onnxruntime\n", "onnxruntime"),
+    ("    use_hpip: true\n", "auto"),  # HPI chooses by its table: the service measures instead
+    ("    use_hpip: false\n    hpi_config:\n      backend: openvino\n", "auto"),  # the control: HPI off
+])
+def test_a_runtime_the_file_names_is_obeyed_else_the_service_measures(folder, settings, backend):
+    text = paddlex_reference.PIPELINE.read_text()
+    anchor = "    model_name: PP-OCRv5_mobile_rec\n"
+    assert anchor in text
+    entries, _, _ = _read(folder, text.replace(anchor, anchor + settings, 1))
+    assert entries["ocr.TextRecognition"].config.backend == backend
+    assert entries["ocr.TextDetection"].config.backend == "auto"  # the other module: its own settings
+
+
+def test_a_pipelines_engine_is_its_modules_unless_one_names_its_own(folder):
+    text = "engine: openvino\n" + paddlex_reference.PIPELINE.read_text().replace(
+        "    model_name: PP-OCRv5_mobile_rec\n", "    model_name: PP-OCRv5_mobile_rec\n    engine: onnxruntime\n", 1)
+    entries, _, _ = _read(folder, text)
+    assert entries["ocr.TextDetection"].config.backend == "openvino"
+    assert entries["ocr.TextRecognition"].config.backend == "onnxruntime"
+
+
+@pytest.mark.parametrize("settings, says", [
+    ("    engine: tensorrt_llm\n", "SubModules.TextRecognition: engine 'tensorrt_llm' is not served here"),
+    ("    use_hpip: true\n    hpi_config:\n      backend: om\n",
+     "SubModules.TextRecognition: hpi_config backend 'om' is not served here"),
+])
+def test_a_runtime_the_service_does_not_have_is_refused_naming_where(folder, settings, says):
+    anchor = "    model_name: PP-OCRv5_mobile_rec\n"
+    problem = _refused(folder, paddlex_reference.PIPELINE.read_text().replace(anchor, anchor + settings, 1))
+    assert says in problem, problem
