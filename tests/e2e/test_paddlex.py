@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures
+import json
 import shutil
 
 import httpx
@@ -273,12 +274,19 @@ def test_a_bad_setting_over_v2_is_a_400_naming_it(served, page_set):
 
 
 def test_each_model_of_the_pipeline_says_what_runs_it(served):
-    """The exports run in Predictors; the pipeline's one step is PaddleX's pipeline object, Python of its own."""
+    """The exports run on the backend auto measured fastest of those that agree with Paddle Inference (the
+    file's run_mode tunes the Predictor and names no runtime); the pipeline's one step is PaddleX's pipeline
+    object, Python of its own."""
     proc, _ = served
     platforms = {m: httpx.get(f"{proc.url}/v2/models/{m}").json()["platform"]
                  for m in ("ocr", "ocr.pipeline", "ocr.TextDetection", "ocr.TextRecognition")}
-    assert platforms == {"ocr": "ensemble", "ocr.pipeline": "paddle_python", "ocr.TextDetection": "paddle_inference",
-                         "ocr.TextRecognition": "paddle_inference"}
+    assert {m: platforms.pop(m) for m in ("ocr", "ocr.pipeline")} == {"ocr": "ensemble", "ocr.pipeline": "paddle_python"}
+    names = {"inference": "paddle_inference", "onnxruntime": "onnxruntime_onnx", "openvino": "openvino"}
+    for model, platform in platforms.items():
+        parameters = httpx.get(f"{proc.url}/v2/models/{model}/config").json()["parameters"]
+        choice = json.loads(parameters["backend_choice"]["string_value"])["cpu"]
+        assert set(choice["timings_ms"]) == set(names) and not choice["passed_over"], choice
+        assert platform == names[choice["serves"]] and parameters["backend"]["string_value"] == "auto"
 
 
 def test_word_boxes_are_paddlexs(served, page_set):

@@ -82,6 +82,7 @@ def measure(program, place, device: str, context, samples: list[list[np.ndarray]
         sessions: dict[str, runtimes.Session] = {}
         for name in runtimes.RUNTIMES:
             if name not in wanted:
+                passed[name] = "not among the config's choice.backends"
                 continue
             why = runtimes.unavailable(name, device)
             if why is None:
@@ -161,10 +162,11 @@ def _jit_call(program, place):
 
 
 def _random_like(arrays: list[np.ndarray]) -> list[np.ndarray]:
-    """The same inputs with their floating-point values drawn uniformly from [0, 1) (integers and booleans
-    kept: they may be indices or masks)."""
+    """The same inputs with their floating-point values drawn from a standard normal distribution, the scale
+    of normalised images and features (integers and booleans kept: they may be indices or masks)."""
     rng = np.random.default_rng(0)
-    return [rng.random(a.shape).astype(a.dtype) if np.issubdtype(a.dtype, np.floating) else a for a in arrays]
+    return [rng.standard_normal(a.shape).astype(a.dtype) if np.issubdtype(a.dtype, np.floating) else a
+            for a in arrays]
 
 
 def _timed(runs: dict[str, Any], samples: list[list[np.ndarray]], rounds: int) -> dict[str, float]:

@@ -31,7 +31,7 @@ from typing import Any
 from ..protocol.paddlex import NOT_SETTINGS, kind_of, setting_name
 from .configs import InstanceGroup, ModelConfig, RepositoryError, Step, TensorOverride
 from .entries import Entry, Version
-from .inference import InferenceOptions
+from .inference import ChoiceOptions, InferenceOptions
 from .runtimes import RuntimeOptions
 from .base import ModelContext
 from .paddlex_pipeline import MODEL_KEY
@@ -324,13 +324,24 @@ def _load_export(name: str, where: str, module: Module, batch: int, refuse) -> E
     if run_mode not in (None, "paddle", "mkldnn"):
         raise refuse(f"{where}: engine_config run_mode {run_mode!r} is not served here; use paddle "
                      "or mkldnn (on a CPU), or leave it out")
+    kind = module.settings.get("module_name")
     config = ModelConfig(
-        description=f"PaddleX {module.settings.get('module_name')}: {module.settings.get('model_name')} "
-                    f"({module.directory})",
+        description=f"PaddleX {kind}: {module.settings.get('model_name')} ({module.directory})"
+                    + (f"; {PIXEL_EXACT[kind]}" if kind in PIXEL_EXACT else ""),
         max_batch_size=batch, max_batch_delay_ms=0.0, backend=backend_of(engine, where, refuse),
         inference=InferenceOptions(onednn=run_mode != "paddle", cpu_threads=cpu_threads),
-        runtime=RuntimeOptions(cpu_threads=cpu_threads))
+        runtime=RuntimeOptions(cpu_threads=cpu_threads),
+        choice=ChoiceOptions(backends=["inference"]) if kind in PIXEL_EXACT else ChoiceOptions())
     return load_entry(name, module.directory, config, None, batch, 0.0)
+
+
+#: PaddleX's modules whose output is an image the pipeline rounds to 8-bit pixels and hands to the next
+#: networks: ``auto`` measures Paddle Inference alone for them (as PaddleX runs them), since any runtime's
+#: last-bit differences flip pixels that the detector and recogniser then read (the unwarping stand-in on ONNX
+#: Runtime, 6e-5 from Paddle's, changed a line's score by 0.04 on the document-preprocessor answer tests).
+#: A file's ``engine`` still names a runtime for one.
+PIXEL_EXACT = {"image_unwarping": "its unwarped page is rounded to pixels the next networks read: backend auto "
+                                  "measures Paddle Inference alone (a file's engine names another)"}
 
 
 def backend_of(engine: dict[str, Any], where: str, refuse) -> str:
