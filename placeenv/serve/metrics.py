@@ -337,6 +337,24 @@ STEP_LEAKS = Counter(
     "placeenv_pipeline_step_device_leaks", "Place checks of a pipeline's step (or a model's call to "
     "another) that found a tensor or thread on the wrong device.", ["pipeline", "step", "stage"],
 )
+def resident_bytes() -> float:
+    """This process's resident memory (``/proc/self/statm``); 0 where the system has no such file."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return float(int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE"))
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+# Each process's own (the engine's: Paddle, its workers' runtimes and buffers; a front end's): the figure
+# a host's memory is planned by, which Prometheus' own process_resident_memory_bytes gives only for the
+# process it scrapes.
+RESIDENT = PolledGauge(
+    "placeenv_process_resident_memory_bytes", "Resident memory of each process of the service, by process: "
+    "'engine' (one process: the service), or a front end's index.", ["process"], multiprocess_mode="livemax",
+)
+RESIDENT.labels(process=FRONTEND).set_function(resident_bytes)
+
 # Model control (engine/control.py): written by the engine process only.
 MODEL_LOADS = Counter(
     "placeenv_model_loads", "Model loads (a request, or a poll that saw a change), by model and outcome "
@@ -364,9 +382,9 @@ else:
 
 def exposition() -> tuple[bytes, str]:
     """The body and content type of ``/metrics``: this process's registry, or every process's
-    series merged from the shared directory (this process's own written first)."""
-    if SHARED is not None:
-        SHARED.flush()
+    series merged from the shared directory (this process's own written first); the polled gauges read
+    now."""
+    _write()  # (one process: nothing else updates the polled gauges)
     return generate_latest(_SERVED), CONTENT_TYPE_LATEST
 
 

@@ -66,7 +66,8 @@ def _build(slot: Slot, entry: Entry, version) -> Model:
     share = (slot.shares.get(slot.device, entry.name, version.number, version.fingerprint)
              if slot.shares is not None else None)
     replica.initialize(slot.place, dataclasses.replace(version.context, accelerators=slot.accelerators, share=share,
-                                                          samples=tuple(arrays for _, arrays in version.warmup)))
+                                                          samples=tuple(arrays for _, arrays in version.warmup),
+                                                          max_batch_size=entry.max_batch_size))
     stray = {k: d for k, d in replica.parameter_devices().items() if d != slot.device}
     slot.check("load", next(iter(stray.values()), slot.device))
     if stray and slot.isolation:

@@ -26,7 +26,8 @@ def replica(entry: Entry, place, version: int | None = None) -> Model:
     worker warms it (a Predictor that cannot run its program rebuilt)."""
     chosen = entry.versions[version] if version is not None else entry.default
     model = chosen.model_class()
-    model.initialize(place, dataclasses.replace(chosen.context, samples=tuple(a for _, a in chosen.warmup)))
+    model.initialize(place, dataclasses.replace(chosen.context, samples=tuple(a for _, a in chosen.warmup),
+                                                         max_batch_size=entry.max_batch_size))
     warm_up(model, entry, chosen)
     return model
 

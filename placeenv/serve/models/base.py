@@ -88,6 +88,7 @@ class ModelContext:
     padding: Mapping[str, tuple[tuple[int, ...], float]] = dataclasses.field(default_factory=dict)
     # The version's warm-up requests' arrays, as clients send them: what backend auto measures on.
     samples: tuple[Mapping[str, np.ndarray], ...] = ()
+    max_batch_size: int = 0  # the entry's: auto also times its samples at the batch it serves
 
 
 class Model:

@@ -227,7 +227,8 @@ def device_workers(entry, count: int = 2) -> list:
     for _ in range(count):
         replica = version.model_class()
         replica.initialize(paddle.CPUPlace(), dataclasses.replace(
-            version.context, share=share, samples=tuple(a for _, a in version.warmup)))
+            version.context, share=share, samples=tuple(a for _, a in version.warmup),
+            max_batch_size=entry.max_batch_size))
         warm_up(replica, entry, version)
         replicas.append(replica)
     return replicas

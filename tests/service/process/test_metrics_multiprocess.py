@@ -241,3 +241,20 @@ def test_setting_the_directory_after_prometheus_client_is_imported_fails(tmp_pat
     assert late.returncode != 0 and "PROMETHEUS_MULTIPROC_DIR changed after" in late.stderr, late.stderr
     early = imported("pass")  # the control: set before the import, as the supervisor does
     assert early.returncode == 0, early.stderr
+
+
+def test_each_process_reports_its_own_resident_memory():
+    # One process, then an engine and two front ends: the engine's figure holds Paddle and the models; a front
+    # end's does not. The control: the front ends' are their own, well under the engine's.
+    from support.servers import ServiceProcess
+
+    name = "placeenv_process_resident_memory_bytes"
+    with ServiceProcess(MODELS="digits") as proc:
+        alone = proc.by_label(name, "process")
+    assert set(alone) == {"engine"} and alone["engine"] > 200 * 2**20, alone
+    with ServiceProcess(MODELS="digits", FRONTENDS=2) as proc:
+        # A front end writes its figure every quarter second; the first scrape may precede one.
+        found = wait_until(lambda: (lambda seen: seen if set(seen) == {"engine", "0", "1"} else None)(
+            proc.by_label(name, "process")), 30, "no resident memory from every process")
+    assert found["engine"] > 200 * 2**20, found
+    assert all(20 * 2**20 < found[i] < found["engine"] / 2 for i in ("0", "1")), found
