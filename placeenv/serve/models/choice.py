@@ -8,12 +8,23 @@ warm-up inputs and on random inputs of their shapes (a warm-up of zeros says lit
 output within the config's ``choice`` tolerances; one that differs, cannot convert or cannot run is passed
 over, and why is kept. The backends still in are timed in interleaved rounds (the median of each) on the
 warm-up inputs and, for a model that batches, on them repeated to the batch it serves, one
-measurement at a time in the process, so that two devices' workers loading at once do not time each other.
+measurement at a time in the process, so that two devices' workers loading at once do not time each other;
+after the first round, one more than ``HOPELESS`` times slower than the fastest is not timed again.
+
+A choice is kept in the conversion cache, under the digest of all it depends on (the export's and its
+converted file's bytes, the options, the samples' shapes, the packages' versions, the device, the machine's
+processor and cores): the next start builds only what serves, in the time and memory of a backend named in
+the config.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import hashlib
+import json
+import os
+import platform
 import threading
 import time
 from typing import Any
@@ -44,10 +55,13 @@ class Choice:
     session: runtimes.Session | None = None
     #: How the Predictor came to run the program where the config's options did not, as a rebuild says it.
     note: str | None = None
+    measured_at: str = ""  # when (UTC, ISO 8601): a choice read from the cache keeps its measurement's
+    cached: bool = False  # read from the cache: nothing was built or timed but what serves
 
     def describe(self) -> dict[str, Any]:
         """What ``/v2/models/{m}/config`` and the statistics say of it."""
-        found = {"serves": self.serves, "timings_ms": dict(self.timings_ms), "passed_over": dict(self.passed_over)}
+        found = {"serves": self.serves, "timings_ms": dict(self.timings_ms), "passed_over": dict(self.passed_over),
+                 "measured_at": self.measured_at, "cached": self.cached}
         if self.note:
             found["inference"] = self.note
         return found
@@ -62,7 +76,82 @@ class Choice:
 
 def measure(program, place, device: str, context, samples: list[list[np.ndarray]]) -> Choice:
     """Choose the backend of the saved program at ``program`` on ``device`` (``place``) from ``context``'s
-    config, on ``samples`` (each the program's inputs in its order, host arrays)."""
+    config, on ``samples`` (each the program's inputs in its order, host arrays): the choice kept for the same
+    export, converted file, options, samples, packages and machine where there is one, else measured now
+    and kept."""
+    key = _key(program, device, context, samples)
+    found = _cached(key, program, device, context)
+    if found is not None:
+        return found
+    found = _measure(program, place, device, context, samples)
+    _keep(key, found)
+    return found
+
+
+def _key(program, device: str, context, samples: list[list[np.ndarray]]) -> str:
+    """What a measurement depends on, as a digest: the export's and its converted file's bytes, the
+    options, the samples' shapes, the packages' versions, the device and the machine's processor and cores."""
+    digest = hashlib.sha256()
+    for part in (program.with_suffix(".json"), program.with_suffix(".pdiparams")):
+        digest.update(part.read_bytes() if part.is_file() else b"-")
+    try:
+        digest.update(runtimes.onnx_file(program).read_bytes())
+    except Exception as exc:  # noqa: BLE001 - a conversion that fails is part of what was measured
+        digest.update(f"no conversion: {exc}".encode())
+    digest.update(json.dumps({
+        "device": device, "max_batch_size": context.max_batch_size,
+        "options": [context.inference.model_dump(mode="json"), context.runtime.model_dump(mode="json"),
+                    context.choice.model_dump(mode="json")],
+        "samples": [[[list(a.shape), str(a.dtype)] for a in arrays] for arrays in samples],
+        "packages": {name: runtimes._version(name) for name in ("paddlepaddle", "onnxruntime", "openvino",
+                                                                 "paddle2onnx")},
+        "machine": [platform.machine(), _processor(), runtimes.default_threads()],
+    }, sort_keys=True).encode())
+    return digest.hexdigest()[:24]
+
+
+def _processor() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            return next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), "")
+    except OSError:
+        return platform.processor()
+
+
+def _path(key: str):
+    return runtimes.cache_root("PLACEENV_ONNX_CACHE", "onnx") / "choices" / f"{key}.json"
+
+
+def _cached(key: str, program, device: str, context) -> Choice | None:
+    """The kept choice of ``key``, its runtime's session opened; None where there is none (or it no longer
+    opens: it is measured again)."""
+    try:
+        kept = json.loads(_path(key).read_text(encoding="utf-8"))
+        session = (runtimes.open_session(kept["serves"], program, device, context.runtime)
+                   if kept["serves"] in runtimes.RUNTIMES else None)
+        options = InferenceOptions.model_validate(kept["inference"]) if kept["inference"] is not None else None
+        return Choice(kept["serves"], kept["timings_ms"], kept["passed_over"], options, session, kept["note"],
+                      kept["measured_at"], cached=True)
+    except Exception:  # noqa: BLE001 - none kept, or one that cannot serve: measured again
+        return None
+
+
+def _keep(key: str, found: Choice) -> None:
+    """Keep ``found`` for the next start (written beside and renamed: a reader never sees half of it)."""
+    path = _path(key)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
+        partial.write_text(json.dumps({
+            "serves": found.serves, "timings_ms": found.timings_ms, "passed_over": found.passed_over,
+            "inference": found.inference.model_dump(mode="json") if found.inference is not None else None,
+            "note": found.note, "measured_at": found.measured_at}), encoding="utf-8")
+        os.replace(partial, path)
+    except OSError:  # a read-only cache: the next start measures again
+        pass
+
+
+def _measure(program, place, device: str, context, samples: list[list[np.ndarray]]) -> Choice:
     settings = context.choice
     wanted = list(settings.backends or ("inference", *runtimes.RUNTIMES))
     passed: dict[str, str] = {}
@@ -100,7 +189,8 @@ def measure(program, place, device: str, context, samples: list[list[np.ndarray]
                 passed[name] = why
         timings = _timed(runs, samples + _batched(samples, context.max_batch_size), settings.rounds)
     serves = min(timings, key=timings.get)
-    return Choice(serves, timings, passed, options, sessions.get(serves), note)
+    measured_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return Choice(serves, timings, passed, options, sessions.get(serves), note, measured_at)
 
 
 def disagreement(found: list[list[np.ndarray]], expected: list[list[np.ndarray]], rtol: float, atol: float,
@@ -190,11 +280,19 @@ def _batched(samples: list[list[np.ndarray]], max_batch_size: int) -> list[list[
     return found
 
 
+#: After the first round, a backend slower than this many times the fastest is not timed again: it cannot win,
+#: and its rounds are most of a load's time (PP-OCRv5's detector: the Predictor's 0.9 s against 0.2 s).
+HOPELESS = 2.0
+
+
 def _timed(runs: dict[str, Any], samples: list[list[np.ndarray]], rounds: int) -> dict[str, float]:
-    """Each run's median milliseconds over ``samples``, in ``rounds`` interleaved rounds."""
+    """Each run's median milliseconds over ``samples``, in ``rounds`` interleaved rounds (one only for a run
+    ``HOPELESS`` times slower than the fastest's first)."""
     found: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(rounds):
+    for number in range(rounds):
         for name, run in runs.items():
+            if number and found[name][0] > HOPELESS * min(times[0] for times in found.values()):
+                continue
             start = time.perf_counter()
             for arrays in samples:
                 run(arrays)

@@ -306,3 +306,20 @@ def test_the_service_says_which_backend_serves_its_timings_and_why_the_others_we
     passed = json.loads(parameters["histogram-auto"]["backend_choice"]["string_value"])["cpu"]["passed_over"]
     assert set(passed) == {"onnxruntime", "openvino"}
     assert metadata["two-onnxruntime"]["platform"] == "onnxruntime_onnx"
+
+
+def test_a_choice_is_kept_for_the_next_start_and_measured_again_when_what_it_depends_on_changes(repository, tmp_path):
+    shutil.copytree(repository / "two-auto", tmp_path / "two-auto")
+    paddle.seed(11)  # an export of its own: no test measured it before
+    with PlaceEnv("cpu"):
+        paddle.jit.save(TwoKinds(), str(tmp_path / "two-auto" / "1" / "model"), input_spec=[
+            paddle.static.InputSpec([None, 8], "float32", "features"),
+            paddle.static.InputSpec([None, None], "int64", "ids")])
+    first = replica_of(tmp_path, "two-auto", "cpu").choice
+    again = replica_of(tmp_path, "two-auto", "cpu").choice
+    assert not first["cached"] and again["cached"]
+    assert {k: v for k, v in again.items() if k != "cached"} == {k: v for k, v in first.items() if k != "cached"}
+    # The control: other options are another measurement.
+    (tmp_path / "two-auto" / "config.yaml").write_text("backend: auto\nchoice: {rounds: 2}\n")
+    other = replica_of(tmp_path, "two-auto", "cpu").choice
+    assert not other["cached"] and other["measured_at"] >= first["measured_at"]
