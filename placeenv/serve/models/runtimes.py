@@ -53,6 +53,9 @@ class RuntimeOptions(BaseModel):
     memory_arena: bool = Field(
         False, description="ONNX Runtime's CPU memory arena: off, each run's buffers go back to the system, "
         "so resident memory does not grow with every new input shape; on, it keeps them for the next run")
+    shape_cache: int = Field(
+        16, ge=0, le=100000, description="OpenVINO's kernels kept per input shape (CPU_RUNTIME_CACHE_CAPACITY; "
+        "its own default 5000): a page of every new size adds to it, and its memory with it")
 
 
 class ConversionFailed(RuntimeError):
@@ -205,8 +208,10 @@ class OpenVinoSession(Session):
         import openvino
 
         core = openvino.Core()
+        # f32: on a CPU with AMX it would run bf16, whose answers differ (0.16 on PP-OCRv5's recogniser's logits).
         config = {"INFERENCE_NUM_THREADS": options.cpu_threads or default_threads(),
-                  "PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32"}
+                  "PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32",
+                  "CPU_RUNTIME_CACHE_CAPACITY": options.shape_cache}
         self.compiled = core.compile_model(core.read_model(str(path)), "CPU", config)
         self.input_names = [i.get_any_name() for i in self.compiled.inputs]
 
