@@ -2,7 +2,7 @@
 OCR pipeline file, both through ``POST /ocr``:
 
     python benchmarks/ocr_memory.py [--pages 360] [--clients 4] [--every 60] [--servers PaddleX ours]
-                                    [--ours-flag=--no-keep-host-memory ...]
+                                    [--ours-flag=--no-keep-host-memory ...] [--ours-engine onnxruntime]
 
 Each server runs alone (the other stopped): started, warmed up with one pass over 24 pages at c=1 (its
 resident memory then is "after warm-up"), then ``--pages`` pages at ``--clients`` concurrent clients, each
@@ -112,6 +112,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--servers", nargs="+", default=["PaddleX", "ours"], choices=["PaddleX", "ours"])
     parser.add_argument("--ours-flag", action="append", default=[], help="a flag for ours (repeatable)")
+    parser.add_argument("--ours-engine", default=None,
+                        help="ours: each module's engine (onnxruntime, openvino, paddle_static) in place of auto")
     parser.add_argument("--deadline", type=float, default=300, help="seconds a server has to be ready")
     args = parser.parse_args()
     warmup = [p.data for p in serving.page_maker.pages(24)]
@@ -121,7 +123,11 @@ def main() -> None:
         tmp = Path(scratch)
         pipeline = serving.reference.pipeline_file(tmp)
         (tmp / "repository" / serving.MODEL).mkdir(parents=True)
-        (tmp / "repository" / serving.MODEL / "pipeline.yaml").write_text(pipeline.read_text())
+        text = pipeline.read_text()
+        if args.ours_engine:
+            for kind in ("text_detection", "text_recognition"):
+                text = text.replace(f"    module_name: {kind}\n", f"    module_name: {kind}\n    engine: {args.ours_engine}\n")
+        (tmp / "repository" / serving.MODEL / "pipeline.yaml").write_text(text)
         for name in args.servers:
             serving.say(f"starting {name}")
             server = (serving.start_paddlex(pipeline, tmp, args.deadline) if name == "PaddleX" else
