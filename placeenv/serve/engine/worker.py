@@ -28,11 +28,15 @@ from .. import metrics
 from .dispatch import DeviceQueue, Job, resolve_all
 from ..protocol.errors import Draining, InvalidInput, ModelFailed, Overloaded, ServiceError, Timeout
 from ..models.base import CALLS, JIT_LOAD_LOCK, InputError, Model
+from ..models import runtimes
 from ..models.repository import Entry
 from .forward import Answer, Batch, Handed, forward
 from .replica import STOCK_BUILDS, Shares, Slot, build, finalize
 
 log = logging.getLogger(__name__)
+
+#: The backends whose exports are converted to ONNX, started in the background as a worker starts.
+CONVERTED = ("auto", *runtimes.RUNTIMES)
 
 
 #: What a model's call to another (``Model.infer``) answers when it fails, as it is: the request the
@@ -171,6 +175,8 @@ class Worker:
             # hundreds of times (switch_to_static_graph): a thread born then stays in static mode.
             with contextlib.nullcontext() if self.isolation else STOCK_BUILDS, JIT_LOAD_LOCK:
                 paddle.set_device(self.device)  # once: placeenv keeps it to this thread
+            runtimes.convert_soon([v.program for e in self.entries if e.config.backend in CONVERTED
+                                   for v in e.versions.values() if v.program is not None], self.device)
             for entry in self.entries:
                 self._load_entry(entry)
             self.ready.set()

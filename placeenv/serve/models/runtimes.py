@@ -19,6 +19,7 @@ plugin is Intel's, not CUDA). Elsewhere (custom devices, sim) neither is offered
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import os
 import re
@@ -95,7 +96,8 @@ def _version(package: str) -> str:
         return "none"
 
 
-_convert_lock = threading.Lock()
+_convert_locks: dict[Path, threading.Lock] = {}
+_convert_locks_lock = threading.Lock()
 
 
 def onnx_file(program: Path) -> Path:
@@ -109,7 +111,9 @@ def onnx_file(program: Path) -> Path:
     digest.update(f"paddle2onnx {_version('paddle2onnx')} opset {OPSET}".encode())
     directory = cache_root("PLACEENV_ONNX_CACHE", "onnx") / digest.hexdigest()[:16]
     found, failed = directory / "model.onnx", directory / "failed.txt"
-    with _convert_lock:  # the workers of several devices find it missing at once: one converts
+    with _convert_locks_lock:
+        lock = _convert_locks.setdefault(directory, threading.Lock())
+    with lock:  # the workers of several devices find it missing at once: one converts (other exports meanwhile)
         if found.is_file():
             return found
         if failed.is_file():
@@ -125,6 +129,26 @@ def onnx_file(program: Path) -> Path:
             (Path(tmp) / "failed.txt").write_text(problem, encoding="utf-8")
             os.replace(Path(tmp) / "failed.txt", failed)
         raise ConversionFailed(problem)
+
+
+_converting = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="paddle2onnx")
+
+
+def convert_soon(programs: list[Path], device: str) -> None:
+    """Start converting ``programs`` in the background where a runtime is offered on ``device``: a worker's
+    first model then measures while the next ones' child processes convert (``onnx_file`` waits for one
+    under way). A failure is kept as ``onnx_file`` keeps it."""
+    if all(unavailable(runtime, device) is not None for runtime in RUNTIMES):
+        return
+    for program in programs:
+        _converting.submit(_quietly, program)
+
+
+def _quietly(program: Path) -> None:
+    try:
+        onnx_file(program)
+    except Exception:  # noqa: BLE001 - kept, and said where a backend asks for it
+        pass
 
 
 def _convert(graph: Path, params: Path, target: Path) -> str | None:
