@@ -15,25 +15,13 @@ import numpy as np
 import paddle
 import pytest
 
+from support.models import Convs
 from support.threads import longest_stall
 
 from placeenv import PlaceEnv, native
 from placeenv.tensors import host_view
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-class Convs(paddle.nn.Layer):
-    """x FP32 [-1, 3, -1, -1] -> three 3x3 convolutions of 32 channels: a run long enough to watch."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = paddle.nn.Sequential(paddle.nn.Conv2D(3, 32, 3, padding=1), paddle.nn.ReLU(),
-                                        paddle.nn.Conv2D(32, 32, 3, padding=1), paddle.nn.ReLU(),
-                                        paddle.nn.Conv2D(32, 32, 3, padding=1))
-
-    def forward(self, x):
-        return self.net(x)
 
 
 class Upsampled(paddle.nn.Layer):

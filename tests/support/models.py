@@ -66,3 +66,61 @@ def digits_locally(pixels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     exp = np.exp(logits.astype(np.float64) - logits.max(axis=1, keepdims=True))
     probabilities = exp / exp.sum(axis=1, keepdims=True)
     return probabilities.argmax(axis=1), probabilities
+
+
+class TwoKinds(paddle.nn.Layer):
+    """Two inputs of different datatypes, a dynamic sequence length, two outputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = paddle.nn.Embedding(50, 8)
+        self.linear = paddle.nn.Linear(8, 3)
+
+    def forward(self, features, ids):
+        mixed = self.embedding(ids).mean(axis=1) + features
+        return self.linear(mixed), ids.sum(axis=1)
+
+
+TWO_KINDS_SPEC = [paddle.static.InputSpec([None, 8], "float32", "features"),
+                  paddle.static.InputSpec([None, None], "int64", "ids")]
+
+
+class Convs(paddle.nn.Layer):
+    """x FP32 [-1, 3, -1, -1] -> three 3x3 convolutions of 32 channels: a run long enough to watch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = paddle.nn.Sequential(paddle.nn.Conv2D(3, 32, 3, padding=1), paddle.nn.ReLU(),
+                                        paddle.nn.Conv2D(32, 32, 3, padding=1), paddle.nn.ReLU(),
+                                        paddle.nn.Conv2D(32, 32, 3, padding=1))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def hammer(replicas: list, inputs: list[dict], output: str = "fetch_name_0") -> None:
+    """Each replica in a thread of its own, all running ``inputs`` at once: every answer that of the first
+    replica alone; an exception in a thread fails the caller."""
+    import threading
+
+    expected = [run(replicas[0], one)[0][output] for one in inputs]
+    found: dict[int, list] = {}
+    errors: list[BaseException] = []
+    start = threading.Barrier(len(replicas))
+
+    def loop(index: int) -> None:
+        try:
+            start.wait()
+            found[index] = [run(replicas[index], one)[0][output] for one in inputs]
+        except BaseException as exc:  # noqa: BLE001 - the caller fails on it below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=loop, args=(i,)) for i in range(len(replicas))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    for answers in found.values():
+        for got, want in zip(answers, expected):
+            np.testing.assert_array_equal(got, want)

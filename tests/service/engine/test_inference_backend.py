@@ -18,7 +18,7 @@ import httpx
 import numpy as np
 import paddle
 import pytest
-from support.models import replica_of, run
+from support.models import TwoKinds, replica_of, run
 from support.servers import ServiceProcess
 
 import placeenv
@@ -32,19 +32,6 @@ from placeenv.serve.engine.dispatch import DeviceQueue
 from placeenv.serve.engine.workers import WorkerPool
 
 RNG = np.random.default_rng(0)
-
-
-class TwoKinds(paddle.nn.Layer):
-    """Two inputs of different datatypes, a dynamic sequence length, two outputs."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.embedding = paddle.nn.Embedding(50, 8)
-        self.linear = paddle.nn.Linear(8, 3)
-
-    def forward(self, features, ids):
-        mixed = self.embedding(ids).mean(axis=1) + features
-        return self.linear(mixed), ids.sum(axis=1)
 
 
 @pytest.fixture(scope="module")

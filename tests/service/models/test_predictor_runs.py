@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
-import threading
 
 import numpy as np
 import paddle
 import pytest
-from support.models import run
+from support.models import hammer as support_hammer
 
 from placeenv import PlaceEnv, native
 from placeenv.serve.engine.replica import warm_up
@@ -72,28 +71,8 @@ def workers(entry, count: int = 2) -> list:
 def hammer(replicas: list) -> None:
     """Each replica in a thread of its own, runs at once: every answer that of the first replica alone."""
     rng = np.random.default_rng(0)
-    inputs = [rng.standard_normal((1 + i % 4, 3, 24, 24)).astype(np.float32) for i in range(24)]
-    expected = [run(replicas[0], {"x": x})[0]["fetch_name_0"] for x in inputs]
-    found: dict[int, list] = {}
-    errors: list[BaseException] = []
-    start = threading.Barrier(len(replicas))
-
-    def loop(index: int) -> None:
-        try:
-            start.wait()
-            found[index] = [run(replicas[index], {"x": x})[0]["fetch_name_0"] for x in inputs]
-        except BaseException as exc:  # noqa: BLE001 - the test fails on it below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=loop, args=(i,)) for i in range(len(replicas))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors, errors
-    for answers in found.values():
-        for got, want in zip(answers, expected):
-            np.testing.assert_array_equal(got, want)
+    support_hammer(replicas, [{"x": rng.standard_normal((1 + i % 4, 3, 24, 24)).astype(np.float32)}
+                              for i in range(24)])
 
 
 def test_a_cpu_devices_workers_run_predictors_of_their_own_side_by_side_and_answer_alike(entries):

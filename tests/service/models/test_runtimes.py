@@ -15,7 +15,6 @@ import dataclasses
 import json
 import shutil
 import statistics
-import threading
 
 import httpx
 import numpy as np
@@ -23,7 +22,7 @@ import onnx
 import paddle
 import pytest
 from onnx import numpy_helper
-from support.models import replica_of, run
+from support.models import TWO_KINDS_SPEC, Convs, TwoKinds, hammer, replica_of, run
 from support.servers import ServiceProcess
 from support.threads import longest_stall
 
@@ -34,31 +33,6 @@ from placeenv.serve.models.backends import DeviceShare
 from placeenv.tensors import host_tensor
 
 RNG = np.random.default_rng(0)
-
-
-class TwoKinds(paddle.nn.Layer):
-    """Two inputs of different datatypes, a dynamic sequence length, two outputs."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.embedding = paddle.nn.Embedding(50, 8)
-        self.linear = paddle.nn.Linear(8, 3)
-
-    def forward(self, features, ids):
-        return self.linear(self.embedding(ids).mean(axis=1) + features), ids.sum(axis=1)
-
-
-class Convs(paddle.nn.Layer):
-    """x FP32 [-1, 3, -1, -1] -> three 3x3 convolutions of 32 channels: a run long enough to watch."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = paddle.nn.Sequential(paddle.nn.Conv2D(3, 32, 3, padding=1), paddle.nn.ReLU(),
-                                        paddle.nn.Conv2D(32, 32, 3, padding=1), paddle.nn.ReLU(),
-                                        paddle.nn.Conv2D(32, 32, 3, padding=1))
-
-    def forward(self, x):
-        return self.net(x)
 
 
 class Unconvertible(paddle.nn.Layer):
@@ -85,8 +59,7 @@ def repository(tmp_path_factory, onnx_cache):
     paddle.seed(0)
     with PlaceEnv("cpu"):
         for name, layer, spec in (
-                ("two", TwoKinds(), [paddle.static.InputSpec([None, 8], "float32", "features"),
-                                     paddle.static.InputSpec([None, None], "int64", "ids")]),
+                ("two", TwoKinds(), TWO_KINDS_SPEC),
                 ("convs", Convs(), [paddle.static.InputSpec([None, 3, -1, -1], "float32", "x")]),
                 ("histogram", Unconvertible(), [paddle.static.InputSpec([None, 4], "float32", "x")])):
             layer.eval()
@@ -136,9 +109,7 @@ def test_the_conversion_is_kept_by_the_exports_content(repository, onnx_cache, t
     paddle.seed(1)
     with PlaceEnv("cpu"):
         layer = TwoKinds()
-        paddle.jit.save(layer, str(tmp_path / "model"), input_spec=[
-            paddle.static.InputSpec([None, 8], "float32", "features"),
-            paddle.static.InputSpec([None, None], "int64", "ids")])
+        paddle.jit.save(layer, str(tmp_path / "model"), input_spec=TWO_KINDS_SPEC)
     other = runtimes.onnx_file(tmp_path / "model")
     assert other != first and other.is_file()
 
@@ -243,24 +214,7 @@ def test_a_devices_workers_share_one_session_and_their_runs_leave_the_gil(reposi
     assert first.shares_weights and second.shares_weights
     assert first.context.share.session is second.context.share.session is not None
     x = RNG.standard_normal((2, 3, 160, 160)).astype(np.float32)
-    expected = run(first, {"x": x})[0]["fetch_name_0"]
-    found, errors = {}, []
-
-    def loop(index: int, replica) -> None:
-        try:
-            found[index] = [run(replica, {"x": x})[0]["fetch_name_0"] for _ in range(6)]
-        except BaseException as exc:  # noqa: BLE001 - the test fails on it below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=loop, args=(i, r)) for i, r in enumerate((first, second))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors, errors
-    for answers in found.values():
-        for got in answers:
-            np.testing.assert_array_equal(got, expected)
+    hammer([first, second], [{"x": x}] * 6)
     # Other threads run through a runtime's run; the negative control: the binding's Predictor run holds the GIL.
     predictor = entries["convs-inference"].default
     config = paddle.inference.Config(str(predictor.program.with_suffix(".json")),
@@ -312,9 +266,7 @@ def test_a_choice_is_kept_for_the_next_start_and_measured_again_when_what_it_dep
     shutil.copytree(repository / "two-auto", tmp_path / "two-auto")
     paddle.seed(11)  # an export of its own: no test measured it before
     with PlaceEnv("cpu"):
-        paddle.jit.save(TwoKinds(), str(tmp_path / "two-auto" / "1" / "model"), input_spec=[
-            paddle.static.InputSpec([None, 8], "float32", "features"),
-            paddle.static.InputSpec([None, None], "int64", "ids")])
+        paddle.jit.save(TwoKinds(), str(tmp_path / "two-auto" / "1" / "model"), input_spec=TWO_KINDS_SPEC)
     first = replica_of(tmp_path, "two-auto", "cpu").choice
     again = replica_of(tmp_path, "two-auto", "cpu").choice
     assert not first["cached"] and again["cached"]
