@@ -335,13 +335,17 @@ def _load_export(name: str, where: str, module: Module, batch: int, refuse) -> E
     return load_entry(name, module.directory, config, None, batch, 0.0)
 
 
-#: PaddleX's modules whose output is an image the pipeline rounds to 8-bit pixels and hands to the next
-#: networks: ``auto`` measures Paddle Inference alone for them (as PaddleX runs them), since any runtime's
-#: last-bit differences flip pixels that the detector and recogniser then read (the unwarping stand-in on ONNX
-#: Runtime, 6e-5 from Paddle's, changed a line's score by 0.04 on the document-preprocessor answer tests).
-#: A file's ``engine`` still names a runtime for one.
+#: PaddleX's modules whose answer is pixels cut at a threshold: an unwarped page rounded to 8-bit pixels that
+#: the detector and recogniser then read, an instance's mask. ``auto`` measures Paddle Inference alone for them
+#: (as PaddleX runs them), since any runtime's last-bit differences flip the pixels at the cut (the unwarping
+#: stand-in on ONNX Runtime, 6e-5 from Paddle's, changed a line's score by 0.04 on the document-preprocessor
+#: answer tests; the mask stand-in's masks lost their equality on the detection tests). A file's ``engine``
+#: still names a runtime for one.
 PIXEL_EXACT = {"image_unwarping": "its unwarped page is rounded to pixels the next networks read: backend auto "
-                                  "measures Paddle Inference alone (a file's engine names another)"}
+                                  "measures Paddle Inference alone (a file's engine names another)",
+               "instance_segmentation": "its masks are thresholded a pixel at a time, and a runtime's last-bit "
+                                        "differences flip the pixels at the threshold: backend auto measures "
+                                        "Paddle Inference alone (a file's engine names another)"}
 
 
 def backend_of(engine: dict[str, Any], where: str, refuse) -> str:
