@@ -124,3 +124,19 @@ def hammer(replicas: list, inputs: list[dict], output: str = "fetch_name_0") -> 
     for answers in found.values():
         for got, want in zip(answers, expected):
             np.testing.assert_array_equal(got, want)
+
+
+def device_workers(entry, count: int = 2) -> list:
+    """``count`` replicas of ``entry``'s default version on the CPU sharing one DeviceShare, as a device's
+    workers make them, each warmed up."""
+    from placeenv.serve.engine.replica import replica_context, warm_up
+    from placeenv.serve.models.backends import DeviceShare
+
+    version, share = entry.default, DeviceShare()
+    replicas = []
+    for _ in range(count):
+        replica = version.model_class()
+        replica.initialize(paddle.CPUPlace(), replica_context(entry, version, share=share))
+        warm_up(replica, entry, version)
+        replicas.append(replica)
+    return replicas

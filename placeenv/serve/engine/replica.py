@@ -65,9 +65,7 @@ def _build(slot: Slot, entry: Entry, version) -> Model:
     # The replica decides whether it takes the share (its config's share_weights, its own code).
     share = (slot.shares.get(slot.device, entry.name, version.number, version.fingerprint)
              if slot.shares is not None else None)
-    replica.initialize(slot.place, dataclasses.replace(version.context, accelerators=slot.accelerators, share=share,
-                                                          samples=tuple(arrays for _, arrays in version.warmup),
-                                                          max_batch_size=entry.max_batch_size))
+    replica.initialize(slot.place, replica_context(entry, version, accelerators=slot.accelerators, share=share))
     stray = {k: d for k, d in replica.parameter_devices().items() if d != slot.device}
     slot.check("load", next(iter(stray.values()), slot.device))
     if stray and slot.isolation:
@@ -79,6 +77,14 @@ def _build(slot: Slot, entry: Entry, version) -> Model:
         finalize(replica, slot.name)
         raise
     return replica
+
+
+def replica_context(entry: Entry, version, **given):
+    """``version``'s context as a replica of ``entry`` gets it: with its warm-up requests' arrays and the
+    entry's batch size (what backend auto measures on; a PaddleX export used twice takes the larger batch
+    after it is read), and ``given`` (the worker's share, its process's accelerators)."""
+    return dataclasses.replace(version.context, samples=tuple(arrays for _, arrays in version.warmup),
+                               max_batch_size=entry.max_batch_size, **given)
 
 
 def warm_up(replica: Model, entry: Entry, version, check=None) -> None:

@@ -7,7 +7,6 @@ batching across calls; place checks only when asked for.
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +17,7 @@ from ..models.base import Model, host_inputs
 from ..models.repository import BUNDLED, Entry, scan
 from .forward import forward as worker_forward
 from .forward import unchecked
-from .replica import warm_up
+from .replica import replica_context, warm_up
 
 
 def replica(entry: Entry, place, version: int | None = None) -> Model:
@@ -26,8 +25,7 @@ def replica(entry: Entry, place, version: int | None = None) -> Model:
     worker warms it (a Predictor that cannot run its program rebuilt)."""
     chosen = entry.versions[version] if version is not None else entry.default
     model = chosen.model_class()
-    model.initialize(place, dataclasses.replace(chosen.context, samples=tuple(a for _, a in chosen.warmup),
-                                                         max_batch_size=entry.max_batch_size))
+    model.initialize(place, replica_context(entry, chosen))
     warm_up(model, entry, chosen)
     return model
 

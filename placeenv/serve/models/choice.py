@@ -11,8 +11,8 @@ warm-up inputs and, for a model that batches, on them repeated to the batch it s
 measurement at a time in the process, so that two devices' workers loading at once do not time each other;
 after the first round, one more than ``HOPELESS`` times slower than the fastest is not timed again.
 
-A choice is kept in the conversion cache, under the digest of all it depends on (the export's and its
-converted file's bytes, the options, the samples' shapes, the packages' versions, the device, the machine's
+A choice is kept in the conversion cache, under the digest of all it depends on (the export's bytes, its
+converted file, the options, the samples' shapes, the packages' versions, the device, the machine's
 processor and cores): the next start builds only what serves, in the time and memory of a backend named in
 the config.
 """
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import hashlib
 import json
 import os
@@ -89,13 +90,13 @@ def measure(program, place, device: str, context, samples: list[list[np.ndarray]
 
 
 def _key(program, device: str, context, samples: list[list[np.ndarray]]) -> str:
-    """What a measurement depends on, as a digest: the export's and its converted file's bytes, the
-    options, the samples' shapes, the packages' versions, the device and the machine's processor and cores."""
-    digest = hashlib.sha256()
-    for part in (program.with_suffix(".json"), program.with_suffix(".pdiparams")):
-        digest.update(part.read_bytes() if part.is_file() else b"-")
+    """What a measurement depends on, as a digest: the export's digest (its bytes), its converted file's
+    size and modification time (a file replaced is measured again), the options, the samples' shapes, the
+    packages' versions, the device and the machine's processor and cores."""
+    digest = hashlib.sha256(runtimes.export_digest(program).encode())
     try:
-        digest.update(runtimes.onnx_file(program).read_bytes())
+        converted = runtimes.onnx_file(program).stat()
+        digest.update(f"converted {converted.st_size} {converted.st_mtime_ns}".encode())
     except Exception as exc:  # noqa: BLE001 - a conversion that fails is part of what was measured
         digest.update(f"no conversion: {exc}".encode())
     digest.update(json.dumps({
@@ -110,6 +111,7 @@ def _key(program, device: str, context, samples: list[list[np.ndarray]]) -> str:
     return digest.hexdigest()[:24]
 
 
+@functools.cache
 def _processor() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as info:

@@ -20,6 +20,7 @@ plugin is Intel's, not CUDA). Elsewhere (custom devices, sim) neither is offered
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import hashlib
 import os
 import re
@@ -100,16 +101,38 @@ _convert_locks: dict[Path, threading.Lock] = {}
 _convert_locks_lock = threading.Lock()
 
 
+def export_digest(program: Path) -> str:
+    """The digest of the saved program at ``program`` (its path prefix): its files' bytes and the converter's
+    version, what its conversion is kept under. Each version of the files (size and modification time) is
+    read once: a start asks for it at each conversion, session and measurement."""
+    parts = (program.with_suffix(".json"), program.with_suffix(".pdiparams"))
+    stamps = tuple((stat.st_size, stat.st_mtime_ns) if (stat := _stat(part)) is not None else None
+                   for part in parts)
+    return _digest(parts, stamps)
+
+
+def _stat(path: Path) -> os.stat_result | None:
+    try:
+        return path.stat()
+    except OSError:
+        return None
+
+
+@functools.lru_cache(maxsize=256)
+def _digest(parts: tuple[Path, ...], stamps: tuple) -> str:
+    digest = hashlib.sha256()
+    for part, stamp in zip(parts, stamps):
+        digest.update(part.read_bytes() if stamp is not None else b"-")
+    digest.update(f"paddle2onnx {_version('paddle2onnx')} opset {OPSET}".encode())
+    return digest.hexdigest()[:16]
+
+
 def onnx_file(program: Path) -> Path:
     """The ONNX file of the saved program at ``program`` (its path prefix), converted on first use and kept;
     ``ConversionFailed`` with paddle2onnx's reason where it cannot be."""
     graph = program.with_suffix(".json")
     params = program.with_suffix(".pdiparams")
-    digest = hashlib.sha256()
-    for part in (graph, params):
-        digest.update(part.read_bytes() if part.is_file() else b"-")
-    digest.update(f"paddle2onnx {_version('paddle2onnx')} opset {OPSET}".encode())
-    directory = cache_root("PLACEENV_ONNX_CACHE", "onnx") / digest.hexdigest()[:16]
+    directory = cache_root("PLACEENV_ONNX_CACHE", "onnx") / export_digest(program)
     found, failed = directory / "model.onnx", directory / "failed.txt"
     with _convert_locks_lock:
         lock = _convert_locks.setdefault(directory, threading.Lock())

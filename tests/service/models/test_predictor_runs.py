@@ -5,18 +5,15 @@ a config that asks to share the weights."""
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 
 import numpy as np
 import paddle
 import pytest
-from support.models import hammer as support_hammer
+from support.models import device_workers, hammer as support_hammer
 
 from placeenv import PlaceEnv, native
-from placeenv.serve.engine.replica import warm_up
 from placeenv.serve.models import scan
-from placeenv.serve.models.backends import DeviceShare
 
 
 class Convs(paddle.nn.Layer):
@@ -56,18 +53,6 @@ def switched_off(monkeypatch):
     native._found.cache_clear()
 
 
-def workers(entry, count: int = 2) -> list:
-    """``count`` replicas of ``entry`` on the CPU sharing one DeviceShare, as a device's workers do."""
-    version, share = entry.default, DeviceShare()
-    replicas = []
-    for _ in range(count):
-        replica = version.model_class()
-        replica.initialize(paddle.CPUPlace(), dataclasses.replace(version.context, share=share))
-        warm_up(replica, entry, version)
-        replicas.append(replica)
-    return replicas
-
-
 def hammer(replicas: list) -> None:
     """Each replica in a thread of its own, runs at once: every answer that of the first replica alone."""
     rng = np.random.default_rng(0)
@@ -76,7 +61,7 @@ def hammer(replicas: list) -> None:
 
 
 def test_a_cpu_devices_workers_run_predictors_of_their_own_side_by_side_and_answer_alike(entries):
-    first, second = workers(entries["convs"])
+    first, second = device_workers(entries["convs"])
     assert first.backend == second.backend == "inference"
     assert first.predictor is not second.predictor and first._run_lock is not second._run_lock
     assert not first.shares_weights and not second.shares_weights
@@ -85,14 +70,14 @@ def test_a_cpu_devices_workers_run_predictors_of_their_own_side_by_side_and_answ
 
 
 def test_negative_control_a_config_that_shares_the_weights_takes_turns_on_one_predictor(entries):
-    first, second = workers(entries["convs-shared"])
+    first, second = device_workers(entries["convs-shared"])
     assert first.predictor is second.predictor and first._run_lock is second._run_lock and second.shares_weights
     hammer([first, second])
 
 
 def test_negative_control_runs_that_hold_the_gil_share_one_predictor_in_turns(entries, switched_off):
     assert native.unavailable() == f"turned off ({native.SWITCH}=0)"
-    first, second = workers(entries["convs"])
+    first, second = device_workers(entries["convs"])
     assert first.predictor is second.predictor and first._run_lock is second._run_lock
     hammer([first, second])
     assert first._native_run[1] is None and second._native_run[1] is None  # the binding's run

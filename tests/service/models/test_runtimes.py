@@ -11,7 +11,6 @@ say which backend serves and why.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shutil
 import statistics
@@ -22,14 +21,12 @@ import onnx
 import paddle
 import pytest
 from onnx import numpy_helper
-from support.models import TWO_KINDS_SPEC, Convs, TwoKinds, hammer, replica_of, run
+from support.models import TWO_KINDS_SPEC, Convs, TwoKinds, device_workers, hammer, replica_of, run
 from support.servers import ServiceProcess
 from support.threads import longest_stall
 
 from placeenv import PlaceEnv
-from placeenv.serve.engine.replica import warm_up
 from placeenv.serve.models import runtimes, scan
-from placeenv.serve.models.backends import DeviceShare
 from placeenv.tensors import host_tensor
 
 RNG = np.random.default_rng(0)
@@ -189,20 +186,6 @@ def test_negative_control_auto_passes_over_a_converted_model_whose_answers_diffe
         "backend: auto\nchoice: {rtol: 1.0, atol: 1000.0}\nwarmup: [{dims: {x: [3, 96, 96]}}]\n")
     loose = replica_of(tmp_path, "convs-auto", "cpu").choice
     assert not loose["passed_over"] and set(loose["timings_ms"]) == {"inference", "onnxruntime", "openvino"}
-
-
-def device_workers(entry, count: int = 2) -> list:
-    """``count`` replicas of ``entry`` on the CPU sharing one DeviceShare, as a device's workers do."""
-    version, share = entry.default, DeviceShare()
-    replicas = []
-    for _ in range(count):
-        replica = version.model_class()
-        replica.initialize(paddle.CPUPlace(), dataclasses.replace(
-            version.context, share=share, samples=tuple(a for _, a in version.warmup),
-            max_batch_size=entry.max_batch_size))
-        warm_up(replica, entry, version)
-        replicas.append(replica)
-    return replicas
 
 
 @pytest.mark.parametrize("backend", ["onnxruntime", "openvino"])
