@@ -223,9 +223,7 @@ class Engine:
 
     def catalog(self) -> Catalog:
         """The served models, as front ends check requests against them (after ``start``)."""
-        workers = self.pool.workers
-        models = self.served.generation.models(
-            lambda key: [(w.device, w.backends[key], w.choices.get(key)) for w in workers if key in w.backends])
+        models = self.served.generation.models(self._backends)
         return Catalog(models, dict(self.served.skipped), list(self.devices), self.settings.max_examples_per_request,
                        self.dispatcher.capacity(self.settings.max_batch_size), dict(self.served.load_errors),
                        self.settings.model_control_mode)
@@ -240,11 +238,15 @@ class Engine:
         generation = self.served.generation
         found = [(key, served.stats) for key, served in generation.versions.items()]
         found += [((name, served.pipeline.version), served.stats) for name, served in generation.pipelines.items()]
-        workers = self.pool.workers
         # Beside Triton's fields (gRPC's answer leaves them out): what runs the version on each device.
         return [{**stats.describe(name, number),
-                 "backends": {w.device: w.backends[name, number] for w in workers if (name, number) in w.backends}}
+                 "backends": {device: backend for device, backend, _ in self._backends((name, number))}}
                 for (name, number), stats in found if model in (None, name) and version in (None, number)]
+
+    def _backends(self, key: tuple[str, int]) -> list[tuple[str, str, dict | None]]:
+        """What runs version ``key`` on each worker that holds it: (its device, its ``Model.backend``, what
+        ``auto`` measured there or None)."""
+        return [(w.device, w.backends[key], w.choices.get(key)) for w in self.pool.workers if key in w.backends]
 
     # -- model control (control.py) -------------------------------------------------------------
 
