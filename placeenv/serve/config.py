@@ -7,9 +7,11 @@ so it can prepare simulated devices before Paddle loads its device plugins.
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import importlib.metadata
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Literal
@@ -22,6 +24,10 @@ from placeenv import native
 #: The bundled examples' repository, the default: named here because this module imports no Paddle
 #: (placeenv.serve.models.repository re-exports it).
 BUNDLED = Path(__file__).with_name("models") / "bundled"
+
+#: The signal on which each process of the service prints every thread's Python stack (``kill -USR2``): where a
+#: start that does not become ready, or a request that is not answered, waits.
+STACKS = signal.SIGUSR2
 
 
 class Settings(BaseSettings):
@@ -221,7 +227,9 @@ class Settings(BaseSettings):
         to let go of the GIL; docs/benchmarks.md, front-end ceiling), OpenMP's spin after a parallel
         region (read when Paddle's OpenMP runtime starts, at its first parallel region: so set before),
         malloc's reuse of freed memory (before the worker threads, whose arenas it decides), and whether
-        a Predictor's runs leave the GIL."""
+        a Predictor's runs leave the GIL. Each prints every thread's Python stack on ``STACKS``."""
+        # faulthandler writes without the GIL: a thread deadlocked holding it does not stop the stacks.
+        faulthandler.register(STACKS, all_threads=True)
         os.environ.setdefault("KMP_BLOCKTIME", str(self.openmp_blocktime_ms))
         # Read by placeenv.native where a Predictor first runs, in this process and the engine it starts.
         os.environ[native.SWITCH] = "1" if self.predictor_runs_without_gil else "0"

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 
-from placeenv.serve.config import BUNDLED
+from placeenv.serve.config import BUNDLED, STACKS
 from placeenv.testing import free_port
 
 from .polling import WaitTimeout, wait_until
@@ -72,11 +72,21 @@ class ServiceProcess:
 
     def wait_ready(self, timeout: float = 180) -> Self:
         try:
-            wait_until(self.ready, timeout, lambda: f"service not ready:\n{self.output()}", interval=0.2)
-        except WaitTimeout:
-            self.kill()
-            raise
+            wait_until(self.ready, timeout, "service not ready", interval=0.2)
+        except WaitTimeout as exc:
+            raise WaitTimeout(f"{exc}; what it printed, then where its threads wait:\n{self.stacks()}") from None
         return self
+
+    def stacks(self) -> str:
+        """Stop the service after it printed its threads' Python stacks (``STACKS``): all it printed."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(STACKS)
+            try:
+                wait_until(lambda: "most recent call first" in self.output(), 20, "no stacks", interval=0.2)
+            except WaitTimeout:
+                pass
+        self.kill()
+        return self.output()
 
     def stop(self, timeout: float = 60) -> int:
         if self.proc.poll() is None:

@@ -252,8 +252,7 @@ class OpenVinoSession(Session):
     runtime = "openvino"
 
     def __init__(self, path: Path, device: str, options: RuntimeOptions) -> None:
-        import openvino
-
+        openvino = _openvino()
         core = openvino.Core()
         # f32: on a CPU with AMX it would run bf16, whose answers differ (0.16 on PP-OCRv5's recogniser's logits).
         config = {"INFERENCE_NUM_THREADS": options.cpu_threads or default_threads(),
@@ -271,6 +270,31 @@ class OpenVinoSession(Session):
             return [np.array(request.get_output_tensor(i).data) for i in range(count)]
 
         return run
+
+
+_openvino_lock = threading.Lock()
+_openvino_module: Any = None
+
+
+def _openvino():
+    """``openvino``, its binding's first run from Python made in one thread. The binding makes its NumPy
+    handles on first use under a C++ static guard and gives up the GIL inside: two workers' first runs at
+    once deadlock, one holding the guard and waiting for the GIL, the other holding the GIL and waiting for
+    the guard (a start of PP-OCRv5's det and rec that never became ready; 8 threads' first runs: 9 of 20
+    processes hung)."""
+    global _openvino_module
+    with _openvino_lock:
+        if _openvino_module is None:
+            import openvino
+            from openvino import opset13
+
+            x = opset13.parameter([1], np.float32)
+            compiled = openvino.Core().compile_model(openvino.Model([opset13.relu(x)], [x]), "CPU")
+            request = compiled.create_infer_request()
+            request.infer([np.ones(1, np.float32)], share_inputs=True)
+            np.array(request.get_output_tensor(0).data)
+            _openvino_module = openvino
+    return _openvino_module
 
 
 def open_session(runtime: Runtime, program: Path, device: str, options: RuntimeOptions) -> Session:

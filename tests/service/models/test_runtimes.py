@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 import shutil
 import statistics
+import subprocess
+import sys
 
 import httpx
 import numpy as np
@@ -217,6 +219,78 @@ def test_a_devices_workers_share_one_session_and_their_runs_leave_the_gil(reposi
     # Held, the thread waits for nearly all of the run (the rest: the scheduler's turns around its ends).
     assert statistics.median(held) > 0.6, (free, held)
     assert statistics.median(free) < 0.35, (free, held)
+
+
+#: A fresh interpreter: eight threads make their first OpenVINO runs at once, on our session (``ours``) or on
+#: the binding's compiled model (``bare``). A deadlocked thread holds the GIL: the process is stopped from
+#: outside.
+FIRST_RUNS = """
+import sys, threading
+import numpy as np
+from onnx import TensorProto, helper
+
+mode, path = sys.argv[1], sys.argv[2]
+graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "relu",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+model.ir_version = 8
+with open(path, "wb") as file:
+    file.write(model.SerializeToString())
+if mode == "ours":
+    from pathlib import Path
+    from placeenv.serve.models import runtimes
+    session = runtimes.OpenVinoSession(Path(path), "cpu", runtimes.RuntimeOptions())
+    def runner():
+        return session.runner()
+else:
+    import openvino
+    compiled = openvino.Core().compile_model(path, "CPU")
+    def runner():
+        request = compiled.create_infer_request()
+        def run(arrays):
+            request.infer(arrays, share_inputs=True)
+            return [np.array(request.get_output_tensor(0).data)]
+        return run
+together, failures = threading.Barrier(8), []
+def first_run():
+    try:
+        run = runner()
+        together.wait()
+        assert run([np.full((1, 4), -1.0, np.float32)])[0].tolist() == [[0.0] * 4]
+    except BaseException as exc:
+        failures.append(repr(exc))
+threads = [threading.Thread(target=first_run) for _ in range(8)]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+print(failures or "ok", flush=True)
+"""
+
+
+def _first_runs(mode: str, path, timeout: float) -> str:
+    """What the process printed ("ok", or the threads' failures), or "hung" after ``timeout`` seconds."""
+    try:
+        done = subprocess.run([sys.executable, "-c", FIRST_RUNS, mode, str(path)], capture_output=True, text=True,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return "hung"
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip().splitlines()[-1]
+
+
+def test_workers_first_openvino_runs_at_once_do_not_deadlock(tmp_path):
+    # The negative control first: the binding's first runs from several threads at once deadlock (about
+    # half of the processes on this machine; one that finishes takes a quarter of a second).
+    bare = []
+    while len(bare) < 16 and "hung" not in bare:
+        bare.append(_first_runs("bare", tmp_path / "relu.onnx", timeout=10))
+    assert "hung" in bare, bare
+    ours = []
+    while len(ours) < 8 and ours.count("ok") == len(ours):
+        ours.append(_first_runs("ours", tmp_path / "relu.onnx", timeout=60))
+    assert ours == ["ok"] * 8, ours
 
 
 def test_the_service_says_which_backend_serves_its_timings_and_why_the_others_were_passed_over(repository):

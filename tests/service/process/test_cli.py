@@ -16,6 +16,8 @@ import pytest
 from support import wait_until
 from support.servers import ServiceProcess
 
+from placeenv.serve.config import STACKS
+
 BIN = Path(sys.executable).parent
 ENTRY_POINTS = {"placeenv-serve": [str(BIN / "placeenv-serve")],
                 "python -m placeenv.serve": [sys.executable, "-m", "placeenv.serve"]}
@@ -143,6 +145,16 @@ def test_access_log_logs_each_request():
         assert httpx.get(f"{service.url}/healthz").status_code == 200
         wait_until(lambda: '"GET /healthz HTTP/1.1" 200' in service.output(), 10, "no access log line")
     assert '"GET /healthz HTTP/1.1" 200' in service.output()
+
+
+@pytest.mark.parametrize("frontends", [0, 1])
+def test_a_service_prints_its_threads_stacks_on_sigusr2_and_serves_on(frontends):
+    # Without the handler, SIGUSR2's default action ends the process: the readiness check after it fails.
+    with ServiceProcess(devices="sim:0", frontends=frontends) as service:
+        service.proc.send_signal(STACKS)
+        wait_until(lambda: "most recent call first" in service.output(), 30, lambda: f"no stacks:\n{service.output()}")
+        assert service.ready(), service.output()
+        assert f"placeenv{os.sep}serve{os.sep}" in service.output().split("most recent call first", 1)[1]
 
 
 # A fresh interpreter: the settings of a service process, then Paddle's first parallel region, then what
