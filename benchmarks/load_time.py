@@ -3,9 +3,10 @@
     python benchmarks/load_time.py BEFORE [--rounds 5]
 
 ``BEFORE`` is a commit (its tree checked out into a temporary git worktree, run with this venv and
-``PYTHONPATH`` on it). Each round starts, in turn: the commit before; this tree with its conversion cache
-kept (``warm``: the second start of a machine); this tree with an empty conversion cache (``cold``: the
-first start, paddle2onnx converting each export). Each is the service on ``--devices cpu`` with the OCR file
+``PYTHONPATH`` on it). Each round starts, in turn: the commit before; this tree with its conversions and
+choices kept (``warm``: the second start of a machine); with its conversions kept and its choices removed
+(``measured``: ``auto`` measuring each export, as after an upgrade of a package); with an empty conversion
+cache (``cold``: the first start, paddle2onnx converting each export). Each is the service on ``--devices cpu`` with the OCR file
 (tests/support/ocr_pipeline.yaml and PP-OCRv5's exports), timed from its start to ``/v2/health/ready``.
 Prints median (min..max) and the per-round ratios to the commit before, with the date and machine.
 """
@@ -16,6 +17,7 @@ import argparse
 import datetime
 import os
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -43,7 +45,7 @@ def main() -> None:
     parser.add_argument("before", help="the commit to compare with")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    found: dict[str, list[float]] = {"before": [], "warm": [], "cold": []}
+    found: dict[str, list[float]] = {"before": [], "warm": [], "measured": [], "cold": []}
     with tempfile.TemporaryDirectory(prefix="load-time-") as scratch:
         tmp = Path(scratch)
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tmp / "before"), args.before],
@@ -57,6 +59,9 @@ def main() -> None:
             for number in range(args.rounds):
                 found["before"].append(start(tmp / "before", tmp / "repository", tmp, "before", {}))
                 found["warm"].append(start(ROOT, tmp / "repository", tmp, "warm", {"PLACEENV_ONNX_CACHE": str(cache)}))
+                shutil.rmtree(cache / "choices")  # the measured start keeps its choices again
+                found["measured"].append(start(ROOT, tmp / "repository", tmp, "measured",
+                                               {"PLACEENV_ONNX_CACHE": str(cache)}))
                 found["cold"].append(start(ROOT, tmp / "repository", tmp, "cold",
                                            {"PLACEENV_ONNX_CACHE": str(tmp / f"onnx-cold-{number}")}))
                 serving.say(f"round {number + 1}: " + ", ".join(f"{k} {v[-1]:.1f} s" for k, v in found.items()))

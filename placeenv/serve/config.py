@@ -152,6 +152,13 @@ class Settings(BaseSettings):
         "freed, and the next request faults fresh pages in. The cost: resident memory stays at its peak. "
         "Off: glibc's defaults",
     )
+    keep_host_block_mib: int = Field(
+        4, ge=1, le=1024, description="with keep_host_memory, the largest block (MiB) malloc serves from its heap "
+        "and keeps; a larger one is mmapped and goes back to the kernel when freed. A runtime's run on a large "
+        "page allocates hundreds of MiB in blocks of tens (PP-OCRv5's detector on a 2560x1920 page: 650 MiB): "
+        "kept, resident memory stays at the peak of the largest pages' runs at once. 1024: every block kept, "
+        "the fastest for a Predictor's large tensors (a recogniser's 35 MB output)",
+    )
 
     predictor_runs_without_gil: bool = Field(
         True, description="a Predictor on the CPU runs with the GIL released (Paddle Inference's C++ run, "
@@ -234,7 +241,7 @@ class Settings(BaseSettings):
         # Read by placeenv.native where a Predictor first runs, in this process and the engine it starts.
         os.environ[native.SWITCH] = "1" if self.predictor_runs_without_gil else "0"
         if self.keep_host_memory:
-            keep_freed_memory()
+            keep_freed_memory(self.keep_host_block_mib << 20)
         logging.basicConfig(level=self.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         sys.setswitchinterval(self.gil_switch_interval_ms / 1000)
 
@@ -246,24 +253,25 @@ class Settings(BaseSettings):
         return any(name.split(":")[0].strip() == "sim" for name in names)
 
 
-#: glibc's mallopt parameters (malloc.h), the environment variables glibc reads for them at start, and the
-#: values that keep freed memory, the first glibc takes: every thread in the main arena, whose heap has no
-#: size cap (a thread's own arena is capped, and a block beyond it is mmapped); blocks up to the first
-#: threshold from the heap, not mmap (older glibc refuses one above its own cap, the second); the heap's
-#: free top kept up to the trim threshold.
-KEEP_FREED = ((-8, "MALLOC_ARENA_MAX", (1,)), (-3, "MALLOC_MMAP_THRESHOLD_", (1 << 30, 32 << 20)),
-              (-1, "MALLOC_TRIM_THRESHOLD_", ((1 << 31) - 1,)))
+#: glibc's mallopt parameters (malloc.h) and the environment variables glibc reads for them at start, that keep
+#: freed memory: every thread in the main arena, whose heap has no size cap (a thread's own arena is capped, and
+#: a block beyond it is mmapped); blocks up to the mmap threshold (fixed: glibc's own adapts up to 32 MiB)
+#: from the heap; the heap's free top kept up to the trim threshold.
+ARENA_MAX, MMAP_THRESHOLD, TRIM_THRESHOLD = (-8, "MALLOC_ARENA_MAX"), (-3, "MALLOC_MMAP_THRESHOLD_"), (
+    -1, "MALLOC_TRIM_THRESHOLD_")
 
 
-def keep_freed_memory() -> list[str]:
-    """Set glibc's malloc to keep what the process frees (``KEEP_FREED``), each parameter the environment
+def keep_freed_memory(block: int = 4 << 20) -> list[str]:
+    """Set glibc's malloc to keep what the process frees, in blocks up to ``block`` bytes (the values
+    glibc takes: older glibc refuses a threshold above its own cap, 32 MiB), each parameter the environment
     leaves unset; the names of those set: none where the C library is not glibc (no ``mallopt``)."""
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (AttributeError, OSError):
         return []
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return [variable for parameter, variable, values in KEEP_FREED
+    wanted = ((ARENA_MAX, (1,)), (MMAP_THRESHOLD, (block, min(block, 32 << 20))), (TRIM_THRESHOLD, ((1 << 31) - 1,)))
+    return [variable for (parameter, variable), values in wanted
             if variable not in os.environ and any(mallopt(parameter, value) == 1 for value in values)]
 
 

@@ -11,11 +11,13 @@ say which backend serves and why.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import shutil
 import statistics
 import subprocess
 import sys
+import threading
 
 import httpx
 import numpy as np
@@ -24,6 +26,7 @@ import paddle
 import pytest
 from onnx import numpy_helper
 from support.models import TWO_KINDS_SPEC, Convs, TwoKinds, device_workers, hammer, replica_of, run
+from support.polling import wait_until
 from support.servers import ServiceProcess
 from support.threads import longest_stall
 
@@ -293,6 +296,54 @@ def test_workers_first_openvino_runs_at_once_do_not_deadlock(tmp_path):
     assert ours == ["ok"] * 8, ours
 
 
+#: A fresh interpreter: OpenVINO's session of three convolutions over a 1024x1024 image (32 channels: 128 MiB a
+#: buffer), its buffers given back or kept (``release``, ``keep``); the MiB the process holds after the run
+#: beyond what it held after a small one, the heap's free memory trimmed.
+HELD_AFTER_A_LARGE_RUN = """import ctypes, os, sys
+import numpy as np
+from pathlib import Path
+from onnx import TensorProto, helper, numpy_helper
+from placeenv.serve.models import runtimes
+
+release, path = sys.argv[1] == "release", sys.argv[2]
+rng = np.random.default_rng(0)
+weights = [numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32) * 0.1, name)
+           for name, shape in (("w1", (32, 3, 3, 3)), ("w2", (32, 32, 3, 3)), ("w3", (1, 32, 3, 3)))]
+nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["a"], ["b"]),
+         helper.make_node("Conv", ["b", "w2"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["d"]),
+         helper.make_node("Conv", ["d", "w3"], ["y"], pads=[1, 1, 1, 1])]
+graph = helper.make_graph(nodes, "convs", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, "h", "w"])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, "h", "w"])], weights)
+model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+model.ir_version = 8
+Path(path).write_bytes(model.SerializeToString())
+session = runtimes.OpenVinoSession(Path(path), "cpu", runtimes.RuntimeOptions(release_buffers=release))
+run = session.runner()
+libc = ctypes.CDLL(None)
+
+def resident() -> int:
+    libc.malloc_trim(0)  # what the heap holds free is not what the session holds
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf('SC_PAGE_SIZE') >> 20
+
+run([np.ones((1, 3, 64, 64), np.float32)])
+before = resident()
+assert run([np.ones((1, 3, 1024, 1024), np.float32)])[0].shape == (1, 1, 1024, 1024)
+print("held", resident() - before)
+"""
+
+
+def test_openvino_gives_its_buffers_back_when_no_run_is_in_flight(tmp_path):
+    held = {}
+    for mode in ("release", "keep"):
+        done = subprocess.run([sys.executable, "-c", HELD_AFTER_A_LARGE_RUN, mode, str(tmp_path / "convs.onnx")],
+                              capture_output=True, text=True, timeout=240)
+        assert done.returncode == 0, done.stderr[-2000:]
+        held[mode] = int(done.stdout.split()[-1])
+    # The control: kept, the run's two 128 MiB buffers stay.
+    assert held["release"] < 100 < 200 < held["keep"], held
+
+
 def test_the_service_says_which_backend_serves_its_timings_and_why_the_others_were_passed_over(repository):
     with ServiceProcess(DEVICES="cpu,sim:0", WORKERS_PER_DEVICE=2, MODEL_REPOSITORY=str(repository),
                         MODELS="two-auto,two-onnxruntime,histogram-auto") as proc:
@@ -332,3 +383,37 @@ def test_a_choice_is_kept_for_the_next_start_and_measured_again_when_what_it_dep
     (tmp_path / "two-auto" / "config.yaml").write_text("backend: auto\nchoice: {rounds: 2}\n")
     other = replica_of(tmp_path, "two-auto", "cpu").choice
     assert not other["cached"] and other["measured_at"] >= first["measured_at"]
+
+
+class Overlaps(runtimes.Session):
+    """A session whose run waits, up to a deadline, for another worker's run to have started too: the runs
+    inside it at once, at most (the gate's own logic, on any runtime)."""
+
+    def __init__(self, options: runtimes.RuntimeOptions) -> None:
+        super().__init__(options)
+        self.inside, self.entered, self.most, self.lock = 0, 0, 0, threading.Lock()
+
+    def _run_call(self):
+        def run(arrays):
+            with self.lock:
+                self.inside, self.entered = self.inside + 1, self.entered + 1
+                self.most = max(self.most, self.inside)
+            # Until both have entered, or the other is counted and held back by the gate.
+            wait_until(lambda: self.entered == 2 or (self._running == 2 and arrays[0].nbytes > self._large), 60,
+                       "the other run did not start")
+            with self.lock:
+                self.inside -= 1
+            return arrays
+
+        return run
+
+
+@pytest.mark.parametrize("mib, overlap", [(1, 1), (4, 2)])
+def test_runs_on_inputs_over_large_input_mib_take_turns(mib, overlap):
+    # 2 MiB inputs: over a 1 MiB limit they take turns; under the default 4 MiB (the control) they overlap.
+    session = Overlaps(runtimes.RuntimeOptions(large_input_mib=mib))
+    arrays = [np.zeros(1 << 19, np.float32)]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        for done in [pool.submit(session.runner(), arrays) for _ in range(2)]:
+            assert done.result(timeout=120) is arrays
+    assert session.most == overlap and session._running == 0

@@ -210,16 +210,16 @@ print("faults", found[0])
 """
 
 
-@pytest.mark.parametrize("process, setting, preset, kept", [
-    ("service", None, None, True),           # the setting's default
-    ("service", "false", None, False),       # the setting off: glibc's defaults
-    ("service", None, {"MALLOC_MMAP_THRESHOLD_": "131072"}, False),  # the environment's own value wins
-    ("plain", None, None, False),            # the control: a program that is not the service
+@pytest.mark.parametrize("process, settings, preset, kept", [
+    ("service", {"KEEP_HOST_BLOCK_MIB": "64"}, None, True),  # kept: blocks up to 64 MiB
+    ("service", {}, None, False),            # the defaults: blocks up to 4 MiB kept, a 48 MiB one given back
+    ("service", {"KEEP_HOST_BLOCK_MIB": "64", "KEEP_HOST_MEMORY": "false"}, None, False),  # off: glibc's defaults
+    ("service", {"KEEP_HOST_BLOCK_MIB": "64"}, {"MALLOC_MMAP_THRESHOLD_": "131072"}, False),  # the environment wins
+    ("plain", {}, None, False),              # the control: a program that is not the service
 ])
-def test_a_service_process_keeps_the_memory_it_frees(process, setting, preset, kept):
-    env = {k: v for k, v in _env().items() if not k.startswith("MALLOC_") and k != "PLACEENV_KEEP_HOST_MEMORY"}
-    if setting is not None:
-        env["PLACEENV_KEEP_HOST_MEMORY"] = setting
+def test_a_service_process_keeps_the_memory_it_frees(process, settings, preset, kept):
+    env = {k: v for k, v in _env().items() if not k.startswith(("MALLOC_", "PLACEENV_KEEP_HOST_"))}
+    env.update({f"PLACEENV_{name}": value for name, value in settings.items()})
     env.update(preset or {})
     found = subprocess.run([sys.executable, "-c", REUSE_PROGRAM, process], env=env, capture_output=True,
                            text=True, timeout=120)
