@@ -1,7 +1,7 @@
 """PaddleX serving against the service, both on PaddleX's own OCR pipeline file, in interleaved rounds:
 
     python benchmarks/paddlex_serving.py [--rounds 3] [--requests 16] [--clients 4 8] [--passes 1]
-                                         [--api auto|ocr|v2] [--workers-per-device N]
+                                         [--api auto|ocr|v2] [--workers-per-device N] [--ours-flag=--F=V ...]
                                          [--ours-default-run-mode]
                                          [--textline-orientation | --doc-preprocessor | --detection |
                                           --structure]
@@ -438,7 +438,8 @@ def compare(args, repository: Path, pipeline: Path, datas: list[bytes], tmp: Pat
     say(f"starting PaddleX serving ({reference.venv_dir()}) and ours on {pipeline.name}, {len(datas)} pages")
     theirs = start_paddlex(pipeline, tmp, args.deadline, cv=args.detection)
     try:
-        ours = start_ours(repository, tmp, args.deadline, workers_per_device=args.workers_per_device)
+        ours = start_ours(repository, tmp, args.deadline, workers_per_device=args.workers_per_device,
+                          flags=tuple(args.ours_flag))
     except Exception:
         theirs.stop()
         raise
@@ -649,6 +650,7 @@ def main() -> None:
     parser.add_argument("--api", choices=("auto", "ocr", "v2"), default="auto",
                         help="ours: POST /ocr or v2 (auto: /ocr where the service answers it)")
     parser.add_argument("--workers-per-device", type=int, default=None, help="ours: --workers-per-device")
+    parser.add_argument("--ours-flag", action="append", default=[], help="ours: a flag of the service (repeatable)")
     parser.add_argument("--cpu-scaling", action="store_true",
                         help="1 against 2 CPU workers for the pipeline's CPU steps, and the CPU steps in 1 vs 2 threads")
     parser.add_argument("--deadline", type=float, default=300, help="seconds a server has to be ready")

@@ -62,11 +62,12 @@ class RuntimeOptions(BaseModel):
         4, ge=0, le=1 << 20, description="runs of the device's session whose inputs are larger (MiB) take "
         "turns: each holds hundreds of MiB of buffers while it runs (PP-OCRv5's detector on a 2560x1920 page: "
         "650 MiB), and side by side they would hold them at once, for little speed where each takes every "
-        "core; 0: no turns")
+        "core; 0: no turns, and release_buffers gives back after every run")
     release_buffers: bool = Field(
         True, description="OpenVINO gives its intermediate buffers back when no run of the session is in "
-        "flight (CompiledModel.release_memory): else it keeps those of the largest input it ran (PP-OCRv5's "
-        "detector after pages up to 2560x1920: 650 MiB), and the next run of that size is a little faster")
+        "flight after one over large_input_mib (CompiledModel.release_memory): else it keeps those of the "
+        "largest input it ran (PP-OCRv5's detector after pages up to 2560x1920: 650 MiB). Smaller runs keep "
+        "theirs: allocated again, each run would fault its pages in anew")
 
 
 class ConversionFailed(RuntimeError):
@@ -216,7 +217,7 @@ class Session:
     """One backend's compiled model of a version on a device, shared by the device's workers; ``runner()``
     gives a worker the call that runs it: host arrays in the program's input order, host arrays in its
     output order. Runs on inputs larger than the options' ``large_input_mib`` take turns; ``idle()`` is
-    called by the last run in flight as it ends, before any other starts."""
+    called by the last run in flight as it ends, before any other starts, where a large one ran since."""
 
     runtime: Runtime
     input_names: list[str]
@@ -224,7 +225,7 @@ class Session:
     def __init__(self, options: RuntimeOptions) -> None:
         self._large = options.large_input_mib << 20
         self._turns = threading.Lock()
-        self._count_lock, self._running = threading.Lock(), 0
+        self._count_lock, self._running, self._large_ran = threading.Lock(), 0, False
 
     def runner(self):
         run, large, turns = self._run_call(), self._large, self._turns
@@ -232,15 +233,18 @@ class Session:
         def counted(arrays: list[np.ndarray]) -> list[np.ndarray]:
             with self._count_lock:
                 self._running += 1
+            big = sum(a.nbytes for a in arrays) > large
             try:
-                if large and sum(a.nbytes for a in arrays) > large:
+                if big and large:
                     with turns:
                         return run(arrays)
                 return run(arrays)
             finally:
                 with self._count_lock:
                     self._running -= 1
-                    if not self._running:
+                    self._large_ran = self._large_ran or big
+                    if not self._running and self._large_ran:
+                        self._large_ran = False
                         self.idle()
 
         return counted
