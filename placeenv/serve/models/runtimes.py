@@ -20,6 +20,7 @@ plugin is Intel's, not CUDA). Elsewhere (custom devices, sim) neither is offered
 from __future__ import annotations
 
 import concurrent.futures
+import ctypes
 import functools
 import hashlib
 import os
@@ -246,6 +247,7 @@ class Session:
                     if not self._running and self._large_ran:
                         self._large_ran = False
                         self.idle()
+                        _trim()
 
         return counted
 
@@ -255,6 +257,21 @@ class Session:
 
     def idle(self) -> None:
         pass
+
+
+def _trim() -> None:
+    """glibc's malloc gives the free pages of its heap back (the kept blocks a large run freed)."""
+    global _malloc_trim
+    if _malloc_trim is None:
+        try:
+            _malloc_trim = ctypes.CDLL(None).malloc_trim
+        except (AttributeError, OSError):
+            _malloc_trim = False
+    if _malloc_trim:
+        _malloc_trim(0)
+
+
+_malloc_trim: Any = None
 
 
 class OnnxRuntimeSession(Session):
