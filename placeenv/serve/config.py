@@ -155,9 +155,9 @@ class Settings(BaseSettings):
     keep_host_block_mib: int = Field(
         4, ge=1, le=1024, description="with keep_host_memory, the largest block (MiB) malloc serves from its heap "
         "and keeps; a larger one is mmapped and goes back to the kernel when freed. A runtime's run on a large "
-        "page allocates hundreds of MiB in blocks of tens (PP-OCRv5's detector on a 2560x1920 page: 650 MiB): "
-        "kept, resident memory stays at the peak of the largest pages' runs at once. 1024: every block kept, "
-        "the fastest for a Predictor's large tensors (a recogniser's 35 MB output)",
+        "page allocates hundreds of MiB in blocks of tens: kept, resident memory stays at the peak of the "
+        "largest pages' runs at once (docs/benchmarks.md). 1024: every block kept, the fastest for a "
+        "Predictor's large tensors (a recogniser's output map)",
     )
 
     predictor_runs_without_gil: bool = Field(
@@ -255,7 +255,7 @@ class Settings(BaseSettings):
 
 #: glibc's mallopt parameters (malloc.h) and the environment variables glibc reads for them at start, that keep
 #: freed memory: every thread in the main arena, whose heap has no size cap (a thread's own arena is capped, and
-#: a block beyond it is mmapped); blocks up to the mmap threshold (fixed: glibc's own adapts up to 32 MiB)
+#: a block beyond it is mmapped); blocks up to the mmap threshold (fixed: glibc's own adapts, up to its cap)
 #: from the heap; the heap's free top kept up to the trim threshold.
 ARENA_MAX, MMAP_THRESHOLD, TRIM_THRESHOLD = (-8, "MALLOC_ARENA_MAX"), (-3, "MALLOC_MMAP_THRESHOLD_"), (
     -1, "MALLOC_TRIM_THRESHOLD_")
@@ -263,7 +263,7 @@ ARENA_MAX, MMAP_THRESHOLD, TRIM_THRESHOLD = (-8, "MALLOC_ARENA_MAX"), (-3, "MALL
 
 def keep_freed_memory(block: int = 4 << 20) -> list[str]:
     """Set glibc's malloc to keep what the process frees, in blocks up to ``block`` bytes (the values
-    glibc takes: older glibc refuses a threshold above its own cap, 32 MiB), each parameter the environment
+    glibc takes: older glibc refuses a threshold above its own cap), each parameter the environment
     leaves unset; the names of those set: none where the C library is not glibc (no ``mallopt``)."""
     try:
         mallopt = ctypes.CDLL(None).mallopt

@@ -61,13 +61,13 @@ class RuntimeOptions(BaseModel):
         "its own default 5000): a page of every new size adds to it, and its memory with it")
     large_input_mib: int = Field(
         4, ge=0, le=1 << 20, description="runs of the device's session whose inputs are larger (MiB) take "
-        "turns: each holds hundreds of MiB of buffers while it runs (PP-OCRv5's detector on a 2560x1920 page: "
-        "650 MiB), and side by side they would hold them at once, for little speed where each takes every "
+        "turns: each holds hundreds of MiB of buffers while it runs (PP-OCRv5's detector on a large page), "
+        "and side by side they would hold them at once, for little speed where each takes every "
         "core; 0: no turns, and release_buffers gives back after every run")
     release_buffers: bool = Field(
         True, description="OpenVINO gives its intermediate buffers back when no run of the session is in "
         "flight after one over large_input_mib (CompiledModel.release_memory): else it keeps those of the "
-        "largest input it ran (PP-OCRv5's detector after pages up to 2560x1920: 650 MiB). Smaller runs keep "
+        "largest input it ran (docs/benchmarks.md). Smaller runs keep "
         "theirs: allocated again, each run would fault its pages in anew")
 
 
@@ -346,8 +346,7 @@ def _openvino():
     """``openvino``, its binding's first run from Python made in one thread. The binding makes its NumPy
     handles on first use under a C++ static guard and gives up the GIL inside: two workers' first runs at
     once deadlock, one holding the guard and waiting for the GIL, the other holding the GIL and waiting for
-    the guard (a start of PP-OCRv5's det and rec that never became ready; 8 threads' first runs: 9 of 20
-    processes hung)."""
+    the guard (a start of PP-OCRv5's det and rec that never became ready)."""
     global _openvino_module
     with _openvino_lock:
         if _openvino_module is None:
