@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import faulthandler
+import functools
 import importlib.metadata
 import logging
 import os
@@ -261,18 +262,33 @@ ARENA_MAX, MMAP_THRESHOLD, TRIM_THRESHOLD = (-8, "MALLOC_ARENA_MAX"), (-3, "MALL
     -1, "MALLOC_TRIM_THRESHOLD_")
 
 
+@functools.cache
+def _glibc(name: str):
+    """glibc's malloc function ``name``; None where the C library is not glibc."""
+    try:
+        return getattr(ctypes.CDLL(None), name)
+    except (AttributeError, OSError):
+        return None
+
+
 def keep_freed_memory(block: int = 4 << 20) -> list[str]:
     """Set glibc's malloc to keep what the process frees, in blocks up to ``block`` bytes (the values
     glibc takes: older glibc refuses a threshold above its own cap), each parameter the environment
     leaves unset; the names of those set: none where the C library is not glibc (no ``mallopt``)."""
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (AttributeError, OSError):
+    mallopt = _glibc("mallopt")
+    if mallopt is None:
         return []
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     wanted = ((ARENA_MAX, (1,)), (MMAP_THRESHOLD, (block, min(block, 32 << 20))), (TRIM_THRESHOLD, ((1 << 31) - 1,)))
     return [variable for (parameter, variable), values in wanted
             if variable not in os.environ and any(mallopt(parameter, value) == 1 for value in values)]
+
+
+def trim_freed_memory() -> None:
+    """glibc's malloc gives the free pages of its heap back (what a large run freed into the kept heap)."""
+    trim = _glibc("malloc_trim")
+    if trim is not None:
+        trim(0)
 
 
 def list_model_directories(repositories: list[Path]) -> tuple[dict[str, Path], list[tuple[Path, Path]]]:

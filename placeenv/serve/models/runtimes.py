@@ -20,7 +20,6 @@ plugin is Intel's, not CUDA). Elsewhere (custom devices, sim) neither is offered
 from __future__ import annotations
 
 import concurrent.futures
-import ctypes
 import functools
 import hashlib
 import os
@@ -37,6 +36,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from placeenv.cbuild import cache_root
+from placeenv.serve.config import trim_freed_memory
 
 Runtime = Literal["onnxruntime", "openvino"]
 RUNTIMES: tuple[Runtime, ...] = ("onnxruntime", "openvino")
@@ -244,10 +244,12 @@ class Session:
                 with self._count_lock:
                     self._running -= 1
                     self._large_ran = self._large_ran or big
-                    if not self._running and self._large_ran:
+                    quiet = not self._running and self._large_ran
+                    if quiet:
                         self._large_ran = False
                         self.idle()
-                        _trim()
+                if quiet:  # the whole process's heap: no run need wait for it
+                    trim_freed_memory()
 
         return counted
 
@@ -257,21 +259,6 @@ class Session:
 
     def idle(self) -> None:
         pass
-
-
-def _trim() -> None:
-    """glibc's malloc gives the free pages of its heap back (the kept blocks a large run freed)."""
-    global _malloc_trim
-    if _malloc_trim is None:
-        try:
-            _malloc_trim = ctypes.CDLL(None).malloc_trim
-        except (AttributeError, OSError):
-            _malloc_trim = False
-    if _malloc_trim:
-        _malloc_trim(0)
-
-
-_malloc_trim: Any = None
 
 
 class OnnxRuntimeSession(Session):
