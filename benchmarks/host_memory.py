@@ -10,7 +10,8 @@ Predictors as PaddleX configures them, 10 math threads), each Predictor run hand
 the engine's workers take a pipeline's jobs (det on one pool of 2, rec on another). The variants:
 
 * ``defaults``: glibc's own (what PaddleX serving runs with);
-* ``keep``: ``keep_freed_memory()`` called before Paddle is imported, as a service process does;
+* ``keep``: ``keep_freed_memory(1 GiB)`` called before Paddle is imported, as a service process does with
+  ``--keep-host-block-mib 1024`` (every block kept: what docs/benchmarks.md's table measured);
 * ``no-arena``: the mmap and trim thresholds alone, each thread keeping an arena of its own;
 * ``main-thread``: glibc's defaults, every run on the main thread (PaddleX's own pipeline call).
 
@@ -39,7 +40,7 @@ sys.path.insert(0, sys.argv[1])
 variant, pages = sys.argv[2], int(sys.argv[3])
 if variant in ("keep", "no-arena"):  # no-arena: MALLOC_ARENA_MAX is in its environment, which wins
     from placeenv.serve.config import keep_freed_memory
-    keep_freed_memory()
+    keep_freed_memory(1 << 30)
 from tests.support import paddlex_processors_demo as demo
 from tests.support import ocr_models
 from loadtest import pages as page_maker

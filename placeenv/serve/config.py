@@ -271,7 +271,7 @@ def _glibc(name: str):
         return None
 
 
-def keep_freed_memory(block: int = 4 << 20) -> list[str]:
+def keep_freed_memory(block: int) -> list[str]:
     """Set glibc's malloc to keep what the process frees, in blocks up to ``block`` bytes (the values
     glibc takes: older glibc refuses a threshold above its own cap), each parameter the environment
     leaves unset; the names of those set: none where the C library is not glibc (no ``mallopt``)."""
