@@ -257,6 +257,11 @@ class Session:
         """A worker's own call of the runtime."""
         raise NotImplementedError
 
+    def builds_per_shape(self) -> bool:
+        """Whether a first run of an input shape builds what its next runs reuse (kernels, memory plans),
+        so that it runs slower than they do: ``auto`` runs each shape once before it times one."""
+        return True
+
     def idle(self) -> None:
         pass
 
@@ -283,6 +288,7 @@ class OnnxRuntimeSession(Session):
         if kind == "gpu":
             providers.insert(0, ("CUDAExecutionProvider", {"device_id": int(index or 0)}))
         self.session = onnxruntime.InferenceSession(str(path), settings, providers=providers)
+        self.memory_patterns = settings.enable_mem_pattern
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
 
@@ -293,6 +299,10 @@ class OnnxRuntimeSession(Session):
             return session.run(outputs, dict(zip(inputs, arrays, strict=True)))
 
         return run
+
+    def builds_per_shape(self) -> bool:
+        # Its memory patterns are planned per input shape; without them its CPU kernels plan each run anew.
+        return self.memory_patterns
 
 
 class OpenVinoSession(Session):

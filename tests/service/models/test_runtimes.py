@@ -31,7 +31,7 @@ from support.servers import ServiceProcess
 from support.threads import longest_stall
 
 from placeenv import PlaceEnv
-from placeenv.serve.models import runtimes, scan
+from placeenv.serve.models import choice, runtimes, scan
 from placeenv.tensors import host_tensor
 
 RNG = np.random.default_rng(0)
@@ -191,6 +191,57 @@ def test_negative_control_auto_passes_over_a_converted_model_whose_answers_diffe
         "backend: auto\nchoice: {rtol: 1.0, atol: 1000.0}\nwarmup: [{dims: {x: [3, 96, 96]}}]\n")
     loose = replica_of(tmp_path, "convs-auto", "cpu").choice
     assert not loose["passed_over"] and set(loose["timings_ms"]) == {"inference", "onnxruntime", "openvino"}
+
+
+def test_auto_times_a_runtime_on_random_inputs_of_every_shape_after_a_first_run_of_each_where_that_builds(
+        repository, tmp_path, monkeypatch):
+    # Its own export (other weights): a choice kept for the module's would be taken without a run.
+    shutil.copytree(repository / "convs-auto", tmp_path / "convs-auto")
+    paddle.seed(11)
+    with PlaceEnv("cpu"):
+        paddle.jit.save(Convs(), str(tmp_path / "convs-auto" / "1" / "model"),
+                        input_spec=[paddle.static.InputSpec([None, 3, -1, -1], "float32", "x")])
+    seen: dict[str, list[tuple[tuple[int, ...], bool]]] = {}
+    runner = runtimes.Session.runner
+
+    def recorded(session):
+        run = runner(session)
+
+        def each(arrays):
+            seen.setdefault(session.runtime, []).append((arrays[0].shape, not arrays[0].any()))
+            return run(arrays)
+
+        return each
+
+    monkeypatch.setattr(runtimes.Session, "runner", recorded)
+    found = replica_of(tmp_path, "convs-auto", "cpu", max_batch_size=8).choice
+    assert set(found["timings_ms"]) == {"inference", "onnxruntime", "openvino"} and not found["passed_over"], found
+    shapes = [(1, 3, 96, 96), (8, 3, 96, 96)]  # the warm-up input, and it repeated to the batch served
+    # OpenVINO builds kernels at a first run of a shape: it runs the warm-up inputs first, then random ones.
+    assert seen["openvino"][:4] == [(shape, True) for shape in shapes] + [(shape, False) for shape in shapes]
+    # ONNX Runtime without its memory patterns builds nothing a next run of the shape reuses: random at once.
+    assert seen["onnxruntime"][:2] == [(shape, False) for shape in shapes]
+    assert all(not zero for _, zero in seen["onnxruntime"]), seen
+
+
+def test_auto_times_no_more_rounds_of_a_hopeless_backend_or_where_one_alone_is_left():
+    calls: dict[str, int] = {}
+
+    def timed(name):
+        def run(arrays):
+            calls[name] = calls.get(name, 0) + 1
+            return arrays
+        return run
+
+    inputs = [[np.zeros(2, np.float32)]]
+    found = choice._timed({n: timed(n) for n in "abc"}, inputs, 3, {"a": 10.0, "b": 15.0, "c": 21.0})
+    assert calls == {"a": 2, "b": 2} and found["c"] == 21.0  # c: more than HOPELESS times a's
+    calls.clear()
+    found = choice._timed({n: timed(n) for n in "ab"}, inputs, 3, {"a": 10.0, "b": 21.0})
+    assert calls == {} and found == {"a": 10.0, "b": 21.0}  # a alone is left: nothing to choose
+    calls.clear()
+    choice._timed({n: timed(n) for n in "ab"}, inputs, 3, {"a": 10.0, "b": 20.0})  # the control: both in
+    assert calls == {"a": 2, "b": 2}
 
 
 @pytest.mark.parametrize("backend", ["onnxruntime", "openvino"])
