@@ -7,12 +7,12 @@ Predictor runs the program. A runtime (ONNX Runtime, OpenVINO: models/runtimes.p
 inputs of the warm-up inputs' shapes (a warm-up of zeros says little of the weights) and, for a model that
 batches, of the batch it serves, every output within the config's ``choice`` tolerances; one that differs,
 cannot convert or cannot run is passed over, and why is kept. Those runs are each backend's first timed
-round: a backend whose first run of a shape builds what its next runs reuse (a Predictor with oneDNN,
-``paddle.jit.load``'s program, OpenVINO) runs the warm-up inputs and their batch once before, untimed. The
-backends still in are timed in interleaved rounds (the median of each) on the random inputs, one
-measurement at a time in the process, so that two devices' workers loading at once do not time each
-other; after the first round, one more than ``HOPELESS`` times slower than the fastest is not timed again,
-and where one alone is left, none is.
+round: a backend whose first run of a shape builds what its next runs reuse (a Predictor with oneDNN or on
+a GPU, ``paddle.jit.load``'s program, OpenVINO, ONNX Runtime on a GPU) runs the warm-up inputs and their
+batch once before, untimed. The backends still in are timed in interleaved rounds (the median of each) on
+the random inputs, one measurement at a time in the process, so that two devices' workers loading at once
+do not time each other; after the first round, one more than ``HOPELESS`` times slower than the fastest is
+not timed again, and where one alone is left, none is.
 
 A choice is kept in the conversion cache, under the digest of all it depends on (the export's bytes, its
 converted file, the options, the samples' shapes, the packages' versions, the device, the machine's
@@ -165,8 +165,9 @@ def _measure(program, place, device: str, context, samples: list[list[np.ndarray
     shapes = samples + _batched(samples, context.max_batch_size)
     timed = [_random_like(arrays) for arrays in shapes]
     with MEASURING:
-        # oneDNN builds its primitives at a Predictor's first run of a shape: a first run on zeros, untimed.
-        builds = context.inference.onednn
+        # A Predictor's first run of a shape builds oneDNN's primitives on the CPU, and on a GPU cuDNN's
+        # choices (TensorRT's engine): it runs on zeros first, untimed. Without oneDNN it builds nothing.
+        builds = context.inference.onednn or device != "cpu"
         predictor, options, problem, note, answered, took = _predictor(
             program, place, context.inference, (shapes if builds else timed)[0])
         if predictor is not None:

@@ -288,7 +288,9 @@ class OnnxRuntimeSession(Session):
         if kind == "gpu":
             providers.insert(0, ("CUDAExecutionProvider", {"device_id": int(index or 0)}))
         self.session = onnxruntime.InferenceSession(str(path), settings, providers=providers)
-        self.memory_patterns = settings.enable_mem_pattern
+        # Its memory patterns are planned at a first run of a shape, and the CUDA provider searches cuDNN's
+        # convolution algorithms there; on the CPU without patterns a run keeps nothing for the next.
+        self.first_run_builds = settings.enable_mem_pattern or kind == "gpu"
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
 
@@ -301,8 +303,7 @@ class OnnxRuntimeSession(Session):
         return run
 
     def builds_per_shape(self) -> bool:
-        # Its memory patterns are planned per input shape; without them its CPU kernels plan each run anew.
-        return self.memory_patterns
+        return self.first_run_builds
 
 
 class OpenVinoSession(Session):

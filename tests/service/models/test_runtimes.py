@@ -193,35 +193,41 @@ def test_negative_control_auto_passes_over_a_converted_model_whose_answers_diffe
     assert not loose["passed_over"] and set(loose["timings_ms"]) == {"inference", "onnxruntime", "openvino"}
 
 
-def test_auto_times_a_runtime_on_random_inputs_of_every_shape_after_a_first_run_of_each_where_that_builds(
-        repository, tmp_path, monkeypatch):
+@pytest.mark.parametrize("onednn", [True, False])
+def test_auto_times_each_backend_on_random_inputs_of_every_shape_after_a_first_run_of_each_where_that_builds(
+        repository, tmp_path, monkeypatch, onednn):
     # Its own export (other weights): a choice kept for the module's would be taken without a run.
     shutil.copytree(repository / "convs-auto", tmp_path / "convs-auto")
+    config = tmp_path / "convs-auto" / "config.yaml"
+    config.write_text(config.read_text().replace("inference: {cpu_threads: 1}",
+                                                 f"inference: {{cpu_threads: 1, onednn: {str(onednn).lower()}}}"))
     paddle.seed(11)
     with PlaceEnv("cpu"):
         paddle.jit.save(Convs(), str(tmp_path / "convs-auto" / "1" / "model"),
                         input_spec=[paddle.static.InputSpec([None, 3, -1, -1], "float32", "x")])
     seen: dict[str, list[tuple[tuple[int, ...], bool]]] = {}
-    runner = runtimes.Session.runner
 
-    def recorded(session):
-        run = runner(session)
-
+    def recorded(name, run):
         def each(arrays):
-            seen.setdefault(session.runtime, []).append((arrays[0].shape, not arrays[0].any()))
+            seen.setdefault(name, []).append((arrays[0].shape, not arrays[0].any()))
             return run(arrays)
 
         return each
 
-    monkeypatch.setattr(runtimes.Session, "runner", recorded)
+    runner, predictor_call = runtimes.Session.runner, choice._predictor_call
+    monkeypatch.setattr(runtimes.Session, "runner", lambda session: recorded(session.runtime, runner(session)))
+    monkeypatch.setattr(choice, "_predictor_call", lambda predictor: recorded("inference", predictor_call(predictor)))
     found = replica_of(tmp_path, "convs-auto", "cpu", max_batch_size=8).choice
     assert set(found["timings_ms"]) == {"inference", "onnxruntime", "openvino"} and not found["passed_over"], found
     shapes = [(1, 3, 96, 96), (8, 3, 96, 96)]  # the warm-up input, and it repeated to the batch served
-    # OpenVINO builds kernels at a first run of a shape: it runs the warm-up inputs first, then random ones.
-    assert seen["openvino"][:4] == [(shape, True) for shape in shapes] + [(shape, False) for shape in shapes]
-    # ONNX Runtime without its memory patterns builds nothing a next run of the shape reuses: random at once.
+    warm_then_random = [(shape, True) for shape in shapes] + [(shape, False) for shape in shapes]
+    # OpenVINO, and a Predictor with oneDNN, build at a first run of a shape: the warm-up inputs first.
+    assert seen["openvino"][:4] == warm_then_random
+    # ONNX Runtime without its memory patterns, and a Predictor without oneDNN, build nothing a next run of
+    # the shape reuses: random inputs at once, compared and timed.
     assert seen["onnxruntime"][:2] == [(shape, False) for shape in shapes]
     assert all(not zero for _, zero in seen["onnxruntime"]), seen
+    assert seen["inference"][:4 if onednn else 2] == (warm_then_random if onednn else warm_then_random[2:])
 
 
 def test_auto_times_no_more_rounds_of_a_hopeless_backend_or_where_one_alone_is_left():
