@@ -9,7 +9,8 @@ resident memory then is "after warm-up"), then ``--pages`` pages at ``--clients`
 page one of loadtest/pages.py's 24 scaled by its own random factors in x and y (0.5 to 1.6: every page a new
 shape, as documents are), its resident memory (every process of its session: uvicorn's and Paddle's children
 too) read every ``--every`` pages. Every answer must be ``errorCode`` 0: a failed request is counted and
-printed. Prints a Markdown table with the date, the machine and the command; writes
+printed. Prints a Markdown table with the date, the machine and the command, and each server's samples after
+warm-up (median, min..max: each sample is a moment, a large page's run in flight or not); writes
 results/ocr_memory.json. The servers are those of benchmarks/paddlex_serving.py (its PaddleX reference venv
 and PP-OCRv5 exports).
 """
@@ -20,6 +21,7 @@ import argparse
 import datetime
 import random
 import shlex
+import statistics
 import sys
 import tempfile
 import threading
@@ -98,9 +100,18 @@ def table(found: dict, argv: list[str]) -> str:
         lines.append(f"| {name} | {one['pages_per_s']:.2f} | {values[0]:,.0f} | "
                      + " | ".join(f"{v:,.0f}" for v in values[1:]) + f" | {values[-1] - values[0]:+,.0f} | "
                      f"{len(one['failed'])} |")
+    # Each sample is a moment: a detector's run in flight on a large page holds hundreds of MiB, so the samples
+    # after warm-up, as a whole, say more than the last one alone.
+    lines += ["", "| | samples after warm-up: median, MiB | min..max | median - after warm-up |", "|---|---:|---:|---:|"]
+    for name, one in found.items():
+        values = [mib for _, mib in one["samples"]]
+        lines.append(f"| {name} | {statistics.median(values[1:]):,.0f} | {min(values[1:]):,.0f}.."
+                     f"{max(values[1:]):,.0f} | {statistics.median(values[1:]) - values[0]:+,.0f} |")
     if len(found) == 2:
-        a, b = (found[n]["samples"][-1][1] for n in found)
-        lines.append(f"\n{list(found)[1]} ends at {b / a:.2f}x {list(found)[0]}'s resident memory.")
+        (a, b), (c, d) = ((found[n]["samples"][-1][1], statistics.median(mib for _, mib in found[n]["samples"][1:]))
+                          for n in found)
+        lines.append(f"\n{list(found)[1]} ends at {c / a:.2f}x {list(found)[0]}'s resident memory; the median of "
+                     f"its samples after warm-up is {d / b:.2f}x {list(found)[0]}'s.")
     return "\n".join(lines)
 
 
