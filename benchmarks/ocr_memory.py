@@ -10,7 +10,8 @@ page one of loadtest/pages.py's 24 scaled by its own random factors in x and y (
 shape, as documents are), its resident memory (every process of its session: uvicorn's and Paddle's children
 too) read every ``--every`` pages. Every answer must be ``errorCode`` 0: a failed request is counted and
 printed. Prints a Markdown table with the date, the machine and the command, and each server's samples after
-warm-up (median, min..max: each sample is a moment, a large page's run in flight or not); writes
+warm-up (median, min..max: each sample is a moment, a large page's run in flight or not) and ``IDLE_S``
+after the last page (what it keeps with no run in flight); writes
 results/ocr_memory.json. The servers are those of benchmarks/paddlex_serving.py (its PaddleX reference venv
 and PP-OCRv5 exports).
 """
@@ -52,6 +53,11 @@ def scaled_pages(count: int, seed: int) -> list[bytes]:
     return found
 
 
+#: Seconds after the last page before the idle sample: a server's last runs end, and what it gives back at
+#: their end (ours: a session's buffers, the heap's free pages) is given back.
+IDLE_S = 5
+
+
 def run(server: serving.Process, warmup: list[bytes], pages: list[bytes], clients: int, every: int) -> dict:
     """Warm up at c=1, then ``pages`` at ``clients``: resident memory after warm-up and every ``every`` pages."""
     serving.sequential(serving.OcrApi(server.url, warmup), len(warmup), 1)
@@ -86,8 +92,10 @@ def run(server: serving.Process, warmup: list[bytes], pages: list[bytes], client
     for thread in threads:
         thread.join()
     seconds = time.perf_counter() - began
+    # What it keeps once no request is in flight (the samples above catch runs in flight or not).
+    time.sleep(IDLE_S)
     return {"pages_per_s": len(pages) / seconds, "samples": samples, "failed": failed,
-            "start_s": server.start_s}
+            "start_s": server.start_s, "idle_mib": server.resident_mib()}
 
 
 def table(found: dict, argv: list[str]) -> str:
@@ -102,11 +110,13 @@ def table(found: dict, argv: list[str]) -> str:
                      f"{len(one['failed'])} |")
     # Each sample is a moment: a detector's run in flight on a large page holds hundreds of MiB, so the samples
     # after warm-up, as a whole, say more than the last one alone.
-    lines += ["", "| | samples after warm-up: median, MiB | min..max | median - after warm-up |", "|---|---:|---:|---:|"]
+    lines += ["", f"| | samples after warm-up: median, MiB | min..max | median - after warm-up | idle {IDLE_S} s after "
+              "the last page | idle - after warm-up |", "|---|---:|---:|---:|---:|---:|"]
     for name, one in found.items():
         values = [mib for _, mib in one["samples"]]
         lines.append(f"| {name} | {statistics.median(values[1:]):,.0f} | {min(values[1:]):,.0f}.."
-                     f"{max(values[1:]):,.0f} | {statistics.median(values[1:]) - values[0]:+,.0f} |")
+                     f"{max(values[1:]):,.0f} | {statistics.median(values[1:]) - values[0]:+,.0f} | "
+                     f"{one['idle_mib']:,.0f} | {one['idle_mib'] - values[0]:+,.0f} |")
     if len(found) == 2:
         (a, b), (c, d) = ((found[n]["samples"][-1][1], statistics.median(mib for _, mib in found[n]["samples"][1:]))
                           for n in found)
