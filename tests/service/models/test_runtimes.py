@@ -225,8 +225,8 @@ def test_auto_times_each_backend_on_random_inputs_of_every_shape_after_a_first_r
     assert seen["openvino"][:4] == warm_then_random
     # ONNX Runtime without its memory patterns, and a Predictor without oneDNN, build nothing a next run of
     # the shape reuses: random inputs at once, compared and timed.
+    # (The version's own warm-up, through whichever serves, comes after the measurement's runs.)
     assert seen["onnxruntime"][:2] == [(shape, False) for shape in shapes]
-    assert all(not zero for _, zero in seen["onnxruntime"]), seen
     assert seen["inference"][:4 if onednn else 2] == (warm_then_random if onednn else warm_then_random[2:])
 
 
