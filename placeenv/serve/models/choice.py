@@ -175,14 +175,13 @@ def _measure(program, place, device: str, context, samples: list[list[np.ndarray
         else:
             passed["inference"] = f"Paddle Inference cannot run the program: {problem}"
             reference_name, reference, builds = "jit", _jit_call(program, place), True
-            reference(shapes[0])
-        if builds:
-            for arrays in shapes[1:]:
+        if builds:  # each shape once, untimed: the Predictor has run the first
+            for arrays in shapes[1:] if predictor is not None else shapes:
                 reference(arrays)
             expected, took = _timed_run(reference, timed)
-        else:
-            expected, rest = _timed_run(reference, timed[1:])
-            expected, took = [answered, *expected], took + rest
+        else:  # the Predictor's run on the first random inputs is the first of the round
+            rest, more = _timed_run(reference, timed[1:])
+            expected, took = [answered, *rest], took + more
         if reference_name in wanted or reference_name == "jit":
             runs[reference_name], first[reference_name] = reference, took
         sessions: dict[str, runtimes.Session] = {}
