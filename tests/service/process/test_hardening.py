@@ -41,13 +41,14 @@ def percentile(values: list[float], q: float) -> float:
 
 
 async def _one(http: httpx.AsyncClient, content: bytes) -> tuple:
-    """(status or exception name, client latency in s, headers, body)."""
+    """(status or exception name, client latency in s, headers, body, when it was sent by this process's
+    ``perf_counter``)."""
     started = time.perf_counter()
     try:
         r = await http.post("/predict", content=content, headers={"content-type": "application/json"})
     except Exception as exc:  # noqa: BLE001 - any client-side failure is a finding, reported by the test
-        return type(exc).__name__, time.perf_counter() - started, {}, str(exc)
-    return r.status_code, time.perf_counter() - started, dict(r.headers), r.text
+        return type(exc).__name__, time.perf_counter() - started, {}, str(exc), started
+    return r.status_code, time.perf_counter() - started, dict(r.headers), r.text, started
 
 
 async def closed_loop(url: str, content: bytes, clients: int, seconds: float, max_requests: int) -> tuple:
@@ -147,18 +148,25 @@ def bucket_holding(cumulative: dict[str, float], q: float) -> float:
     return min((float(le) for le, n in cumulative.items() if n >= q * count and count), default=0.0)
 
 
-def admitted_wait_bound(served_rate: float, single: float, refused_p99: float) -> float:
-    """How long an admitted request may take by the service's clock under overload, from what this
-    machine measured: its device's queue holds at most ``QUEUE`` requests and its worker one more, so
-    it waits for at most ``QUEUE + 1`` forward passes before its own. A pass takes ``WORKERS /
-    served_rate`` while every worker is busy, ``served_rate`` being what the service answered during the
-    overload itself (its parsing and refusing take CPU from the workers, so passes are slower than
-    the capacity run's), and never less than one request alone (``single``); half as much again is the
-    rate's own drift across the load. Besides the passes, the service's clock counts the event loop's
-    delay in reading the request and writing its answer, which the overload's refusals show (their
-    tail, ``refused_p99``, measured by the client during the same load). A service that admitted more
-    than its queues hold would wait for more passes than these, and fail."""
-    return 1.5 * (QUEUE + 2) * max(WORKERS / served_rate, single) + refused_p99
+def most_served_ahead(results: list[tuple], read_delay: float) -> int:
+    """The most requests that one admitted request saw answered on its device while it waited: those
+    answered between its arrival and its own answer, by the client's clock. The device's queue is FIFO
+    and holds at most ``QUEUE`` requests, its worker one more, one request a pass: at most ``QUEUE + 1``
+    are ahead of a request admitted. Its arrival is taken ``read_delay`` after it was sent (the longest
+    the service took to read a request during the load, which its refusals show), so that what the
+    device answered while the request waited unread is not counted. A count of passes, not a time: a
+    pass's length drifts with the machine's other work (beside a busy loop the slowest admitted request
+    took twice the median's time), the number of passes a queue holds does not. A service that admitted
+    more than its queues hold answers more than these ahead of the requests it admitted last."""
+    done: dict[str, list[float]] = {}
+    admitted = []
+    for status, latency, _, body, sent in results:
+        if status == 200:
+            device = json.loads(body)["device"]
+            done.setdefault(device, []).append(sent + latency)
+            admitted.append((device, sent + read_delay, sent + latency))
+    return max((sum(arrived < t < answered for t in done[device]) for device, arrived, answered in admitted),
+               default=0)
 
 
 def test_sustained_overload_sheds_load_and_recovers():
@@ -210,12 +218,7 @@ def test_sustained_overload_sheds_load_and_recovers():
         )
         rss_samples.append((time.perf_counter() - t0, rss_bytes(pid)))
         load_ended = time.perf_counter()
-        # The service's clock must hold every admitted request under this bound, derived from the rate
-        # served, single latency and refusals measured on this machine: a slower one gets a longer one.
-        served_rate = max(1, sum(1 for r in results if r[0] == 200)) / OVERLOAD_SECONDS
-        admitted_bound = admitted_wait_bound(
-            served_rate, single_before, percentile([r[1] for r in results if r[0] in (503, 429)], 99))
-        slow_bucket = bucket_at_or_above(admitted_bound)
+        served_rate = sum(1 for r in results if r[0] == 200) / OVERLOAD_SECONDS
 
         # After: ready again within a few seconds, queues empty, nothing in flight.
         with httpx.Client(base_url=proc.url, timeout=10) as http:
@@ -227,10 +230,9 @@ def test_sustained_overload_sheds_load_and_recovers():
                             in_flight=proc.total("inference_in_flight_requests"))
                 return seen["ready"] and seen["depth"] == 0 and seen["in_flight"] == 0
 
-            # Every request was answered before the load ended; what is left is the counters: the
-            # admitted wait's bound covers draining, and 5 s the reads themselves on a busy machine.
-            recover_s = max(5.0, admitted_bound)
-            wait_until(recovered, max(0.0, recover_s - (time.perf_counter() - load_ended)),
+            # Every request was answered before the load ended; what is left is the counters, and 5 s
+            # covers their reads on a busy machine.
+            wait_until(recovered, max(0.0, 5.0 - (time.perf_counter() - load_ended)),
                        lambda: f"{seen} {proc.output()[-6000:]}", interval=0.1)
         recovered_in = time.perf_counter() - load_ended
         # As fast as before the overload (same machine, same request): a median of 5, taken again until
@@ -254,8 +256,6 @@ def test_sustained_overload_sheds_load_and_recovers():
         }
         others["not_found"] -= len(refused)  # the front end's own measurement
         rss_after = rss_bytes(pid)
-        server_slow = (proc.total("inference_request_duration_seconds_count")
-                       - proc.total("inference_request_duration_seconds_bucket", le=slow_bucket))
         refusal_buckets = proc.by_label("inference_refusal_duration_seconds_bucket", "le", status="overloaded")
 
     statuses = [r[0] for r in results]
@@ -267,8 +267,12 @@ def test_sustained_overload_sheds_load_and_recovers():
     refusals_timed = refusal_buckets.get("+Inf", 0)
     refusal_p50, refusal_p99 = (bucket_holding(refusal_buckets, q) for q in (0.5, 0.99))
     peak = max(s for _, s in rss_samples)
+    # How long the service took to read a request during the load: the slowest refusal, sent to answered.
+    read_delay = max(r[1] for r in shed) if shed else 0.0
+    ahead = most_served_ahead(results, read_delay)
     report = (
-        f"capacity {capacity:.1f}/s, front end beside busy workers {front_rate:.0f}/s, served under the load {served_rate:.1f}/s, "
+        f"capacity {capacity:.1f}/s, front end beside busy workers {front_rate:.0f}/s, "
+        f"served under the load {served_rate:.1f}/s, "
         f"offered {rate:.1f}/s for {OVERLOAD_SECONDS:g}s: "
         f"{len(results)} requests, {len(ok)} ok, {len(shed)} shed; "
         f"accepted p50 {percentile([r[1] for r in ok], 50) * 1000:.0f} p99 {accepted_p99 * 1000:.0f} ms; "
@@ -276,8 +280,8 @@ def test_sustained_overload_sheds_load_and_recovers():
         f"p50 <= {refusal_p50 * 1000:g} p99 <= {refusal_p99 * 1000:g} ms); client lag {lag:.2f}s; "
         f"single {single_before * 1000:.0f} -> {single_after * 1000:.0f} ms (try {len(afters)}); "
         f"RSS {rss_before / MiB:.0f} -> max {peak / MiB:.0f} -> {rss_after / MiB:.0f} MiB; "
-        f"recovered in {recovered_in:.2f}s; admitted bound {admitted_bound:.2f} s: served in over "
-        f"{slow_bucket} s by the service's clock: {server_slow:g}"
+        f"recovered in {recovered_in:.2f}s; most answered on an admitted request's device while it waited "
+        f"(from {read_delay * 1000:.0f} ms after it was sent): {ahead} (queue {QUEUE})"
     )
     print(report)
 
@@ -292,7 +296,7 @@ def test_sustained_overload_sheds_load_and_recovers():
         report,
     )
     assert ok and shed, report  # it served and it shed: the overload was real
-    for status, _, headers, body in shed:
+    for status, _, headers, body, _ in shed:
         assert headers.get("retry-after") == "1", (status, dict(headers), body)
         assert json.loads(body)["detail"]
     # The service counted each answer once: the overload's, plus the before/after singles and capacity run.
@@ -300,10 +304,11 @@ def test_sustained_overload_sheds_load_and_recovers():
     assert overloaded == len(shed), report
     assert not any(others.values()), others
 
-    # By the service's clock (arrival to answer), every admitted request within the admitted wait's
-    # bound: queues bound the wait. By the client's, it also waited to be read, as a refused request
-    # does: the refusals' tail is that wait on this machine, and the request timeout bounds the rest.
-    assert server_slow == 0, report
+    # Queues bound the wait: no admitted request waited for more passes than its device's queue and
+    # worker hold (one more where an answer ahead of it reached the client after its arrival). By the
+    # client's clock it also waited to be read, as a refused request does: the refusals' tail is that
+    # wait on this machine, and the request timeout bounds the rest.
+    assert ahead <= QUEUE + 2, report
     assert accepted_p99 < shed_p99 + TIMEOUT_S, report
     # Refusals come at once, without waiting in a queue, by the service's clock: the client's also counts
     # the wait to be read, which is the machine's (in CI, beside another test's burst, refusals waited
