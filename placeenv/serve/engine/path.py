@@ -74,18 +74,22 @@ class Completion:
         self.settle(None, error)
 
     def settle(self, answer: Answer | None, error: BaseException | None) -> None:
-        then, self.then = self.then, None  # let go once called: the job holds this, this the job
+        then, self.then = self.then, None
         if then is None:
             return
-        if self.timer is not None:
-            self.timer.cancel()
+        # Let go of the job and the timer once answered: the job holds this as its future, and the timer
+        # the job's expire. Left as a cycle, each answered job and its inputs wait for the collector's
+        # rare full pass, and a server holds hundreds of its last pages (docs/benchmarks.md).
+        job, timer, self.job, self.timer = self.job, self.timer, None, None
+        if timer is not None:
+            timer.cancel()
         self.generation.release()
         if self.stats is not None:
             if error is None:
-                self.stats.succeeded(self.taken, self.job, answer)
+                self.stats.succeeded(self.taken, job, answer)
             else:
                 self.stats.failed(self.taken)
-        then(self.job, answer, error)
+        then(job, answer, error)
 
 
 class Ticket:

@@ -322,12 +322,25 @@ class OpenVinoSession(Session):
         self.release = options.release_buffers
 
     def _run_call(self):
+        openvino = _openvino()
         request = self.compiled.create_infer_request()  # one run at a time: one a worker
-        count = len(self.compiled.outputs)
+        ports = self.compiled.inputs
+        dtypes = [port.get_element_type().to_dtype() for port in ports]
+        # What the request holds between runs: a tensor of one element a dimension left open. It keeps the
+        # tensors it ran on until its next run (and OpenVINO's wrapper, given arrays, keeps them too): a
+        # worker's last page would stay in memory while the worker idles, one for each worker and session.
+        placeholders = [openvino.Tensor(port.get_element_type(), openvino.Shape(
+            [d.get_length() if d.is_static else 1 for d in port.get_partial_shape()])) for port in ports]
 
         def run(arrays: list[np.ndarray]) -> list[np.ndarray]:
-            request.infer(arrays, share_inputs=True)
-            return [np.array(request.get_output_tensor(i).data) for i in range(count)]
+            arrays = [np.ascontiguousarray(a, dtype) for a, dtype in zip(arrays, dtypes, strict=True)]
+            for i, array in enumerate(arrays):  # the run reads them in place; they outlive it here
+                request.set_input_tensor(i, openvino.Tensor(array, shared_memory=True))
+            try:
+                return list(request.infer().to_tuple())  # the outputs copied once, in the model's order
+            finally:
+                for i, placeholder in enumerate(placeholders):
+                    request.set_input_tensor(i, placeholder)
 
         return run
 

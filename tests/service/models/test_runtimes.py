@@ -474,3 +474,44 @@ def test_runs_on_inputs_over_large_input_mib_take_turns(mib, overlap):
         for done in [pool.submit(session.runner(), arrays) for _ in range(2)]:
             assert done.result(timeout=120) is arrays
     assert session.most == overlap and session._running == 0
+
+
+def _dynamic_relu(path) -> None:
+    """An ONNX model of one input with its batch and width left open, and two outputs (relu, neg)."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Neg", ["x"], ["z"])], "relu",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, "w"])],
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, ["n", 3, "w"]) for name in ("y", "z")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+    model.ir_version = 8
+    path.write_bytes(model.SerializeToString())
+
+
+def test_a_workers_openvino_request_keeps_no_input_after_its_run(tmp_path):
+    import weakref
+
+    _dynamic_relu(tmp_path / "relu.onnx")
+    session = runtimes.OpenVinoSession(tmp_path / "relu.onnx", "cpu", runtimes.RuntimeOptions())
+    run = session.runner()
+    page = np.random.default_rng(0).standard_normal((2, 3, 1 << 18)).astype(np.float32)
+    y, z = run([page])
+    assert np.array_equal(y, np.maximum(page, 0)) and np.array_equal(z, -page)  # the outputs in the model's order
+    # A float64 page, not contiguous: the run converts it; the answers stay.
+    wide = page.astype(np.float64)[:, :, ::2]
+    assert np.array_equal(run([wide])[0], np.maximum(page[:, :, ::2], 0))
+    gone = weakref.ref(page)
+    del page, wide
+    assert gone() is None  # the worker's request holds no page between runs
+    assert run([np.ones((1, 3, 5), np.float32)])[1].tolist() == [[[-1.0] * 5] * 3]  # and runs the next
+
+    # The control: OpenVINO's own request, given the page to share, holds it until its next run.
+    request = session.compiled.create_infer_request()
+    page = np.ones((2, 3, 1 << 18), np.float32)
+    request.infer([page], share_inputs=True)
+    held = weakref.ref(page)
+    del page
+    assert held() is not None
+    request.infer([np.ones((1, 3, 5), np.float32)], share_inputs=True)
+    assert held() is None
