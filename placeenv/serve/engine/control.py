@@ -32,6 +32,7 @@ import asyncio
 import functools
 import gc
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
 
@@ -221,7 +222,7 @@ class Control:
             for n in build:
                 self.pool.shares.forget(model, n, entry.versions[n].fingerprint)
         await _settled(futures)
-        await asyncio.to_thread(_free_memory)
+        await self._free_memory()
 
     # -- the swap and the old generation's retirement ----------------------------------------------
 
@@ -254,7 +255,24 @@ class Control:
         for key in gone:
             self.pool.shares.forget(*key, old.versions[key].version.fingerprint)
         if futures:
-            await asyncio.to_thread(_free_memory)
+            await self._free_memory()
+
+    async def _free_memory(self) -> None:
+        """``_free_memory`` with every worker held at a batch boundary while the devices' cache is emptied:
+        Paddle's ``empty_cache`` releases the cached blocks of every device, and a worker allocating on
+        one meanwhile crashed the process (a segfault in CI: a version swapped under load on sim devices)."""
+        arrived, go = threading.Semaphore(0), threading.Event()
+
+        def hold() -> None:
+            arrived.release()
+            go.wait(2 * QUIET_S)  # the control sets it; never forever
+
+        futures = [w.do(hold) for w in self.pool.workers if not w.closed]
+        try:
+            await asyncio.to_thread(_free_memory, arrived, len(futures))
+        finally:
+            go.set()
+        await _settled(futures)
 
     async def _publish(self) -> None:
         await self.served.publish(self.catalog())
@@ -325,13 +343,26 @@ async def _settled(futures) -> None:
             log.error("model control: a worker's task failed: %r", result)
 
 
-def _free_memory() -> None:
+#: How long an unload waits for every worker to reach a batch boundary before the devices' cache is emptied
+#: (a worker in a long batch, or in a call to a model another held worker serves); past it the cache is kept
+#: until the next unload.
+QUIET_S = 10.0
+
+
+def _free_memory(arrived: threading.Semaphore, workers: int) -> None:
     """Collect what the unloaded replicas leave (the start's objects are frozen: the collector skips
-    them until unfrozen), then hand the devices' cached memory back."""
+    them until unfrozen), then hand the devices' cached memory back once each of the ``workers`` has
+    ``arrived`` at a batch boundary, where it waits."""
     gc.unfreeze()
     gc.collect()
     gc.freeze()
     empty = getattr(paddle.device, "empty_cache", None)  # only where Paddle has an accelerator
-    if empty is not None:
+    if empty is None:
+        return
+    deadline = time.monotonic() + QUIET_S
+    if all(arrived.acquire(timeout=max(0.0, deadline - time.monotonic())) for _ in range(workers)):
         empty()
+    else:
+        log.warning("model control: not every worker reached a batch boundary within %g s; the devices' "
+                    "cached memory is kept until the next unload", QUIET_S)
 

@@ -18,16 +18,19 @@ import asyncio
 import concurrent.futures
 import shutil
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
 
 import numpy as np
+import paddle
 import pytest
 from support import wait_until
 from support.servers import TEST_REPOSITORY
 
 from placeenv.serve.config import Settings
+from placeenv.serve.engine import control
 from placeenv.serve.engine.engine import running
 from placeenv.serve.protocol.errors import ModelFailed, UnknownModel
 from placeenv.serve.protocol.request import Work
@@ -239,3 +242,50 @@ def test_the_count_reaching_zero_is_what_a_retirement_waits_for(engine, gate):
         assert generation.admitted >= 1
     held.result(WAIT_S)
     assert engine.wait(generation.drained(WAIT_S)) is True and generation.admitted == 0
+
+
+def _held(frame) -> bool:
+    """Whether a thread whose innermost frame is ``frame`` waits in the control's ``hold`` (between batches)."""
+    while frame is not None:
+        if frame.f_code.co_name == "hold" and frame.f_code.co_filename == control.__file__:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def test_the_devices_cache_is_emptied_with_every_worker_between_two_batches(engine, repository, gate, monkeypatch):
+    """Paddle's empty_cache releases every device's cached blocks, and a worker allocating meanwhile crashed
+    the process (CI: a segfault in the swap under load above). An unload empties the cache with each worker
+    held between two batches. The control: emptied at once, as before, while a request holds its worker in
+    a batch, that worker is seen outside ``hold``."""
+    threads = engine.on_loop(lambda: [w.thread for w in engine.engine.pool.workers])
+    seen: list[list[bool]] = []
+    real = paddle.device.empty_cache
+
+    def spy() -> None:
+        frames = sys._current_frames()
+        seen.append([_held(frames.get(thread.ident)) for thread in threads])
+        real()
+
+    monkeypatch.setattr(paddle.device, "empty_cache", spy)
+    held = engine.submit("hold_call", X)
+    connection, _ = gate.accept()  # on its worker now, in its batch
+    with connection:
+        control._free_memory(threading.Semaphore(0), 0)
+    assert np.allclose(held.result(WAIT_S).outputs["y"], X * 2 + 1)
+    assert len(seen) == 1 and not all(seen[0]), seen
+
+    seen.clear()
+    new_version(repository, 2)
+    try:
+        load = engine.later(engine.engine.load("affine"))
+        answers = []
+        while not load.done():  # requests all along: workers in their batches when the unload comes
+            answers += [engine.submit("affine", X, version=v) for v in (1, 2)]
+            concurrent.futures.wait(answers[-2:], WAIT_S)
+        load.result(WAIT_S)
+    finally:
+        shutil.rmtree(repository / "affine" / "2")
+    concurrent.futures.wait(answers, WAIT_S)
+    assert seen and all(all(held) for held in seen), seen
+    engine.wait(engine.engine.load("affine"))  # the repository as it was: version 1 again
