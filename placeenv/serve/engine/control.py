@@ -258,9 +258,14 @@ class Control:
             await self._free_memory()
 
     async def _free_memory(self) -> None:
-        """``_free_memory`` with every worker held at a batch boundary while the devices' cache is emptied:
-        Paddle's ``empty_cache`` releases the cached blocks of every device, and a worker allocating on
-        one meanwhile crashed the process (a segfault in CI: a version swapped under load on sim devices)."""
+        """Collect what the unloaded replicas leave, then hand the devices' cached memory back with every
+        worker held at a batch boundary: Paddle's ``empty_cache`` releases the cached blocks of every
+        device, and a worker allocating on one meanwhile crashed the process (a segfault in CI: a version
+        swapped under load on sim devices). The workers serve on while the collector runs."""
+        await asyncio.to_thread(_collect)
+        empty = getattr(paddle.device, "empty_cache", None)  # only where Paddle has an accelerator
+        if empty is None:
+            return
         arrived, go = threading.Semaphore(0), threading.Event()
 
         def hold() -> None:
@@ -269,7 +274,7 @@ class Control:
 
         futures = [w.do(hold) for w in self.pool.workers if not w.closed]
         try:
-            await asyncio.to_thread(_free_memory, arrived, len(futures))
+            await asyncio.to_thread(_empty_once_arrived, empty, arrived, len(futures))
         finally:
             go.set()
         await _settled(futures)
@@ -349,16 +354,17 @@ async def _settled(futures) -> None:
 QUIET_S = 10.0
 
 
-def _free_memory(arrived: threading.Semaphore, workers: int) -> None:
+def _collect() -> None:
     """Collect what the unloaded replicas leave (the start's objects are frozen: the collector skips
-    them until unfrozen), then hand the devices' cached memory back once each of the ``workers`` has
-    ``arrived`` at a batch boundary, where it waits."""
+    them until unfrozen)."""
     gc.unfreeze()
     gc.collect()
     gc.freeze()
-    empty = getattr(paddle.device, "empty_cache", None)  # only where Paddle has an accelerator
-    if empty is None:
-        return
+
+
+def _empty_once_arrived(empty: Callable[[], None], arrived: threading.Semaphore, workers: int) -> None:
+    """``empty()`` the devices' cache once each of the ``workers`` has ``arrived`` at a batch boundary,
+    where it waits."""
     deadline = time.monotonic() + QUIET_S
     if all(arrived.acquire(timeout=max(0.0, deadline - time.monotonic())) for _ in range(workers)):
         empty()
