@@ -792,3 +792,81 @@ def test_the_length_scanner_sees_a_long_module_and_long_functions_and_passes_sho
     assert long_parts(source, "m.py", None) == {"m.py:long", "m.py:Kind.method"}
     assert long_parts(source, "m.py", 10) == {"m.py", "m.py:long", "m.py:Kind.method"}
     assert long_parts(source, "m.py", 10_000) == {"m.py:long", "m.py:Kind.method"}
+
+
+# -- the engine's shape: a worker that is a loop, one way a job is made, no hidden thread state -------------
+
+WORKER_METHODS, WORKER_ATTRIBUTES = 8, 10
+
+
+def class_size(source: str, name: str) -> tuple[int, set[str]]:
+    """Class ``name``'s methods (every ``def`` in its body, ``__init__`` too) and the attributes its methods
+    set on ``self``."""
+    node = next(n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ClassDef) and n.name == name)
+    methods = [n for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    attributes = set()
+    for method in methods:
+        for target in ast.walk(method):
+            if isinstance(target, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                for found in (target.targets if isinstance(target, ast.Assign) else [target.target]):
+                    for item in ast.walk(found):
+                        if isinstance(item, ast.Attribute) and isinstance(item.value, ast.Name) \
+                                and item.value.id == "self":
+                            attributes.add(item.attr)
+    return len(methods), attributes
+
+
+def test_the_worker_is_a_loop_of_few_methods_and_attributes():
+    methods, attributes = class_size((ROOT / "placeenv/serve/engine/worker.py").read_text(), "Worker")
+    assert methods <= WORKER_METHODS, f"Worker has {methods} methods: move a concern into a unit of its own"
+    assert len(attributes) <= WORKER_ATTRIBUTES, sorted(attributes)
+
+
+def test_the_class_size_scanner_counts_methods_and_self_attributes():
+    source = ("class Worker:\n    def __init__(self):\n        self.a, self.b = 1, 2\n        self.c: int = 3\n"
+              "        other.d = 4\n    def run(self):\n        self.e += 1\n        self.a = 5\n"
+              "    async def later(self):\n        pass\n")
+    assert class_size(source, "Worker") == (3, {"a", "b", "c", "e"})
+
+
+def constructed(source: str, name: str) -> int:
+    """How many calls of ``name(...)`` ``source`` makes."""
+    return sum(1 for n in ast.walk(ast.parse(source))
+               if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == name)
+
+
+def test_a_job_is_made_once_at_admission_and_every_other_is_derived_from_one():
+    """``Job(...)`` only in path.py, where a request is admitted; a part (forward.split) is a
+    ``dataclasses.replace`` of its job, so no field is copied by name and a new one reaches it."""
+    found = {relative(path): count for path in python_files("placeenv/serve")
+             if (count := constructed(path.read_text(), "Job"))}
+    assert found == {"placeenv/serve/engine/path.py": 1}, found
+
+
+def test_the_job_scanner_sees_a_job_made_field_by_field():
+    assert constructed("part = Job(model=job.model, inputs=inputs)\nkind = Job\n", "Job") == 1
+    assert constructed("part = dataclasses.replace(job, inputs=inputs)\n", "Job") == 0
+
+
+def thread_locals(source: str) -> list[str]:
+    """Classes that subclass ``threading.local`` (or ``local``), and names bound to ``threading.local()``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        bases = node.bases if isinstance(node, ast.ClassDef) else [node.value.func] if isinstance(
+            node, ast.Assign) and isinstance(node.value, ast.Call) else []
+        if any(ast.unparse(base) in ("threading.local", "local") for base in bases):
+            found.append(node.name if isinstance(node, ast.ClassDef) else ast.unparse(node.targets[0]))
+    return found
+
+
+def test_no_thread_local_state_in_the_service():
+    """What a model's code reads of its request is set by a token pair (``models/base.py``'s ``serving``),
+    never a thread-local that two places save and restore."""
+    found = {relative(path): names for path in python_files("placeenv/serve")
+             if (names := thread_locals(path.read_text()))}
+    assert found == {}, found
+
+
+def test_the_thread_local_scanner_sees_a_subclass_and_an_instance():
+    source = "import threading\nclass Calls(threading.local):\n    x = 1\nSTATE = threading.local()\ny = f()\n"
+    assert thread_locals(source) == ["Calls", "STATE"]

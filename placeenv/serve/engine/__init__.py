@@ -10,8 +10,10 @@
     control.py     model control: a load or an unload builds the next generation, swaps it, retires the old
     dispatch.py    jobs, per-device bounded queues, batching, and the ``Dispatcher`` that admits them
     stats.py       each served version's statistics (Triton's), a request's timings
-    worker.py      a worker thread, pinned to one device, serving batches
-    replica.py     a worker's replica of a version: built, shared weights, warmed up, finalized
+    worker.py      a worker thread, pinned to one device: a loop that takes a batch, runs it and answers
+    replica.py     a worker's replicas (``Replicas``): built, shared weights, warmed up, installed, finalized
+    batch.py       the failure policy (``run_batch``: one answer per job), and the place checks
+    calls.py       a worker's batches in hand, and its models' calls to others (``Model.infer``)
     forward.py     the one ``forward`` pass over a batch, and what it joins (step tensors, padding, parts)
     workers.py     the worker pool: every worker, and the thread that replaces a dead one
     local.py       the engine in this process, as a gateway's ``EngineHandle``

@@ -7,8 +7,8 @@ One change at a time, on the event loop thread, each building the next generatio
    program's signature), with its version policy; every pipeline it would change is linked again
    against the result. A problem refuses the load here, the old versions serving on.
 2. **Stage** each new or changed version on every worker that will serve it, on the worker's own
-   thread (``Worker.stage``: initialize, place check, warm-up), beside what it serves.
-3. **Swap** in one turn of the loop once every worker holds its replica (``Worker.install``, then the
+   thread (``Replicas.stage``: initialize, place check, warm-up), beside what it serves.
+3. **Swap** in one turn of the loop once every worker holds its replica (``Replicas.install``, then the
    next generation in place of the current one), then hand the catalog to every front end, and wait
    until each has it. New requests are admitted under the new generation; one naming a version only
    the old generation serves (a front end's catalog a change behind) under the old one until it
@@ -171,7 +171,7 @@ class Control:
             kinds = [g.kind for g in entry.config.instance_group or []]
             raise LoadFailed(f"model {entry.name!r}: no worker serves it (instance_group kinds {kinds}, devices "
                              f"{', '.join(pool.queues)}; a CPU queue exists only when a model at start asked for one)")
-        holding = [w for w in pool.workers if old is not None and any(k[0] == old.name for k in w.held)]
+        holding = [w for w in pool.workers if old is not None and any(k[0] == old.name for k in w.replicas.held)]
         if old is not None and holding != chosen:
             raise LoadFailed(f"model {entry.name!r}: its instance_group now places it on other workers "
                              f"({', '.join(w.name for w in chosen)}, not {', '.join(w.name for w in holding)}): "
@@ -186,7 +186,7 @@ class Control:
         for model, (entry, build, _) in changed.items():
             if not build:
                 continue
-            futures = [w.do(functools.partial(w.stage, entry, build)) for w in workers[model]]
+            futures = [w.do(functools.partial(w.replicas.stage, entry, build)) for w in workers[model]]
             results = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures), return_exceptions=True)
             staged[model] = [{} if isinstance(r, BaseException) else r for r in results]
             failed = next(((w, r) for w, r in zip(workers[model], results) if isinstance(r, BaseException)), None)
@@ -205,7 +205,7 @@ class Control:
         for model, (entry, build, _) in changed.items():
             old = current.entries.get(model)
             for w, built in zip(workers[model], staged.get(model, [])):
-                replaced[w] = {**replaced.get(w, {}), **w.install(entry, built)}
+                replaced[w] = {**replaced.get(w, {}), **w.replicas.install(entry, built)}
             for n in build:
                 if old is not None and n in old.versions:  # loaded again from changed files: its old weights go
                     self.pool.shares.forget(model, n, old.versions[n].fingerprint)
@@ -218,7 +218,7 @@ class Control:
         for model, built in staged.items():
             entry, build, _ = changed[model]
             for w, replicas in zip(workers[model], built):
-                futures.append(w.do(functools.partial(w.drop, (), replicas)))
+                futures.append(w.do(functools.partial(w.replicas.drop, (), replicas)))
             for n in build:
                 self.pool.shares.forget(model, n, entry.versions[n].fingerprint)
         await _settled(futures)
@@ -246,8 +246,8 @@ class Control:
                       sorted(gone) or "a replaced version")
         self.served.retired(old)
         hold(self.dispatcher.queues.values(), self.pool.workers, current.versions)  # (without ``gone`` from here)
-        futures = [w.do(functools.partial(w.drop, gone, replaced.get(w))) for w in self.pool.workers
-                   if gone & w.held.keys() or replaced.get(w)]
+        futures = [w.do(functools.partial(w.replicas.drop, gone, replaced.get(w))) for w in self.pool.workers
+                   if gone & w.replicas.held.keys() or replaced.get(w)]
         await _settled(futures)
         for queue in self.dispatcher.queues.values():  # left behind by a drain that stopped waiting
             for job in queue.withdraw(gone):
@@ -272,7 +272,7 @@ class Control:
             arrived.release()
             go.wait(2 * QUIET_S)  # the control sets it; never forever
 
-        futures = [w.do(hold) for w in self.pool.workers if not w.closed]
+        futures = [w.do(hold) for w in self.pool.workers if not w.mailbox.closed]
         try:
             await asyncio.to_thread(_empty_once_arrived, empty, arrived, len(futures))
         finally:

@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from .. import metrics
 from ..protocol.errors import Cancelled, Draining, Overloaded, Timeout
@@ -20,13 +20,20 @@ from ..protocol.errors import Cancelled, Draining, Overloaded, Timeout
 log = logging.getLogger(__name__)
 
 
-class Settled:
-    """A job's answer handed to a callback instead of a future (a part of a job run as parts: ``split``).
+class Future(Protocol):
+    """What a job's answer settles, once, on the event loop thread: ``settle(answer, None)`` or
+    ``settle(None, error)``; a second settle does nothing. The engine's ``Completion`` (path.py), or a
+    ``Settled`` callback."""
 
-    Set on the event loop thread as a future is, it calls ``callback(value, None)`` or
-    ``callback(None, error)`` at once: no waiting task to wake, and no turn of the loop between
-    the answer and its reply. The callback usually holds the job, which holds this: it is let go
-    once called, so the request's objects are freed by their reference counts, not left for the
+    def settle(self, answer: Any, error: BaseException | None) -> None: ...
+
+
+class Settled:
+    """A job's answer handed to a callback (a part of a job run as parts: ``split``; a test's job).
+
+    It calls ``callback(answer, error)`` at once: no waiting task to wake, and no turn of the loop
+    between the answer and its reply. The callback usually holds the job, which holds this: it is let
+    go once called, so the request's objects are freed by their reference counts, not left for the
     cyclic garbage collector."""
 
     __slots__ = ("callback",)
@@ -34,16 +41,10 @@ class Settled:
     def __init__(self, callback) -> None:
         self.callback = callback
 
-    def done(self) -> bool:
-        return self.callback is None
-
-    def set_result(self, value) -> None:
+    def settle(self, answer: Any, error: BaseException | None) -> None:
         callback, self.callback = self.callback, None
-        callback(value, None)
-
-    def set_exception(self, error: BaseException) -> None:
-        callback, self.callback = self.callback, None
-        callback(None, error)
+        if callback is not None:
+            callback(answer, error)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,14 +65,18 @@ REQUEST = StepOptions()
 
 @dataclass(eq=False)
 class Job:
-    """One accepted request. ``resolve``/``fail`` answer it; the first answer wins."""
+    """One accepted request. ``resolve``/``fail`` answer it; the first answer wins.
+
+    What it was admitted as are its fields; the parts of a job queued as parts are derived from it by
+    ``dataclasses.replace`` (forward.split), so a new field reaches them. Its state in the engine (where
+    it was queued, when it started, whether it is answered) is not: each part has its own."""
 
     model: tuple[str, int]  # (name, version): what a batch may share, with ``shape``
     inputs: dict[str, Any]  # preprocessed host arrays or CPU tensors [n, ...], in the model's input order
     examples: int  # n; 1 for a model that does not batch
     batched: bool  # the model batches along the first dimension (its outputs are split by rows)
     loop: asyncio.AbstractEventLoop
-    future: Any  # set once, on the loop thread, as a future is: the engine's ``Completion``, or a ``Settled``
+    future: Future | None  # settled once, on the loop thread: the engine's ``Completion``, or a ``Settled``
     arrived: float
     deadline: float
     # A pipeline's step or a model's call: its ``StepOptions``, one by one.
@@ -85,13 +90,13 @@ class Job:
     shape: Any = None
     parameters: dict[str, Any] | None = None  # its request's parameters for the model (Work.parameters)
     generation: Any = None  # what it was admitted under (engine/generation.py): what its calls are looked up in
-    parts: tuple[Job, ...] = ()  # the jobs its rows were queued as, past its model's max_batch_size (split)
-    device: str = ""
-    queue: DeviceQueue | None = None  # where it was queued (a cancelled job leaves it)
-    enqueued: float = 0.0
-    started: float = 0.0
-    _answered: bool = False
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+    parts: tuple[Job, ...] = field(default=(), init=False)  # its rows queued as jobs, past max_batch_size (split)
+    device: str = field(default="", init=False)
+    queue: DeviceQueue | None = field(default=None, init=False)  # where it was queued (a cancelled job leaves it)
+    enqueued: float = field(default=0.0, init=False)
+    started: float = field(default=0.0, init=False)
+    _answered: bool = field(default=False, init=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
 
     def claim(self) -> bool:
         """True once: whoever gets it answers the job."""
@@ -101,17 +106,17 @@ class Job:
             self._answered = True
             return True
 
-    def _answer(self, setter, value) -> bool:
+    def _answer(self, answer, error: BaseException | None) -> bool:
         if not self.claim():
             return False
-        self.loop.call_soon_threadsafe(_settle, self.future, setter, value)
+        self.loop.call_soon_threadsafe(self.future.settle, answer, error)
         return True
 
-    def resolve(self, value) -> bool:
-        return self._answer("set_result", value)
+    def resolve(self, answer) -> bool:
+        return self._answer(answer, None)
 
     def fail(self, error: BaseException) -> bool:
-        if not self._answer("set_exception", error):
+        if not self._answer(None, error):
             return False
         for part in self.parts:  # the rest of a split job's rows are not run for nothing
             part.withdraw()
@@ -185,26 +190,21 @@ def batch_key(shape: Any, parameters: dict[str, Any] | None) -> Any:
     return WithParameters(shape, tuple([(key, type(value), value) for key, value in sorted(parameters.items())]))
 
 
-def _settle(future: asyncio.Future, setter: str, value) -> None:
-    if not future.done():  # the waiter may have been cancelled (client gone)
-        getattr(future, setter)(value)
-
-
 def resolve_all(answers: list[tuple[Job, Any]]) -> None:
     """``job.resolve(value)`` for each pair, with one wake-up of each event loop for the lot:
     a batch of 16 answers costs the loop one hand-off, not 16."""
     by_loop: dict[asyncio.AbstractEventLoop, list] = {}
     for job, value in answers:
         if job.claim():
-            by_loop.setdefault(job.loop, []).append((job.future, "set_result", value))
+            by_loop.setdefault(job.loop, []).append((job.future, value))
     for loop, settled in by_loop.items():
         loop.call_soon_threadsafe(_settle_all, settled)
 
 
 def _settle_all(settled: list) -> None:
-    for future, setter, value in settled:
+    for future, answer in settled:
         try:
-            _settle(future, setter, value)
+            future.settle(answer, None)
         except Exception:  # one answer's failure must not leave its batch-mates unanswered
             log.exception("answering a request failed")
 
@@ -420,7 +420,7 @@ class DeviceQueue:
             self.busy -= count
 
     def wake(self) -> None:
-        """Wake the workers waiting for a job: one waiting for a call (``Worker.serve_until``) looks again."""
+        """Wake the workers waiting for a job: one waiting for a call (``Calls.serve_until``) looks again."""
         with self._cond:
             self._cond.notify_all()
 

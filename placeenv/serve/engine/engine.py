@@ -164,11 +164,11 @@ class Engine:
         entries, skipped = dict(self.repository.entries), self.served.skipped
         failures = {}
         for worker in self.pool.workers:
-            for model, why in worker.failed.items():
+            for model, why in worker.replicas.failed.items():
                 failures.setdefault(model, f"model {model!r} did not load on {worker.device} (worker {worker.name}): "
                                            f"{why}")
         for name, entry in entries.items():
-            if not any((name, n) in w.held for w in self.pool.workers for n in entry.versions):
+            if not any((name, n) in w.replicas.held for w in self.pool.workers for n in entry.versions):
                 failures.setdefault(name, f"model {name!r}: no worker loads it (instance_group kinds "
                                     f"{[g.kind for g in entry.config.instance_group or []]}, "
                                     f"devices {', '.join(self.devices)})")
@@ -246,7 +246,8 @@ class Engine:
     def _backends(self, key: tuple[str, int]) -> list[tuple[str, str, dict | None]]:
         """What runs version ``key`` on each worker that holds it: (its device, its ``Model.backend``, what
         ``auto`` measured there or None)."""
-        return [(w.device, w.backends[key], w.choices.get(key)) for w in self.pool.workers if key in w.backends]
+        return [(w.device, w.replicas.backends[key], w.replicas.choices.get(key)) for w in self.pool.workers
+                if key in w.replicas.backends]
 
     # -- model control (control.py) -------------------------------------------------------------
 

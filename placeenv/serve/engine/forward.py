@@ -1,8 +1,9 @@
 """The one forward pass over a batch, as every worker runs it (and tests compare models against it),
 and what it joins and answers: ``Handed`` step tensors, padded inputs, a job queued as parts.
 
-No thread, no queue: ``worker.py`` calls ``forward`` for each batch it takes, ``replica.py`` for each
-warm-up request, ``standalone.py`` for one request outside the service.
+No thread, no queue: ``worker.py`` calls ``forward`` for each batch it takes and ``answer_batch`` for its
+jobs' answers, ``replica.py`` calls ``forward`` for each warm-up request, ``standalone.py`` for one
+request outside the service.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import paddle
 
 import placeenv
 
-from .dispatch import Job, Settled
+from .dispatch import Job, Settled, resolve_all
 from ..models.base import Model, batch_tensor, host_tensor, move_to
 
 
@@ -144,6 +145,38 @@ def _inputs_on(replica: Model, inputs: list[dict], check) -> dict:
     return moved
 
 
+def answer_batch(jobs: list[Job], results: dict, batch: Batch, device: str, worker: str) -> None:
+    """Answer each of ``jobs`` its rows of ``results`` (``forward``'s, in the jobs' order), once.
+
+    Outputs kept as tensors (forward's ``keep``): a step that hands them on gets them as ``Handed``, a job
+    that wants arrays (a request) as arrays, made once a batch. One on the host goes as an array to all: a
+    job's rows of it cost no Paddle call, and the next step joins arrays as it joins requests'."""
+    examples = batch.size
+    tensors = {name: value for name, value in results.items() if not isinstance(value, np.ndarray)}
+    kept: dict[str, str] = {}
+    if tensors:
+        kept = {name: where for name, value in tensors.items()
+                if (where := placeenv.device_name(value.place)) != "cpu"}
+        handed_to_all = kept.keys() & set.intersection(*(set(job.keep) for job in jobs))
+        results = {name: value.numpy() if name in tensors else value
+                   for name, value in results.items() if name not in handed_to_all}
+    if len(jobs) == 1:
+        job = jobs[0]
+        part = results if not kept else {
+            **results, **{name: Handed(tensors[name], kept[name]) for name in job.keep & kept.keys()}}
+        job.resolve(Answer(part, device, worker, examples, job.started, batch))
+        return
+    answers, offset = [], 0
+    for job in jobs:
+        rows = (offset, offset + job.examples)
+        handed = job.keep & kept.keys()
+        part = {name: value[offset:rows[1]] for name, value in results.items() if name not in handed}
+        part.update((name, Handed(tensors[name], kept[name], rows)) for name in handed)
+        answers.append((job, Answer(part, device, worker, examples, job.started, batch)))
+        offset += job.examples
+    resolve_all(answers)
+
+
 def rows_of(value) -> int | None:
     """The first dimension of an array, a tensor or a ``Handed`` one (anything with a shape, or a list);
     None for a scalar."""
@@ -202,10 +235,8 @@ def split(job: Job, limit: int) -> list[Job]:
     for i, start in enumerate(starts):
         stop = min(start + limit, job.examples)
         inputs = {name: sliced(value, start, stop) for name, value in job.inputs.items()}
-        part = Job(model=job.model, inputs=inputs, examples=stop - start, batched=True, loop=job.loop,
-                   future=None, arrived=job.arrived, deadline=job.deadline, prefer=job.prefer, step=job.step,
-                   chain=job.chain, priority=job.priority, shape=job.shape, parameters=job.parameters,
-                   generation=job.generation)
+        # A part keeps no tensor for a next step: the parts' answers are joined as host arrays.
+        part = dataclasses.replace(job, inputs=inputs, examples=stop - start, keep=frozenset(), future=None)
         part.future = Settled(functools.partial(settled, i, part))  # (it names the part: made first)
         parts.append(part)
     job.parts = tuple(parts)

@@ -91,14 +91,14 @@ class Generation:
     def build(cls, entries: Mapping[str, Entry], pipelines: Mapping[str, Pipeline], workers: Iterable = (),
               previous: Generation | None = None) -> Generation:
         """The generation serving ``entries`` and ``pipelines`` (linked against them), with the ``workers``
-        that hold each version (each has ``name`` and ``held``); ``previous``: the one it follows."""
+        that hold each version (each has ``name`` and ``replicas.held``); ``previous``: the one it follows."""
         workers = list(workers)
         before = previous.versions if previous is not None else {}
         versions = {}
         for entry in entries.values():
             for number, version in entry.versions.items():
                 key = (entry.name, number)
-                holders = tuple(w.name for w in workers if key in w.held)
+                holders = tuple(w.name for w in workers if key in w.replicas.held)
                 versions[key] = serve_version(entry, version, before.get(key), holders)
         old = previous.pipelines if previous is not None else {}
         served = {name: ServedPipeline(found, plan(found, entries),
@@ -201,7 +201,7 @@ def hold(queues: Iterable[DeviceQueue], workers: list, keys: Iterable[Key]) -> N
     serving), at start and at each swap and retirement."""
     live = set(keys)
     for queue in queues:
-        held = [{k for k in w.held if k in live} for w in workers if w.queue is queue]
+        held = [{k for k in w.replicas.held if k in live} for w in workers if w.queue is queue]
         queue.models = set().union(*held)
         queue.uniform = all(h == held[0] for h in held)
 

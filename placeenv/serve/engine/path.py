@@ -22,6 +22,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
 
 import numpy as np
 
@@ -29,7 +30,7 @@ import placeenv
 from placeenv import PlaceEnv
 
 from .. import metrics
-from ..models.base import CALLS, InputError, ModelError, host_inputs
+from ..models.base import NOT_SERVING, InputError, ModelError, Serving, host_inputs, serving
 from ..protocol.errors import Cancelled, InvalidInput, ModelFailed, ServiceError, Timeout, UnknownModel
 from ..protocol.request import Result, Work
 from .dispatch import REQUEST, Dispatcher, Job, StepOptions, batch_key, shape_key
@@ -37,7 +38,7 @@ from .forward import Answer, split
 from .generation import Generation, Served, ServedPipeline, ServedVersion
 from .pipeline import PipelineRun
 from .stats import Stats, timings, withdrawn
-from .worker import PlaceChecker
+from .batch import PlaceChecker
 
 log = logging.getLogger(__name__)
 
@@ -46,14 +47,18 @@ Done = Callable[["Result | None", "BaseException | None"], None]
 #: What the owner of a job is given: ``then(job, answer, error)``; ``job`` is None when it was refused
 #: before it had one.
 Then = Callable[["Job | None", "Answer | None", "BaseException | None"], None]
-#: What ``Engine.submit`` gives back to cancel a request: its job, a ticket for the job to come, or its
-#: pipeline's run; each has ``cancel()``.
-Handle = "Job | Ticket | PipelineRun"
+
+
+class Handle(Protocol):
+    """What ``Engine.submit`` gives back to cancel a request: its job, a ``Ticket`` for the job to come, or
+    its pipeline's run. ``cancel()`` on the loop thread; False when it has its answer already."""
+
+    def cancel(self) -> bool: ...
 
 
 class Completion:
-    """One job's answer: the job's future (``Job.future``), set once on the loop thread by a worker, the
-    timer or a cancel, or settled at once when the job is refused. Counted in its generation from its
+    """One job's answer: the job's future (``Job.future``), settled once on the loop thread by a worker, the
+    timer or a cancel, or at once when the job is refused. Counted in its generation from its
     admission to its answer."""
 
     __slots__ = ("generation", "then", "stats", "taken", "job", "timer")
@@ -63,15 +68,6 @@ class Completion:
         self.job: Job | None = None  # once queued
         self.timer: asyncio.TimerHandle | None = None  # at the job's deadline
         generation.admit()
-
-    def done(self) -> bool:
-        return self.then is None
-
-    def set_result(self, answer: Answer) -> None:
-        self.settle(answer, None)
-
-    def set_exception(self, error: BaseException) -> None:
-        self.settle(None, error)
 
     def settle(self, answer: Answer | None, error: BaseException | None) -> None:
         then, self.then = self.then, None
@@ -248,19 +244,16 @@ class RequestPath:
     def _preprocess(self, served: ServedVersion, arrays: dict[str, np.ndarray], parameters=None) -> dict:
         """The model's preprocess, in input order: host arrays as they are (the worker makes one host
         tensor per batch of them, not one per request), tensors checked to be on the CPU. ``parameters``:
-        the request's, which the preprocess reads as ``request_parameters`` (this thread's, as a worker's)."""
+        the request's, which the preprocess reads as ``request_parameters`` (``serving``, a token pair)."""
         template = served.template
         # Arrays read over a binary body or the link's frames are read-only; a model's preprocess may
         # change its inputs in place.
         arrays = {n: a if a.flags.writeable else a.copy() for n, a in arrays.items()}
-        calls = CALLS
-        outer, calls.parameters = calls.parameters, parameters
         try:
-            prepared = host_inputs(template.context, template.preprocess(arrays))
+            with serving(NOT_SERVING if parameters is None else Serving(parameters)):
+                prepared = host_inputs(template.context, template.preprocess(arrays))
         except ModelError as exc:
             raise ModelFailed(str(exc)) from None
-        finally:
-            calls.parameters = outer
         for value in prepared.values():
             if not isinstance(value, np.ndarray):
                 self.check_cpu("preprocess", placeenv.device_name(value.place))

@@ -25,13 +25,14 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import msgspec
 import numpy as np
 import paddle
 
 import placeenv
 
 from .. import metrics
-from ..models.base import Calls, Model
+from ..models.base import Model, Serving
 from ..models.repository import Entry, Pipeline, PipelineStep
 from ..protocol.errors import Cancelled, InvalidInput, ModelFailed, ServiceError, Timeout, UnknownModel
 from ..protocol.request import InputError, Result, TensorSpec, Work, check_parameters
@@ -214,9 +215,11 @@ class PipelineRun:
         except InputError as exc:
             self._settled(planned, None, None, ModelFailed(str(exc)))
             return
-        work = Work(step.model, step.version, examples, list(step.outputs), self.work.arrived, self.work.deadline,
-                    sum(_size(v) for v in arrays.values()) <= self.inline_bytes, self.work.priority,
-                    self.work.own_deadline, self.work.parameters if step.parameters else None)
+        # The request's work, as this step's model takes it (its deadline, priority and arrival are the request's).
+        work = msgspec.structs.replace(self.work, model=step.model, version=step.version, examples=examples,
+                                       outputs=list(step.outputs),
+                                       inline=sum(_size(v) for v in arrays.values()) <= self.inline_bytes,
+                                       parameters=self.work.parameters if step.parameters else None)
         self.started[step.index] = time.perf_counter()
         options = StepOptions(planned.keep, prefer, (self.plan.pipeline.name, step.label), (self.plan.pipeline.name,))
         self.run(self.generation, work, arrays, functools.partial(self._settled, planned), options, self)
@@ -291,7 +294,7 @@ class PipelineRun:
         ), None)
 
 
-def call(run: Run, generation, name: str, version: int | None, requests: list[dict], outputs, calls: Calls,
+def call(run: Run, generation, name: str, version: int | None, requests: list[dict], outputs, calls: Serving,
          parameters: Mapping[str, Any] | None = None, anywhere: bool = False) -> list[dict[str, np.ndarray]]:
     """A model's calls to another (``Model.infer``, ``Model.infer_all``), on the caller's worker thread: each
     request queued through the event loop as a step of the caller's request, under the ``generation`` that
@@ -388,7 +391,7 @@ def _call_arrays(where: str, entry: Entry, chosen, inputs: Mapping) -> tuple[dic
         raise InvalidInput(f"{where}: {exc}") from None
 
 
-def _queue_call(run: Run, generation, calls: Calls, caller: str, work: Work,
+def _queue_call(run: Run, generation, calls: Serving, caller: str, work: Work,
                 arrays: dict, anywhere: bool = False) -> concurrent.futures.Future:
     """One call (``work``) queued from the event loop; its future gets the worker's ``Answer``."""
     name, number = work.model, work.version
@@ -404,7 +407,7 @@ def _queue_call(run: Run, generation, calls: Calls, caller: str, work: Work,
     worker = calls.worker
     # Where its tensors are; else on the caller's own device, which serves it while it waits.
     prefer = next((v.device for v in arrays.values() if isinstance(v, Handed)),
-                  worker.device if (name, number) in worker.held and not anywhere else "")
+                  worker.device if worker.holds((name, number)) and not anywhere else "")
     options = StepOptions(prefer=prefer, step=(caller, name), chain=calls.chain)
     calls.loop.call_soon_threadsafe(functools.partial(run, generation, work, arrays, settled, options))
     return future

@@ -2,8 +2,9 @@
 weights its device's workers share, place-checked and warmed up before it serves; finalized when it
 leaves.
 
-The worker (worker.py) calls ``build`` for each version it is to serve, at its start and for a load
-(``Worker.stage``), and ``finalize`` for each it lets go of.
+A worker (worker.py) keeps its replicas in a ``Replicas``: each built by ``build`` at its start and for
+a load (``stage``), put in service (``install``), dropped and finalized (``drop``). No thread of its own:
+the worker's thread calls each, between two batches.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+from collections.abc import Iterable
 
 from placeenv import PlaceEnv
 
@@ -24,6 +26,80 @@ log = logging.getLogger(__name__)
 #: Held around each replica's build and warm-up with isolation off (``build``), and around a worker's
 #: first ``set_device`` (``Worker``).
 STOCK_BUILDS = threading.Lock()
+
+
+#: A served version: (model, version).
+Key = tuple[str, int]
+
+
+class Replicas:
+    """A worker's replicas of the versions it serves (``models``), with their batch limits (``held``: what
+    it takes batches of), what runs each (``backends``, ``choices``: what backend auto measured), and the
+    models of ``entries`` that did not load at its start (``failed``, why). A load stages new replicas
+    beside these and installs them; new dicts, not changed ones: the worker's thread reads them without a
+    lock."""
+
+    def __init__(self, slot: Slot, entries: list[Entry]) -> None:
+        self.slot, self.entries = slot, entries
+        self.models: dict[Key, Model] = {}
+        self.held: dict[Key, tuple[int, float]] = {}
+        self.backends: dict[Key, str] = {}
+        self.choices: dict[Key, dict] = {}
+        self.failed: dict[str, str] = {}
+
+    def load_all(self) -> None:
+        """Load and serve every version of each of ``entries`` (at start), or say why not (``failed``)."""
+        for entry in self.entries:
+            try:
+                loaded = self.stage(entry, list(entry.versions))
+            except Exception as exc:  # noqa: BLE001 - reported by the service, named
+                self.failed[entry.name] = f"{type(exc).__name__}: {str(exc)[:500]}"
+                log.error("worker %s: model %r did not load on %s: %s", self.slot.name, entry.name,
+                          self.slot.device, self.failed[entry.name])
+                continue
+            self.install(entry, loaded)
+
+    def stage(self, entry: Entry, numbers: list[int]) -> dict[Key, Model]:
+        """Build and warm up replicas of ``entry``'s versions ``numbers`` on this thread, beside those it
+        serves (``install`` puts them in service); on a failure, what was built is finalized."""
+        built: dict[Key, Model] = {}
+        try:
+            for number in numbers:
+                built[entry.name, number] = build(self.slot, entry, entry.versions[number])
+        except Exception:
+            for replica in built.values():
+                finalize(replica, self.slot.name)
+            raise
+        return built
+
+    def install(self, entry: Entry, built: dict[Key, Model]) -> dict[Key, Model]:
+        """Serve ``built`` (``stage``'s) from the next batch on; the replicas they replace, to drop."""
+        replaced = {key: self.models[key] for key in built if key in self.models}
+        delay = entry.max_batch_delay_ms / 1000
+        self.models = {**self.models, **built}
+        self.held = {**self.held, **{key: (entry.max_batch_size, delay) for key in built}}
+        self.backends = {**self.backends, **{key: replica.backend for key, replica in built.items()}}
+        self.choices = {**{k: c for k, c in self.choices.items() if k not in built},
+                        **{key: replica.choice for key, replica in built.items() if replica.choice is not None}}
+        return replaced
+
+    def drop(self, keys: Iterable[Key], replaced: dict[Key, Model] | None = None) -> None:
+        """On the worker's thread: stop serving ``keys`` and finalize their replicas (and ``replaced``, the
+        ones a new build took the place of, or a failed load built); the engine's control then collects
+        them and hands the device's memory back."""
+        keys = set(keys)
+        gone = [self.models[key] for key in keys if key in self.models] + list((replaced or {}).values())
+        self.held = {key: held for key, held in self.held.items() if key not in keys}
+        self.models = {key: replica for key, replica in self.models.items() if key not in keys}
+        self.backends = {key: found for key, found in self.backends.items() if key not in keys}
+        self.choices = {key: found for key, found in self.choices.items() if key not in keys}
+        for replica in gone:
+            finalize(replica, self.slot.name)
+
+    def finalize_all(self) -> None:
+        """The worker's thread ends: every replica finalized."""
+        for replica in self.models.values():
+            finalize(replica, self.slot.name)
 
 
 class WarmUpFailed(RuntimeError):

@@ -110,7 +110,7 @@ class WorkerPool:
         for queue in self.queues.values():
             queue.close()
         for worker in self.workers:
-            worker.stop()
+            worker.mailbox.stopping.set()
         deadline = time.monotonic() + timeout
         for worker in self.workers:
             worker.thread.join(max(0.0, deadline - time.monotonic()))

@@ -17,9 +17,11 @@ runs it. A ``model.py`` overrides what it needs.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -44,22 +46,38 @@ class ModelError(RuntimeError):
     """A model broke its contract (the request's failure, not the client's)."""
 
 
-class Calls(threading.local):
-    """What ``Model.infer`` needs on the worker thread running a batch, which the worker sets for the
-    batch: the engine's way in for a call, the event loop the batch's requests came from, their
-    strictest deadline, the models they are inside of (a call to one of them is a cycle), and the
-    worker (which serves its own queue while it waits). And the batch's request parameters
-    (``Model.request_parameters``), which the engine also sets around a request's preprocess."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class Serving:
+    """What a model's code reads of the request it serves: its parameters (``Model.request_parameters``),
+    and in a batch's forward pass what ``Model.infer`` needs: the engine's way in for a call (under the
+    generation the batch's requests were admitted under), the event loop they came from, their strictest
+    deadline, the models they are inside of (a call to one of them is a cycle), and the worker's calls
+    (``engine/calls.py``: it serves its own queue while it waits), with its thread's identity.
 
-    call = None
-    loop = None
-    deadline = 0.0
-    chain: tuple[str, ...] = ()
-    worker = None
+    The engine sets it by a token pair (``serving``) around a request's preprocess and a batch's forward,
+    as ``PlaceEnv`` sets a device: a call served meanwhile sets its own and leaves this one as it was."""
+
     parameters: dict[str, Any] | None = None  # None: the request sent none
+    call: Callable | None = None  # None: no call can be made here (a preprocess)
+    loop: Any = None
+    deadline: float = 0.0
+    chain: tuple[str, ...] = ()
+    worker: Any = None
+    thread: int = 0  # the worker thread's ``threading.get_ident()``: a call from another is refused
 
 
-CALLS = Calls()
+NOT_SERVING = Serving()
+SERVING: contextvars.ContextVar[Serving] = contextvars.ContextVar("placeenv_serving", default=NOT_SERVING)
+
+
+@contextlib.contextmanager
+def serving(context: Serving) -> Iterator[Serving]:
+    """``context`` is what the model's code on this thread reads until the block ends; then what was."""
+    token = SERVING.set(context)
+    try:
+        yield context
+    finally:
+        SERVING.reset(token)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,7 +203,7 @@ class Model:
         reads itself), read-only; empty when it sent none. Valid in ``preprocess`` (that request's),
         ``execute`` and ``postprocess`` (the batch's: a batch joins only requests of the same parameters).
         A pipeline's steps and a model's calls get the request's parameters too."""
-        found = CALLS.parameters
+        found = SERVING.get().parameters
         return NO_PARAMETERS if found is None else MappingProxyType(found)
 
     def infer(self, model: str, inputs: Mapping[str, np.ndarray | paddle.Tensor], outputs: list[str] | None = None,
@@ -213,13 +231,19 @@ class Model:
         before any is waited for, so they run on as many workers as serve ``model`` and share forward
         passes with each other's and other requests' jobs of the same shape (Triton's BLS ``async_exec``
         awaited together). PaddleX's OCR calls its recogniser once for each group of crops."""
-        calls = CALLS
-        if calls.call is None:
+        context = SERVING.get()
+        if context.call is None:
             raise ModelError("Model.infer calls another model from execute() or postprocess(), on the worker "
-                             "serving a request")
+                             f"thread serving a request; this thread ({threading.current_thread().name}) serves "
+                             "none (a thread of the model's own cannot call: infer_all sends several calls at once)")
+        if context.thread != threading.get_ident():
+            raise ModelError("Model.infer calls another model on the worker thread serving the request, not on "
+                             f"another ({threading.current_thread().name}), even with its context copied: the "
+                             "worker serves its queue while the call waits; infer_all sends several calls at once")
         if not requests:
             return []
-        return calls.call(model, version, [dict(inputs) for inputs in requests], outputs, calls, parameters, anywhere)
+        return context.call(model, version, [dict(inputs) for inputs in requests], outputs, context, parameters,
+                            anywhere)
 
     def finalize(self) -> None:
         """Drop this replica's network (or Predictor), so its device memory can be reclaimed; what the

@@ -18,6 +18,7 @@ typed outputs. PaddleX is imported only when such a model loads.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import json
 import threading
@@ -49,15 +50,16 @@ class Link:
     counts: bool = False
 
 
-class _Building(threading.local):
+@dataclasses.dataclass(frozen=True)
+class _Building:
     """While a pipeline object is built on this thread: how its runners reach the engine."""
 
     call: Callable[[Link, list[np.ndarray]], list[np.ndarray]] | None = None
-    links: Mapping[str, Link] = {}
+    links: Mapping[str, Link] = dataclasses.field(default_factory=dict)
     built: list | None = None  # (the module's link's model, model_name, model_dir), where a read records them
 
 
-_BUILDING = _Building()
+_BUILDING: contextvars.ContextVar[_Building] = contextvars.ContextVar("placeenv_paddlex_building", default=_Building())
 _REGISTERED_LOCK = threading.Lock()
 
 
@@ -91,12 +93,13 @@ def _engine_class():
 
         def get_default_runner_builder(self):
             def build(*, model_name, model_dir, model_config, engine_config, default_builder=None):
-                link = _BUILDING.links.get((engine_config or {}).get(MODEL_KEY))
+                building = _BUILDING.get()
+                link = building.links.get((engine_config or {}).get(MODEL_KEY))
                 if link is None:
                     raise RuntimeError(f"{model_name} ({model_dir}) was built outside a placeenv pipeline")
-                if _BUILDING.built is not None:
-                    _BUILDING.built.append((link.model, model_name, model_dir))
-                return Runner(link, _BUILDING.call)
+                if building.built is not None:
+                    building.built.append((link.model, model_name, model_dir))
+                return Runner(link, building.call)
 
             return build
 
@@ -143,12 +146,11 @@ def building(links: Mapping[str, Link], call, built: list | None = None):
     """Pipeline objects built on this thread inside the block get runners over ``links`` that ``call``. The
     block may hold another's: a CPU worker waiting on a network call runs other requests' jobs meanwhile,
     another pipeline's among them, and the outer pipeline may still build a module after that one ends."""
-    outer = _BUILDING.links, _BUILDING.call, _BUILDING.built
-    _BUILDING.links, _BUILDING.call, _BUILDING.built = links, call, built
+    token = _BUILDING.set(_Building(call, links, built))
     try:
         yield
     finally:
-        _BUILDING.links, _BUILDING.call, _BUILDING.built = outer
+        _BUILDING.reset(token)
 
 
 def build(config: dict[str, Any], links: Mapping[str, Link], call, built: list | None = None):

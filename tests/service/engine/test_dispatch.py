@@ -22,7 +22,7 @@ from placeenv.serve.engine.forward import Handed
 
 
 def _job(loop, model: tuple[str, int] = ("m", 1), shape: tuple | None = None) -> Job:
-    return Job(model=model, inputs={}, examples=1, batched=True, loop=loop, future=loop.create_future(),
+    return Job(model=model, inputs={}, examples=1, batched=True, loop=loop, future=Settled(lambda answer, error: None),
                arrived=time.perf_counter(), deadline=time.perf_counter() + 60, shape=shape)
 
 

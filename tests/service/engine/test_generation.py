@@ -193,7 +193,7 @@ def test_a_load_swaps_generations_under_concurrent_requests(engine, repository):
     assert set(served) == {1, 2}, served
     assert all(isinstance(e, UnknownModel) for e in refused), refused
     queues, workers = engine.on_loop(lambda: ([q.models for q in engine.engine.dispatcher.queues.values()],
-                                              [set(w.held) for w in engine.engine.pool.workers]))
+                                              [set(w.replicas.held) for w in engine.engine.pool.workers]))
     assert all(("affine", 1) not in models and ("affine", 2) in models for models in queues)
     assert all(("affine", 1) not in held for held in workers)
     engine.wait(engine.engine.load("affine"))  # the repository as it was: version 1 again
@@ -222,7 +222,7 @@ def test_a_call_under_a_retired_generation_runs_what_that_generation_served(engi
     assert old.admitted == 0
     with pytest.raises(UnknownModel):  # retired: nothing serves it now
         engine.submit("affine", X).result(WAIT_S)
-    assert all(("affine", 1) not in w.held for w in engine.on_loop(lambda: list(engine.engine.pool.workers)))
+    assert all(("affine", 1) not in w.replicas.held for w in engine.on_loop(lambda: list(engine.engine.pool.workers)))
     refused = engine.submit("hold_call", X)
     connection, _ = gate.accept()
     connection.close()

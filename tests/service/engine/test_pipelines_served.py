@@ -98,7 +98,7 @@ def test_a_tensor_handed_to_the_next_step_on_its_device_is_neither_downloaded_no
 # -- a real service ------------------------------------------------------------------------------
 
 TIMEOUT_S = 3
-MODELS = "chain,caller,call_host,affine_host,cycle_a,cycle_b,faulty_chain,call_gate,gate"
+MODELS = "chain,caller,call_host,call_thread,affine_host,cycle_a,cycle_b,faulty_chain,call_gate,gate"
 
 
 @pytest.fixture(scope="module")
@@ -273,6 +273,15 @@ def test_a_call_hands_a_model_with_a_preprocess_of_its_own_host_arrays(service):
     assert answer.status_code == 200, answer.text
     np.testing.assert_allclose(np.reshape(answer.json()["outputs"][0]["data"], X.shape), X * 2 + 1)
     assert service.by_label("inference_pipeline_handoffs_total", "way", pipeline="call_host") == {"host": 1}
+
+
+def test_a_call_from_a_thread_the_engine_did_not_start_is_refused_clearly(service):
+    # The control: caller's own call, from its worker's thread, is answered (the test above).
+    answer = httpx.post(f"{service.url}/v2/models/call_thread/infer", json=v2_json(X), timeout=30)
+    assert answer.status_code == 500, answer.text
+    error = answer.json()["error"]
+    assert "Model.infer calls another model from execute() or postprocess(), on the worker thread" in error, error
+    assert "serves none" in error and "infer_all sends several calls at once" in error, error
 
 
 def test_a_call_cycle_is_refused_naming_it(service):

@@ -30,7 +30,7 @@ from placeenv.serve.models import BUNDLED, InputError, Model, RepositoryError, s
 from placeenv.serve.models import examples as bundled
 from placeenv.serve.models.base import host_tensor, move_to
 from placeenv.serve.models.train_digits import PIXEL_MAX, held_out_split
-from placeenv.serve.engine.worker import PlaceChecker
+from placeenv.serve.engine.batch import PlaceChecker
 
 
 @pytest.fixture(scope="module")

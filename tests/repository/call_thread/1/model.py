@@ -1,0 +1,1 @@
+../../caller/1/model.py
