@@ -870,3 +870,40 @@ def test_no_thread_local_state_in_the_service():
 def test_the_thread_local_scanner_sees_a_subclass_and_an_instance():
     source = "import threading\nclass Calls(threading.local):\n    x = 1\nSTATE = threading.local()\ny = f()\n"
     assert thread_locals(source) == ["Calls", "STATE"]
+
+
+FROZEN = {"Generation", "ServedVersion", "ServedPipeline"}
+#: What a structure outside the generation would call its own list of what is served.
+SERVED_LISTS = {"models", "held", "replicas", "entries", "uniform", "backends", "choices"}
+
+
+def frozen_dataclasses(source: str) -> set[str]:
+    """The classes of ``source`` decorated ``@dataclasses.dataclass(frozen=True, ...)``."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ClassDef):
+            for decorator in node.decorator_list:
+                if isinstance(decorator, ast.Call) and ast.unparse(decorator.func).endswith("dataclass") and any(
+                        k.arg == "frozen" and getattr(k.value, "value", False) is True for k in decorator.keywords):
+                    found.add(node.name)
+    return found
+
+
+def test_what_is_served_is_in_the_generation_alone_and_frozen():
+    engine = ROOT / "placeenv/serve/engine"
+    assert FROZEN <= frozen_dataclasses((engine / "generation.py").read_text())
+    kept = {}
+    for module, name in (("dispatch.py", "DeviceQueue"), ("worker.py", "Worker"), ("workers.py", "WorkerPool"),
+                         ("calls.py", "Calls"), ("replica.py", "Holding")):
+        _, attributes = class_size((engine / module).read_text(), name)
+        if name == "Holding":  # what its worker loads at the service's start, before any generation is built
+            attributes.discard("entries")
+        if attributes & SERVED_LISTS:
+            kept[name] = sorted(attributes & SERVED_LISTS)
+    assert kept == {}, f"keeps its own list of what is served (derive it from the generation): {kept}"
+
+
+def test_the_frozen_scanner_sees_frozen_and_not():
+    source = ("import dataclasses\n@dataclasses.dataclass(frozen=True, eq=False)\nclass A:\n    x: int\n"
+              "@dataclasses.dataclass\nclass B:\n    x: int\n@dataclasses.dataclass(frozen=False)\nclass C:\n    x: int\n")
+    assert frozen_dataclasses(source) == {"A"}

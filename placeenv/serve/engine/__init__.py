@@ -8,7 +8,8 @@
                    (``RequestPath``, ``Completion``)
     pipeline.py    a request through a pipeline's steps, and a model's call to another (``Model.infer``)
     control.py     model control: a load or an unload builds the next generation, swaps it, retires the old
-    dispatch.py    jobs, per-device bounded queues, batching, and the ``Dispatcher`` that admits them
+    job.py         a job: one request's work on one model, answered once; what a batch joins it by
+    dispatch.py    per-device bounded queues, batching, and the ``Dispatcher`` that admits a job
     stats.py       each served version's statistics (Triton's), a request's timings
     worker.py      a worker thread, pinned to one device: a loop that takes a batch, runs it and answers
     replica.py     a worker's replicas (``Replicas``): built, shared weights, warmed up, installed, finalized

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from .. import metrics
 from ..models.base import InputError
 from ..protocol.errors import Draining, InvalidInput, ModelFailed, Overloaded, ServiceError, Timeout
-from .dispatch import Job
+from .job import Job
 
 log = logging.getLogger(__name__)
 

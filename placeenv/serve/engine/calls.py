@@ -22,29 +22,27 @@ from collections.abc import Callable
 
 from ..models.base import NOT_SERVING, Serving
 from .batch import failure
-from .dispatch import DeviceQueue, Job
-
-#: A served version: (model, version).
-Key = tuple[str, int]
-
+from .dispatch import DeviceQueue
+from .job import Job
 
 class Calls:
     """The batches a worker has in hand, outermost first (``hand``), and what its models' calls need: its
-    ``device`` and ``queue``, what it serves (``held()``: each version's batch limits), the engine's way in
-    for a call (``call(generation, ...)``, or None: calls are refused), and how it runs and answers a batch
-    it takes while a call waits (``run``, the worker's)."""
+    ``name``, ``device`` and ``queue``, the engine's way in for a call (``call(generation, ...)``, or None:
+    calls are refused), and how it runs and answers a batch it takes while a call waits (``run``, the
+    worker's)."""
 
-    def __init__(self, device: str, queue: DeviceQueue, held: Callable[[], dict[Key, tuple[int, float]]],
-                 call: Callable | None, run: Callable[[list[Job]], None]) -> None:
-        self.device, self.queue, self.held, self.call, self.run = device, queue, held, call, run
+    def __init__(self, name: str, device: str, queue: DeviceQueue, call: Callable | None,
+                 run: Callable[[list[Job]], None]) -> None:
+        self.name, self.device, self.queue, self.call, self.run = name, device, queue, call, run
         self.hand: list[list[Job]] = []  # pushed by the worker as it takes a batch, popped once answered
 
     def jobs(self) -> list[Job]:
         """Every job in hand: a worker that dies answers them."""
         return [job for batch in self.hand for job in batch]
 
-    def holds(self, key: Key) -> bool:
-        return key in self.held()
+    def holds(self, served) -> bool:
+        """Whether this worker holds a replica of ``served`` (a ``ServedVersion``, or None)."""
+        return served is not None and self.name in served.replicas
 
     def context(self, jobs: list[Job], model: str) -> Serving:
         """What ``model``'s code reads while it runs ``jobs`` (one batch: their parameters are equal,
@@ -59,16 +57,13 @@ class Calls:
     def serve_until(self, answered: concurrent.futures.Future, deadline: float) -> None:
         """While a model on this worker waits for a call (``answered``): run jobs from this worker's queue,
         of every model it holds but those in hand, until the call is answered or the deadline passes."""
-        in_hand = {batch[0].model for batch in self.hand}
-        limits = {key: held for key, held in self.held().items() if key not in in_hand}
-        if not limits:
-            return
+        in_hand = frozenset(batch[0].model for batch in self.hand)
         answered.add_done_callback(lambda _: self.queue.wake())
         while not answered.done():
             left = deadline - time.perf_counter()
             if left <= 0:
                 return
-            batch = self.queue.take_batch(limits, wait=min(left, 0.05), only=True)
+            batch = self.queue.take_batch(self.name, wait=min(left, 0.05), besides=in_hand)
             if batch is None:  # closed and empty: nothing left to serve
                 concurrent.futures.wait([answered], timeout=left)
                 return

@@ -43,7 +43,8 @@ from ..models.repository import Entry, Pipeline, RepositoryError, fingerprint, l
 from ..protocol.errors import InvalidInput, LoadFailed, UnknownModel
 from ..protocol.request import Catalog
 from .dispatch import Dispatcher
-from .generation import Generation, Key, Served, hold
+from .generation import Generation, Served
+from .replica import finalize_all, stage
 from .workers import WorkerPool
 
 log = logging.getLogger(__name__)
@@ -90,7 +91,7 @@ class Control:
             current = self.served.generation
             if name in current.pipelines:
                 pipelines = {n: p for n, p in current.pipeline_definitions().items() if n != name}
-                self._swap(current.next(pipelines=pipelines, workers=self.pool.workers), retiring=False)
+                self._swap(current.next(pipelines=pipelines), retiring=False)
                 await self._publish()  # (a pipeline holds no replica: nothing to free)
                 return
             if name not in current.entries:
@@ -103,9 +104,9 @@ class Control:
             pipelines = {n: p for n, p in current.pipeline_definitions().items() if n not in users}
             self.served.load_errors.pop(name, None)
             metrics.MODEL_LOAD_FAILED.labels(name).set(0)
-            old = self._swap(current.next(entries, pipelines, self.pool.workers))
+            old = self._swap(current.next(entries, pipelines))
             await self._publish()
-            await self._retire(old, {})
+            await self._retire(old)
             log.info("unload: model %r unloaded", name)
 
     def _lock(self) -> asyncio.Lock:
@@ -121,16 +122,16 @@ class Control:
         changed = changes(found.entries, current.entries)
         after = {**current.entries, **{model: entry for model, (entry, _, _) in changed.items()}}
         relinked = self._relinked(found.pipelines, set(changed), after, current)
-        workers = {model: self._workers(entry, current.entries.get(model)) for model, (entry, _, _) in changed.items()}
+        workers = {model: self._workers(entry, current) for model, (entry, _, _) in changed.items()}
         staged = await self._stage(changed, workers)
-        replaced = self._install(changed, workers, staged, current)
+        replicas = self._built(changed, workers, staged, current)
         for adopted in [*changed, *relinked]:
             self.served.skipped.pop(adopted, None)
             self.served.load_errors.pop(adopted, None)
         self.served.load_errors.pop(name, None)
-        old = self._swap(current.next(after, {**current.pipeline_definitions(), **relinked}, self.pool.workers))
+        old = self._swap(current.next(after, {**current.pipeline_definitions(), **relinked}, replicas))
         await self._publish()
-        await self._retire(old, replaced)
+        await self._retire(old)
 
     def _read(self, name: str):
         """The model's (or the pipeline's and its steps') entries, as the repositories hold them now."""
@@ -161,9 +162,9 @@ class Control:
                 raise LoadFailed(f"pipeline {name!r} would not run on the loaded models: {exc}") from None
         return found
 
-    def _workers(self, entry: Entry, old: Entry | None) -> list:
-        """The workers that serve ``entry``, as its instance_group places it: those that serve ``old``, when
-        it is served (a load does not move a model between workers)."""
+    def _workers(self, entry: Entry, current: Generation) -> list:
+        """The workers that serve ``entry``, as its instance_group places it: those that serve its model in
+        ``current``, when it is served (a load does not move a model between workers)."""
         pool = self.pool
         chosen = [w for w in pool.workers if int(w.name.rsplit("/", 1)[1]) < entry.instances(
             w.device, w.queue.workers, listed_only=w.device in pool.listed_only)]
@@ -171,7 +172,9 @@ class Control:
             kinds = [g.kind for g in entry.config.instance_group or []]
             raise LoadFailed(f"model {entry.name!r}: no worker serves it (instance_group kinds {kinds}, devices "
                              f"{', '.join(pool.queues)}; a CPU queue exists only when a model at start asked for one)")
-        holding = [w for w in pool.workers if old is not None and any(k[0] == old.name for k in w.replicas.held)]
+        old = current.entries.get(entry.name)
+        holding = [w for w in pool.workers if any(w.name in served.replicas for key, served in current.versions.items()
+                                                  if key[0] == entry.name)]
         if old is not None and holding != chosen:
             raise LoadFailed(f"model {entry.name!r}: its instance_group now places it on other workers "
                              f"({', '.join(w.name for w in chosen)}, not {', '.join(w.name for w in holding)}): "
@@ -186,7 +189,7 @@ class Control:
         for model, (entry, build, _) in changed.items():
             if not build:
                 continue
-            futures = [w.do(functools.partial(w.replicas.stage, entry, build)) for w in workers[model]]
+            futures = [w.do(functools.partial(stage, w.holding.slot, entry, build)) for w in workers[model]]
             results = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures), return_exceptions=True)
             staged[model] = [{} if isinstance(r, BaseException) else r for r in results]
             failed = next(((w, r) for w, r in zip(workers[model], results) if isinstance(r, BaseException)), None)
@@ -197,19 +200,21 @@ class Control:
                                  f"{type(exc).__name__}: {str(exc)[:500]}")
         return staged
 
-    def _install(self, changed: Changes, workers: dict[str, list], staged: dict[str, list[dict]],
-                 current: Generation) -> dict:
-        """Put the staged replicas in service on their workers (the swap's first half, in the same turn of
-        the loop); each worker's replicas they replace, to drop once the old generation is answered."""
-        replaced: dict = {}
-        for model, (entry, build, _) in changed.items():
+    def _built(self, changed: Changes, workers: dict[str, list], staged: dict[str, list[dict]],
+               current: Generation) -> dict:
+        """The staged replicas as the next generation serves them: each version's, by worker name. A version
+        loaded again from changed files lets go of the weights its workers shared (its old replicas are
+        finalized once the old generation retires)."""
+        replicas: dict = {}
+        for model, (_, build, _) in changed.items():
             old = current.entries.get(model)
             for w, built in zip(workers[model], staged.get(model, [])):
-                replaced[w] = {**replaced.get(w, {}), **w.replicas.install(entry, built)}
+                for key, replica in built.items():
+                    replicas.setdefault(key, {})[w.name] = replica
             for n in build:
                 if old is not None and n in old.versions:  # loaded again from changed files: its old weights go
                     self.pool.shares.forget(model, n, old.versions[n].fingerprint)
-        return replaced
+        return replicas
 
     async def _discard(self, staged: dict, workers: dict, changed: Changes) -> None:
         """Finalize what a failed load built, on each replica's own worker, and let go of the weights its
@@ -218,7 +223,7 @@ class Control:
         for model, built in staged.items():
             entry, build, _ = changed[model]
             for w, replicas in zip(workers[model], built):
-                futures.append(w.do(functools.partial(w.replicas.drop, (), replicas)))
+                futures.append(w.do(functools.partial(finalize_all, list(replicas.values()), w.name)))
             for n in build:
                 self.pool.shares.forget(model, n, entry.versions[n].fingerprint)
         await _settled(futures)
@@ -227,35 +232,48 @@ class Control:
     # -- the swap and the old generation's retirement ----------------------------------------------
 
     def _swap(self, generation: Generation, retiring: bool = True) -> Generation:
-        """Serve ``generation`` from now on; the queues take the versions of both until the old one retires
-        (a request that names a version only the old one serves is admitted under it until then)."""
-        self.pool.entries = dict(generation.entries)  # a new dict: the pool's replacer thread reads it
-        old = self.served.swap(generation, retiring)
-        hold(self.dispatcher.queues.values(), self.pool.workers, {*old.versions, *generation.versions})
-        return old
+        """Serve ``generation`` from now on; the old one's jobs still run on its replicas until it retires (a
+        request that names a version only the old one serves is admitted under it until then)."""
+        return self.served.swap(generation, retiring)
 
-    async def _retire(self, old: Generation, replaced: dict) -> None:
+    async def _retire(self, old: Generation) -> None:
         """Once the work admitted under ``old`` is answered (or ``shutdown_grace_s`` has passed, what a
-        stopping engine gives it too), drop what only ``old`` held (its versions the current generation
-        does not serve, and the ``replaced`` replicas) on their workers and free their memory: the
+        stopping engine gives it too), finalize the replicas of its versions that no generation serves any
+        more (unloaded, or loaded again from changed files) on their workers, and free their memory: the
         weights, the pool's shares, the device allocator's cache."""
         current = self.served.generation
-        gone: set[Key] = set(old.versions) - set(current.versions)
-        if (gone or replaced) and not await old.drained(self.settings.shutdown_grace_s):
+        kept = {id(served.replicas) for served in current.versions.values()}
+        gone = [served for served in old.versions.values() if id(served.replicas) not in kept]
+        if gone and not await old.drained(self.settings.shutdown_grace_s):
             log.error("model control: requests for %s still in flight after the shutdown grace; dropping them",
-                      sorted(gone) or "a replaced version")
+                      sorted({served.key for served in gone}))
         self.served.retired(old)
-        hold(self.dispatcher.queues.values(), self.pool.workers, current.versions)  # (without ``gone`` from here)
-        futures = [w.do(functools.partial(w.replicas.drop, gone, replaced.get(w))) for w in self.pool.workers
-                   if gone & w.replicas.held.keys() or replaced.get(w)]
+        live = {id(served.replicas) for generation in (current, *self.served.retiring)
+                for served in generation.versions.values()}
+        gone = [served for served in gone if id(served.replicas) not in live]  # (another change's may serve it)
+        futures = self._finalize(gone)
         await _settled(futures)
+        slots = {served.replicas for served in gone}
+        for replicas in slots:
+            replicas.clear()
         for queue in self.dispatcher.queues.values():  # left behind by a drain that stopped waiting
-            for job in queue.withdraw(gone):
+            for job in queue.withdraw(slots):
                 job.fail(UnknownModel(f"model {job.model[0]!r} version {job.model[1]} was unloaded"))
-        for key in gone:
-            self.pool.shares.forget(*key, old.versions[key].version.fingerprint)
+        for served in gone:
+            if served.key not in current.versions:  # (one loaded again let go of its weights at the load)
+                self.pool.shares.forget(*served.key, served.version.fingerprint)
         if futures:
             await self._free_memory()
+
+    def _finalize(self, gone: list) -> list:
+        """Each worker finalizes its replicas of the ``gone`` versions on its own thread; their futures. (A
+        function of its own: no local of the caller's keeps a replica, and its weights, past the collection.)"""
+        futures = []
+        for w in self.pool.workers:
+            held = [served.replicas[w.name] for served in gone if w.name in served.replicas]
+            if held:
+                futures.append(w.do(functools.partial(finalize_all, held, w.name)))
+        return futures
 
     async def _free_memory(self) -> None:
         """Collect what the unloaded replicas leave, then hand the devices' cached memory back with every

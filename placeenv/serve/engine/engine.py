@@ -40,7 +40,7 @@ from ..protocol.errors import InvalidInput, StartupError
 from ..protocol.request import Catalog, Work
 from . import control, pipeline
 from .dispatch import DeviceQueue, Dispatcher
-from .generation import Generation, Served, hold
+from .generation import Generation, Served, device_of
 from .path import Done, Handle, RequestPath
 from .workers import WorkerPool
 
@@ -140,35 +140,40 @@ class Engine:
         self.publishers = self.served.publishers
         self.path = RequestPath(self.served, self.dispatcher, settings)
         self.pool = WorkerPool(queues, dict(found.entries), settings, functools.partial(pipeline.call, self.path.run),
-                               listed_only)
+                               listed_only, self.served)
         self.control = control.Control(settings, self.pool, self.dispatcher, self.served, self.catalog, seen)
         self.stopping = False  # not ready; requests are still served until the dispatcher closes
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> None:
-        self.pool.start()
-        entries, pipelines = self._settle_failures()
-        self.served.swap(self.served.generation.next(entries, pipelines, self.pool.workers), retiring=False)
+        loaded = self.pool.start()
+        entries, pipelines = self._settle_failures(loaded)
+        replicas: dict = {}
+        for worker, (built, _) in loaded.items():
+            for key, replica in built.items():
+                replicas.setdefault(key, {})[worker] = replica
+        self.served.swap(Generation.build(entries, pipelines, replicas, self.pool.layout), retiring=False)
         self.repository = None  # (a version unloaded later is not kept by it)
-        hold(self.dispatcher.queues.values(), self.pool.workers, self.served.generation.versions)
         # Paddle, FastAPI and the models leave many long-lived objects that a full collection
         # walks with the GIL held, a latency spike for every request in flight; frozen, they are skipped.
         gc.collect()
         gc.freeze()
         metrics.READY.set(1)
 
-    def _settle_failures(self) -> tuple[dict[str, Entry], dict[str, Pipeline]]:
-        """The models and pipelines that serve once every worker has loaded what it could; those that do
-        not are skipped (``on_model_failure=skip``) or refuse the start (``StartupError``)."""
+    def _settle_failures(self, loaded: dict[str, tuple[dict, dict[str, str]]]) -> tuple[dict[str, Entry],
+                                                                                      dict[str, Pipeline]]:
+        """The models and pipelines that serve once every worker has loaded what it could (``loaded``, by
+        worker: what it built, what did not load and why); those that do not are skipped
+        (``on_model_failure=skip``) or refuse the start (``StartupError``)."""
         entries, skipped = dict(self.repository.entries), self.served.skipped
         failures = {}
-        for worker in self.pool.workers:
-            for model, why in worker.replicas.failed.items():
-                failures.setdefault(model, f"model {model!r} did not load on {worker.device} (worker {worker.name}): "
+        for worker, (_, failed) in loaded.items():
+            for model, why in failed.items():
+                failures.setdefault(model, f"model {model!r} did not load on {device_of(worker)} (worker {worker}): "
                                            f"{why}")
         for name, entry in entries.items():
-            if not any((name, n) in w.replicas.held for w in self.pool.workers for n in entry.versions):
+            if not any((name, n) in built for built, _ in loaded.values() for n in entry.versions):
                 failures.setdefault(name, f"model {name!r}: no worker loads it (instance_group kinds "
                                     f"{[g.kind for g in entry.config.instance_group or []]}, "
                                     f"devices {', '.join(self.devices)})")
@@ -178,7 +183,6 @@ class Engine:
             log.error("not serving: %s", why)
             skipped[name] = why
             entries.pop(name, None)
-            self.pool.entries.pop(name, None)
         if not entries:
             self._refuse("no model could be loaded: " + "; ".join(failures.values()))
         pipelines = {}
@@ -223,7 +227,7 @@ class Engine:
 
     def catalog(self) -> Catalog:
         """The served models, as front ends check requests against them (after ``start``)."""
-        models = self.served.generation.models(self._backends)
+        models = self.served.generation.models()
         return Catalog(models, dict(self.served.skipped), list(self.devices), self.settings.max_examples_per_request,
                        self.dispatcher.capacity(self.settings.max_batch_size), dict(self.served.load_errors),
                        self.settings.model_control_mode)
@@ -231,7 +235,7 @@ class Engine:
     def status(self) -> dict:
         """Readiness, as ``/readyz`` shows it: each worker started and alive."""
         return {"ready": self.ready(), "stopping": self.stopping,
-                "workers": {w.name: w.alive() and w.ready.is_set() for w in self.pool.workers}}
+                "workers": {w.name: w.alive() and w.ready.done() for w in self.pool.workers}}
 
     def statistics(self, model: str | None = None, version: int | None = None) -> list[dict]:
         """Triton's statistics of every served version, of ``model``'s, or of one version."""
@@ -240,14 +244,8 @@ class Engine:
         found += [((name, served.pipeline.version), served.stats) for name, served in generation.pipelines.items()]
         # Beside Triton's fields (gRPC's answer leaves them out): what runs the version on each device.
         return [{**stats.describe(name, number),
-                 "backends": {device: backend for device, backend, _ in self._backends((name, number))}}
+                 "backends": {device: backend for device, backend, _ in generation.backends((name, number))}}
                 for (name, number), stats in found if model in (None, name) and version in (None, number)]
-
-    def _backends(self, key: tuple[str, int]) -> list[tuple[str, str, dict | None]]:
-        """What runs version ``key`` on each worker that holds it: (its device, its ``Model.backend``, what
-        ``auto`` measured there or None)."""
-        return [(w.device, w.replicas.backends[key], w.replicas.choices.get(key)) for w in self.pool.workers
-                if key in w.replicas.backends]
 
     # -- model control (control.py) -------------------------------------------------------------
 

@@ -17,7 +17,7 @@ import paddle
 
 import placeenv
 
-from .dispatch import Job, Settled, resolve_all
+from .job import Job, Settled, resolve_all
 from ..models.base import Model, batch_tensor, host_tensor, move_to
 
 

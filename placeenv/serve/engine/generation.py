@@ -1,10 +1,11 @@
 """What the engine serves, as one immutable generation swapped whole.
 
 A ``Generation`` holds every served version (``ServedVersion``: its entry, its preprocessing
-template, its outputs' datatypes, where it preprocesses, its statistics, the workers that hold it)
-and every served pipeline (``ServedPipeline``: its plan and statistics), and counts the work
-admitted under it and not yet answered: requests, pipeline runs, and each of their steps and calls.
-The catalog derives from it.
+template, its outputs' datatypes, where it preprocesses, its statistics, and its replicas on the
+workers that hold it) and every served pipeline (``ServedPipeline``: its plan and statistics), and
+counts the work admitted under it and not yet answered: requests, pipeline runs, and each of their
+steps and calls. The catalog, the queues' dispatch and the workers' batches derive from it: a job
+carries the ``ServedVersion`` it was admitted for, whose replicas the workers run it on.
 
 The engine holds one generation at a time (``Served.generation``). A request is admitted under the
 generation of its moment, and everything it leads to (a pipeline's steps, a model's call to
@@ -12,21 +13,21 @@ another) is looked up in that one, never in a later one. A load or an unload (co
 the next generation, stages its replicas on the workers, swaps the reference, then waits for the
 old generation's count to reach zero before it frees what only the old one held.
 
-Everything here is read and written on the event loop thread; a worker reads a generation only
-through the job it runs (``Job.generation``), which it does not change.
+A generation and its versions are frozen; what changes is counted (``Count``) or refilled (``Slots``:
+a replaced worker's replica). They are made and swapped on the event loop thread; a worker reads a
+generation only through the job it runs (``Job.served``, ``Job.generation``), which it does not change.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..models.base import Model
 from ..models.repository import Entry, Pipeline, Version
 from ..protocol.request import Catalog, ModelInfo, VersionInfo
-from .dispatch import DeviceQueue
 from .pipeline import Plan, plan
 from .stats import Stats
 
@@ -34,9 +35,56 @@ from .stats import Stats
 Key = tuple[str, int]
 
 
+class Slots:
+    """A served version's replicas, one a worker that holds it (by the worker's name): built and put here
+    before the version is served, finalized once no generation serves it. The one thing of a served version
+    that changes: a worker that died is replaced under its name, and the replacement refills its slot."""
+
+    __slots__ = ("_replicas",)
+
+    def __init__(self, replicas: Mapping[str, Model]) -> None:
+        self._replicas = dict(replicas)
+
+    def __contains__(self, worker: str) -> bool:
+        return worker in self._replicas
+
+    def __getitem__(self, worker: str) -> Model:
+        return self._replicas[worker]
+
+    def items(self):
+        return list(self._replicas.items())
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._replicas)
+
+    def refill(self, worker: str, replica: Model) -> None:
+        """``worker``'s replica from now on: a replacement's (the dead worker finalized its own)."""
+        self._replicas = {**self._replicas, worker: replica}  # a new dict: other threads read it unlocked
+
+    def clear(self) -> None:
+        """No generation serves the version any more: its replicas are finalized, and let go of here, so
+        that a reference left to the version (a request's, the control's) holds no weights."""
+        self._replicas = {}
+
+    def get(self, worker: str) -> Model | None:
+        return self._replicas.get(worker)
+
+    def vacate(self, worker: str) -> None:
+        """``worker`` holds it no more: a replacement that could not build it."""
+        self._replicas = {name: r for name, r in self._replicas.items() if name != worker}
+
+
+def device_of(worker: str) -> str:
+    """A worker's device, from its name (``sim:0/1``: sim:0's second worker)."""
+    return worker.rsplit("/", 1)[0]
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class ServedVersion:
-    """Everything one served version needs on the request path."""
+    """Everything one served version needs on the request path: its entry, its preprocessing template, its
+    outputs' datatypes, where it preprocesses, its statistics, and its replicas on the workers that hold it,
+    with what a queue reads of them (the devices they are on, those where every worker holds it, its batch
+    limits)."""
 
     entry: Entry
     version: Version
@@ -46,7 +94,10 @@ class ServedVersion:
     own_preprocess: bool
     datatypes: dict[str, str]  # each output's
     stats: Stats  # the same object from one generation to the next while the version is served
-    holders: tuple[str, ...] = ()  # the workers (by name) that hold a replica of it
+    replicas: Slots  # the same object from one generation to the next while the same version is served
+    devices: frozenset[str]  # where its workers are
+    everywhere: frozenset[str]  # the devices whose every worker holds it: a job of it wakes one worker there
+    limits: tuple[int, float]  # (max examples a batch, max delay in seconds)
 
     @property
     def key(self) -> Key:
@@ -62,55 +113,104 @@ class ServedPipeline:
     stats: Stats
 
 
-def serve_version(entry: Entry, version: Version, previous: ServedVersion | None,
-                  holders: tuple[str, ...]) -> ServedVersion:
-    """``version`` as a generation serves it; what ``previous`` (the same key's, in the generation before)
-    had is kept: its statistics, and its template when it is the same version (not loaded again)."""
+def serve_version(entry: Entry, version: Version, previous: ServedVersion | None, replicas: Slots,
+                  layout: Mapping[str, int]) -> ServedVersion:
+    """``version`` as a generation serves it on ``replicas``; what ``previous`` (the same key's, in the
+    generation before) had is kept: its statistics, and its template when it is the same version (not
+    loaded again). ``layout``: each device's number of workers."""
     if previous is not None and previous.version is version:
         template = previous.template
     else:
         template = version.model_class()
         template.context = version.context
+    holders = [device_of(name) for name in replicas.names()]
     return ServedVersion(entry, version, template, type(template).preprocess is not Model.preprocess,
                          {s.name: s.datatype for s in version.outputs},
-                         previous.stats if previous is not None else Stats(), holders)
+                         previous.stats if previous is not None else Stats(), replicas, frozenset(holders),
+                         frozenset(d for d in holders if holders.count(d) >= layout.get(d, 1)),
+                         (entry.max_batch_size, entry.max_batch_delay_ms / 1000))
 
 
-class Generation:
-    """The served versions and pipelines, and the work admitted under them not yet answered."""
+class Count:
+    """The work admitted under a generation and not yet answered: requests, pipeline runs, and each of
+    their steps and calls (the loop thread's)."""
 
-    def __init__(self, entries: Mapping[str, Entry], versions: Mapping[Key, ServedVersion],
-                 pipelines: Mapping[str, ServedPipeline]) -> None:
-        self.entries: Mapping[str, Entry] = dict(entries)
-        self.versions: Mapping[Key, ServedVersion] = dict(versions)
-        self.pipelines: Mapping[str, ServedPipeline] = dict(pipelines)
-        self.admitted = 0  # work admitted under it and not yet answered (the loop thread's)
+    __slots__ = ("admitted", "_zero")
+
+    def __init__(self) -> None:
+        self.admitted = 0
         self._zero: asyncio.Event | None = None  # set when ``admitted`` reaches zero, while waited for
 
+    def admit(self) -> None:
+        self.admitted += 1
+
+    def release(self) -> None:
+        self.admitted -= 1
+        if self.admitted == 0 and self._zero is not None:
+            self._zero.set()
+
+    async def drained(self, timeout: float) -> bool:
+        """Wait until none is unanswered; False when ``timeout`` passes first (each is still answered, by
+        its deadline at the latest). One waiter at a time: the control's, which makes one change at a time."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self.admitted:  # (work may be admitted between the zero and this task's next turn)
+            self._zero = asyncio.Event()
+            try:
+                await asyncio.wait_for(self._zero.wait(), max(0.0, deadline - loop.time()))
+            except asyncio.TimeoutError:
+                return self.admitted == 0
+            finally:
+                self._zero = None
+        return True
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Generation:
+    """The served versions and pipelines, the devices' workers they are laid out on (``layout``: each
+    device's number of workers), and the count of the work admitted under them not yet answered."""
+
+    entries: Mapping[str, Entry]
+    versions: Mapping[Key, ServedVersion]
+    pipelines: Mapping[str, ServedPipeline]
+    layout: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    count: Count = dataclasses.field(default_factory=Count)
+
     @classmethod
-    def build(cls, entries: Mapping[str, Entry], pipelines: Mapping[str, Pipeline], workers: Iterable = (),
+    def build(cls, entries: Mapping[str, Entry], pipelines: Mapping[str, Pipeline],
+              replicas: Mapping[Key, Mapping[str, Model]] | None = None, layout: Mapping[str, int] | None = None,
               previous: Generation | None = None) -> Generation:
-        """The generation serving ``entries`` and ``pipelines`` (linked against them), with the ``workers``
-        that hold each version (each has ``name`` and ``replicas.held``); ``previous``: the one it follows."""
-        workers = list(workers)
+        """The generation serving ``entries`` and ``pipelines`` (linked against them): each version on the
+        ``replicas`` given for it (worker name -> replica), else on those of its key in ``previous`` (the one
+        it follows), else on none."""
+        replicas = replicas or {}
+        layout = dict(layout if layout is not None else previous.layout if previous is not None else {})
         before = previous.versions if previous is not None else {}
         versions = {}
         for entry in entries.values():
             for number, version in entry.versions.items():
                 key = (entry.name, number)
-                holders = tuple(w.name for w in workers if key in w.replicas.held)
-                versions[key] = serve_version(entry, version, before.get(key), holders)
-        old = previous.pipelines if previous is not None else {}
+                old = before.get(key)
+                if key in replicas:  # built for this generation
+                    slots = Slots(replicas[key])
+                elif old is not None:  # served on, though its entry may be read again (its files unchanged)
+                    slots = old.replicas
+                else:
+                    slots = Slots({})
+                versions[key] = serve_version(entry, version, old, slots, layout)
+        old_pipelines = previous.pipelines if previous is not None else {}
         served = {name: ServedPipeline(found, plan(found, entries),
-                                       old[name].stats if name in old else Stats())
+                                       old_pipelines[name].stats if name in old_pipelines else Stats())
                   for name, found in pipelines.items()}
-        return cls(entries, versions, served)
+        return cls(dict(entries), versions, served, layout)
 
     def next(self, entries: Mapping[str, Entry] | None = None, pipelines: Mapping[str, Pipeline] | None = None,
-             workers: Iterable = ()) -> Generation:
-        """The generation after this one: ``entries`` and ``pipelines`` where given, else this one's."""
+             replicas: Mapping[Key, Mapping[str, Model]] | None = None) -> Generation:
+        """The generation after this one: ``entries`` and ``pipelines`` where given, else this one's; the
+        versions ``replicas`` names on those, the rest on this one's."""
         return Generation.build(self.entries if entries is None else entries,
-                                self.pipeline_definitions() if pipelines is None else pipelines, workers, self)
+                                self.pipeline_definitions() if pipelines is None else pipelines, replicas,
+                                previous=self)
 
     def pipeline_definitions(self) -> dict[str, Pipeline]:
         return {name: served.pipeline for name, served in self.pipelines.items()}
@@ -124,40 +224,42 @@ class Generation:
         """Every model and pipeline served, sorted."""
         return sorted([*self.entries, *self.pipelines])
 
+    def held_by(self, worker: str) -> list[ServedVersion]:
+        """The versions ``worker`` holds a replica of."""
+        return [served for served in self.versions.values() if worker in served.replicas]
+
     # -- the count ---------------------------------------------------------------------------
+
+    @property
+    def admitted(self) -> int:
+        return self.count.admitted
 
     def admit(self) -> None:
         """One more piece of work admitted under this generation (on the loop thread)."""
-        self.admitted += 1
+        self.count.admit()
 
     def release(self) -> None:
         """One piece of work answered (on the loop thread)."""
-        self.admitted -= 1
-        if self.admitted == 0 and self._zero is not None:
-            self._zero.set()
+        self.count.release()
 
     async def drained(self, timeout: float) -> bool:
-        """Wait until no work admitted under this generation is unanswered; False when ``timeout`` passes
-        first (each is still answered, by its deadline at the latest). One waiter at a time: the control's,
-        which makes one change at a time."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while self.admitted:  # (work may be admitted between the zero and this task's next turn)
-            self._zero = asyncio.Event()
-            try:
-                await asyncio.wait_for(self._zero.wait(), max(0.0, deadline - loop.time()))
-            except asyncio.TimeoutError:
-                return self.admitted == 0
-            finally:
-                self._zero = None
-        return True
+        """Wait until no work admitted under this generation is unanswered (``Count.drained``)."""
+        return await self.count.drained(timeout)
 
     # -- what the protocols read ---------------------------------------------------------------
 
-    def models(self, backends: Callable[[Key], list[tuple[str, str, dict | None]]]) -> dict[str, ModelInfo]:
-        """The catalog's models: each pipeline and model served, with ``backends(key)``: what runs the
-        version on each worker that holds it, as (its device, its ``Model.backend``, what ``auto`` measured
-        there or None)."""
+    def backends(self, key: Key) -> list[tuple[str, str, dict | None]]:
+        """What runs version ``key`` on each worker that holds it: (its device, its ``Model.backend``, what
+        ``auto`` measured there or None)."""
+        served = self.versions.get(key)
+        if served is None:
+            return []
+        return [(device_of(name), replica.backend, replica.choice) for name, replica in served.replicas.items()]
+
+    def models(self) -> dict[str, ModelInfo]:
+        """The catalog's models: each pipeline and model served, with what runs each version on each worker
+        that holds it (``backends``)."""
+        backends = self.backends
         models = {}
         for name, served in self.pipelines.items():
             found = served.pipeline
@@ -168,7 +270,8 @@ class Generation:
                                                                         "ensemble")},
                                      found.max_batch_size, 0.0, found.config.description, config)
         for entry in self.entries.values():
-            versions = {n: VersionInfo(n, v.inputs, v.outputs, platform(v, [b for _, b, _ in backends((entry.name, n))]))
+            versions = {n: VersionInfo(n, v.inputs, v.outputs,
+                                       platform(v, [b for _, b, _ in backends((entry.name, n))]))
                         for n, v in entry.versions.items()}
             # What runs the default version on each device: the backend auto chose and its measurements, or
             # why it fell back.
@@ -194,16 +297,6 @@ def platform(version: Version, backends: list[str]) -> str:
     names = {"inference": "paddle_inference", "onnxruntime": "onnxruntime_onnx", "openvino": "openvino"}
     found = sorted({names.get(b.split(" ", 1)[0], "paddle_jit") for b in backends})
     return "+".join(found) or "paddle_jit"
-
-
-def hold(queues: Iterable[DeviceQueue], workers: list, keys: Iterable[Key]) -> None:
-    """Each queue's models: what its workers hold of ``keys`` (the versions of the generations still
-    serving), at start and at each swap and retirement."""
-    live = set(keys)
-    for queue in queues:
-        held = [{k for k in w.replicas.held if k in live} for w in workers if w.queue is queue]
-        queue.models = set().union(*held)
-        queue.uniform = all(h == held[0] for h in held)
 
 
 class Served:

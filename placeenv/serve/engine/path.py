@@ -33,7 +33,8 @@ from .. import metrics
 from ..models.base import NOT_SERVING, InputError, ModelError, Serving, host_inputs, serving
 from ..protocol.errors import Cancelled, InvalidInput, ModelFailed, ServiceError, Timeout, UnknownModel
 from ..protocol.request import Result, Work
-from .dispatch import REQUEST, Dispatcher, Job, StepOptions, batch_key, shape_key
+from .dispatch import Dispatcher
+from .job import REQUEST, Job, StepOptions, batch_key, shape_key
 from .forward import Answer, split
 from .generation import Generation, Served, ServedPipeline, ServedVersion
 from .pipeline import PipelineRun
@@ -205,7 +206,7 @@ class RequestPath:
         try:
             if served is None:  # (a front end's catalog may be older than ours)
                 raise UnknownModel(f"model {work.model!r} version {work.version} is not served")
-            self.dispatcher.admit(key, step)  # before spending CPU on preprocessing
+            self.dispatcher.admit(served, step)  # before spending CPU on preprocessing
             if work.inline or not served.own_preprocess:
                 tensors = self._prepare(served, arrays, work.parameters)
                 return self._enqueue(served, work, tensors, completion, options, ticket)
@@ -272,7 +273,7 @@ class RequestPath:
             future=completion, arrived=work.arrived, deadline=work.deadline, priority=work.priority,
             shape=batch_key(shape_key(tensors, served.version.context.padding), work.parameters) if limit > 0 else None,
             parameters=work.parameters, keep=options.keep, prefer=options.prefer, step=options.step,
-            chain=options.chain, generation=completion.generation,
+            chain=options.chain, generation=completion.generation, served=served,
         )
         if ticket is not None and not ticket.attach(job):
             raise Cancelled("the client cancelled the request")

@@ -37,7 +37,7 @@ from ..models.repository import Entry, Pipeline, PipelineStep
 from ..protocol.errors import Cancelled, InvalidInput, ModelFailed, ServiceError, Timeout, UnknownModel
 from ..protocol.request import InputError, Result, TensorSpec, Work, check_parameters
 from ..protocol.wire import datatype_of
-from .dispatch import Job, StepOptions
+from .job import Job, StepOptions, on_loop
 from .forward import Answer, Handed, rows_of
 
 #: ``RequestPath.run`` (path.py): ``run(generation, work, arrays, then, options, ticket)`` queues one model's
@@ -407,7 +407,7 @@ def _queue_call(run: Run, generation, calls: Serving, caller: str, work: Work,
     worker = calls.worker
     # Where its tensors are; else on the caller's own device, which serves it while it waits.
     prefer = next((v.device for v in arrays.values() if isinstance(v, Handed)),
-                  worker.device if worker.holds((name, number)) and not anywhere else "")
+                  worker.device if worker.holds(generation.versions.get((name, number))) and not anywhere else "")
     options = StepOptions(prefer=prefer, step=(caller, name), chain=calls.chain)
-    calls.loop.call_soon_threadsafe(functools.partial(run, generation, work, arrays, settled, options))
+    on_loop(calls.loop, functools.partial(run, generation, work, arrays, settled, options))
     return future

@@ -2,9 +2,10 @@
 weights its device's workers share, place-checked and warmed up before it serves; finalized when it
 leaves.
 
-A worker (worker.py) keeps its replicas in a ``Replicas``: each built by ``build`` at its start and for
-a load (``stage``), put in service (``install``), dropped and finalized (``drop``). No thread of its own:
-the worker's thread calls each, between two batches.
+A replica belongs to the served version it serves (generation.py): built by ``build`` on its worker's
+thread, at the worker's start (``Holding.load``) and for a load (``stage``, the control's task on the
+worker), and finalized there once no generation serves it (``finalize_all``) or its worker ends
+(``Holding.release``). No thread of its own: the worker's thread calls each, between two batches.
 """
 
 from __future__ import annotations
@@ -32,74 +33,81 @@ STOCK_BUILDS = threading.Lock()
 Key = tuple[str, int]
 
 
-class Replicas:
-    """A worker's replicas of the versions it serves (``models``), with their batch limits (``held``: what
-    it takes batches of), what runs each (``backends``, ``choices``: what backend auto measured), and the
-    models of ``entries`` that did not load at its start (``failed``, why). A load stages new replicas
-    beside these and installs them; new dicts, not changed ones: the worker's thread reads them without a
-    lock."""
+def stage(slot: Slot, entry: Entry, numbers: Iterable[int]) -> dict[Key, Model]:
+    """Replicas of ``entry``'s versions ``numbers`` built and warmed up on this thread (``slot``'s worker's),
+    beside those it serves; on a failure, what was built is finalized."""
+    built: dict[Key, Model] = {}
+    try:
+        for number in numbers:
+            built[entry.name, number] = build(slot, entry, entry.versions[number])
+    except Exception:
+        finalize_all(built.values(), slot.name)
+        raise
+    return built
 
-    def __init__(self, slot: Slot, entries: list[Entry]) -> None:
-        self.slot, self.entries = slot, entries
-        self.models: dict[Key, Model] = {}
-        self.held: dict[Key, tuple[int, float]] = {}
-        self.backends: dict[Key, str] = {}
-        self.choices: dict[Key, dict] = {}
-        self.failed: dict[str, str] = {}
 
-    def load_all(self) -> None:
-        """Load and serve every version of each of ``entries`` (at start), or say why not (``failed``)."""
-        for entry in self.entries:
+def finalize_all(replicas: Iterable[Model], worker: str) -> None:
+    """Each of ``replicas`` finalized (on its worker's thread)."""
+    for replica in replicas:
+        finalize(replica, worker)
+
+
+class Holding:
+    """What one worker's slot holds: the replicas its worker builds when it starts, and those it lets go of
+    when its thread ends. The replicas belong to the served versions (generation.py, ``Slots``): at the
+    service's start the engine builds the first generation on what each worker loaded of its ``entries``;
+    a worker that replaces a dead one under the same name refills its slot in each version that names it
+    (``served``: the engine's, whose generations say which). No thread of its own: the worker's calls it."""
+
+    def __init__(self, slot: Slot, entries: list[Entry], served=None) -> None:
+        self.slot, self.entries, self.served = slot, entries, served
+
+    def load(self) -> tuple[dict[Key, Model], dict[str, str]]:
+        """The replicas built (at the service's start: every version of ``entries``; for a replacement, none
+        to hand back: each is in its slot already), and the models that did not load, with why."""
+        if self.served is not None:
+            return {}, self._refill()
+        built, failed = {}, {}
+        entries, self.entries = self.entries, []  # from here on, the generation says what the worker holds
+        for entry in entries:
             try:
-                loaded = self.stage(entry, list(entry.versions))
+                built.update(stage(self.slot, entry, list(entry.versions)))
             except Exception as exc:  # noqa: BLE001 - reported by the service, named
-                self.failed[entry.name] = f"{type(exc).__name__}: {str(exc)[:500]}"
-                log.error("worker %s: model %r did not load on %s: %s", self.slot.name, entry.name,
-                          self.slot.device, self.failed[entry.name])
-                continue
-            self.install(entry, loaded)
+                failed[entry.name] = self._failed(entry.name, exc)
+        return built, failed
 
-    def stage(self, entry: Entry, numbers: list[int]) -> dict[Key, Model]:
-        """Build and warm up replicas of ``entry``'s versions ``numbers`` on this thread, beside those it
-        serves (``install`` puts them in service); on a failure, what was built is finalized."""
-        built: dict[Key, Model] = {}
-        try:
-            for number in numbers:
-                built[entry.name, number] = build(self.slot, entry, entry.versions[number])
-        except Exception:
-            for replica in built.values():
-                finalize(replica, self.slot.name)
-            raise
-        return built
+    def _refill(self) -> dict[str, str]:
+        failed = {}
+        for served in self._held():
+            slots = served.replicas
+            try:
+                slots.refill(self.slot.name, build(self.slot, served.entry, served.version))
+            except Exception as exc:  # noqa: BLE001 - the slot is left empty: its jobs go to the other workers
+                slots.vacate(self.slot.name)
+                failed[served.entry.name] = self._failed(served.entry.name, exc)
+        return failed
 
-    def install(self, entry: Entry, built: dict[Key, Model]) -> dict[Key, Model]:
-        """Serve ``built`` (``stage``'s) from the next batch on; the replicas they replace, to drop."""
-        replaced = {key: self.models[key] for key in built if key in self.models}
-        delay = entry.max_batch_delay_ms / 1000
-        self.models = {**self.models, **built}
-        self.held = {**self.held, **{key: (entry.max_batch_size, delay) for key in built}}
-        self.backends = {**self.backends, **{key: replica.backend for key, replica in built.items()}}
-        self.choices = {**{k: c for k, c in self.choices.items() if k not in built},
-                        **{key: replica.choice for key, replica in built.items() if replica.choice is not None}}
-        return replaced
+    def _failed(self, model: str, exc: Exception) -> str:
+        why = f"{type(exc).__name__}: {str(exc)[:500]}"
+        log.error("worker %s: model %r did not load on %s: %s", self.slot.name, model, self.slot.device, why)
+        return why
 
-    def drop(self, keys: Iterable[Key], replaced: dict[Key, Model] | None = None) -> None:
-        """On the worker's thread: stop serving ``keys`` and finalize their replicas (and ``replaced``, the
-        ones a new build took the place of, or a failed load built); the engine's control then collects
-        them and hands the device's memory back."""
-        keys = set(keys)
-        gone = [self.models[key] for key in keys if key in self.models] + list((replaced or {}).values())
-        self.held = {key: held for key, held in self.held.items() if key not in keys}
-        self.models = {key: replica for key, replica in self.models.items() if key not in keys}
-        self.backends = {key: found for key, found in self.backends.items() if key not in keys}
-        self.choices = {key: found for key, found in self.choices.items() if key not in keys}
-        for replica in gone:
-            finalize(replica, self.slot.name)
+    def _held(self) -> list:
+        """The served versions whose replicas name this slot, in the generations serving or retiring, each
+        once (one version's replicas are shared by the generations that serve it)."""
+        if self.served is None:
+            return []
+        found = {}
+        for generation in (self.served.generation, *self.served.retiring):
+            for served in generation.held_by(self.slot.name):
+                found.setdefault(id(served.replicas), served)
+        return list(found.values())
 
-    def finalize_all(self) -> None:
-        """The worker's thread ends: every replica finalized."""
-        for replica in self.models.values():
-            finalize(replica, self.slot.name)
+    def release(self, built: dict[Key, Model] | None = None) -> None:
+        """The worker's thread ends: each replica it holds finalized (and ``built``, what it loaded that no
+        generation took: a start that failed)."""
+        held = [served.replicas[self.slot.name] for served in self._held() if self.slot.name in served.replicas]
+        finalize_all({id(r): r for r in [*held, *(built or {}).values()]}.values(), self.slot.name)
 
 
 class WarmUpFailed(RuntimeError):

@@ -9,7 +9,7 @@ import time
 from .. import metrics
 from ..protocol.errors import Cancelled, ServiceError
 from ..protocol.request import Work
-from .dispatch import Job
+from .job import Job
 from .forward import Answer
 
 

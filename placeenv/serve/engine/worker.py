@@ -2,9 +2,11 @@
 pass and answers each job once.
 
 The worker is the loop; what it calls lives in units of their own, each without a thread:
-``replica.Replicas`` (each version's replica: built, installed, dropped), ``batch.run_batch`` (the
-failure policy), ``calls.Calls`` (the batches in hand, and the model calls they make), ``forward``
-(the pass and its answers), and its ``Mailbox`` (what the engine's control asks of its thread).
+``replica.Holding`` (the replicas its slot builds at its start and lets go of at its end),
+``batch.run_batch`` (the failure policy), ``calls.Calls`` (the batches in hand, and the model calls
+they make), ``forward`` (the pass and its answers), and its ``Mailbox`` (what the engine's control
+asks of its thread: a load's replicas built, an unloaded version's finalized). It keeps no list of
+what it serves: each job carries its served version (``Job.served``), whose replica it runs on.
 
 With isolation on, a worker calls ``paddle.set_device`` once, when it starts;
 placeenv keeps that device private to the thread. With isolation off (the
@@ -32,12 +34,13 @@ from .. import metrics
 from ..models import runtimes
 from ..models.base import JIT_LOAD_LOCK, Model, serving
 from ..models.repository import Entry
-from ..protocol.errors import ModelFailed
+from ..protocol.errors import ModelFailed, UnknownModel
 from .batch import PlaceChecker, run_batch, step_checker
 from .calls import Calls
-from .dispatch import DeviceQueue, Job
+from .dispatch import DeviceQueue
+from .job import Job
 from .forward import Batch, answer_batch, forward
-from .replica import STOCK_BUILDS, Replicas, Shares, Slot
+from .replica import STOCK_BUILDS, Holding, Shares, Slot
 
 log = logging.getLogger(__name__)
 
@@ -86,20 +89,22 @@ class Mailbox:
 
 
 class Worker:
-    """One thread, one device, taking batches of the versions its ``replicas`` serve."""
+    """One thread, one device, taking batches of the versions that hold a replica of its name."""
 
     def __init__(self, name: str, device: str, queue: DeviceQueue, entries: list[Entry], settings,
-                 accelerators: int = 1, shares: Shares | None = None, call=None) -> None:
-        """``accelerators``: the devices of this process that are not the CPU; ``shares``: the weights this
-        device's workers share (None: each loads its own); ``call``: the engine's way in for a model's call
-        to another, given the generation the batch's request was admitted under (None: refused)."""
+                 accelerators: int = 1, shares: Shares | None = None, call=None, served=None) -> None:
+        """``entries``: what it loads at the service's start; ``served``: the engine's, for a worker that
+        replaces a dead one (it refills its slot in each version that names it). ``accelerators``: the
+        devices of this process that are not the CPU; ``shares``: the weights this device's workers share
+        (None: each loads its own); ``call``: the engine's way in for a model's call to another, given the
+        generation the batch's request was admitted under (None: refused)."""
         self.name, self.device, self.queue = name, device, queue
-        self.replicas = Replicas(Slot(name, device, placeenv.to_place(device), PlaceChecker(name, device),
-                                      settings.isolation == "on", accelerators, shares), entries)
+        self.holding = Holding(Slot(name, device, placeenv.to_place(device), PlaceChecker(name, device),
+                                    settings.isolation == "on", accelerators, shares), entries, served)
         self.mailbox = Mailbox(name, queue.wake)
-        self.calls = Calls(device, queue, lambda: self.replicas.held, call, self._batch)
-        self.ready = threading.Event()
-        self.error: BaseException | None = None
+        self.calls = Calls(name, device, queue, call, self._batch)
+        # Once loaded: (the replicas built, the models that did not load and why); its exception if it died first.
+        self.ready: concurrent.futures.Future = concurrent.futures.Future()
         self._up = metrics.WORKER_UP.labels(name, device)
         self.thread = threading.Thread(target=self._run, name=f"worker-{name}", daemon=True)
 
@@ -114,24 +119,24 @@ class Worker:
         return self.mailbox.put(task)
 
     def _run(self) -> None:
-        replicas = self.replicas
+        holding, ready = self.holding, self.ready
         try:
             # The thread's first Paddle call, not during another worker's jit.load: stock Paddle (isolation
             # off) gives a new thread the process-wide Tracer of that moment, and jit.load sets it to None
             # hundreds of times (switch_to_static_graph): a thread born then stays in static mode.
-            with contextlib.nullcontext() if replicas.slot.isolation else STOCK_BUILDS, JIT_LOAD_LOCK:
+            with contextlib.nullcontext() if holding.slot.isolation else STOCK_BUILDS, JIT_LOAD_LOCK:
                 paddle.set_device(self.device)  # once: placeenv keeps it to this thread
-            runtimes.convert_soon([v.program for e in replicas.entries if e.config.backend in CONVERTED
+            runtimes.convert_soon([v.program for e in holding.entries if e.config.backend in CONVERTED
                                    for v in e.versions.values() if v.program is not None], self.device)
-            replicas.load_all()
-            self.ready.set()
+            ready.set_result(holding.load())
             self._up.set(1)
             self._serve()
-        except BaseException as exc:  # noqa: BLE001 - recorded; the pool replaces us
-            self.error = exc
+        except BaseException as exc:  # noqa: BLE001 - said; the pool replaces us
+            if not ready.done():
+                ready.set_exception(exc)
             log.error("worker %s died: %r", self.name, exc)
         finally:
-            replicas.finalize_all()
+            holding.release()
             self._up.set(0)
             self.mailbox.close()
             jobs = self.calls.jobs()
@@ -146,7 +151,7 @@ class Worker:
         while True:
             if mailbox.tasks:
                 mailbox.run_all()
-            batch = self.queue.take_batch(self.replicas.held, wait=0.2)
+            batch = self.queue.take_batch(self.name, wait=0.2)
             if batch is None:
                 return
             if not batch:
@@ -158,21 +163,26 @@ class Worker:
             batch = None
 
     def _batch(self, batch: list[Job]) -> None:
-        """Run and answer one batch (``take_batch`` gives only jobs of ``held``, which ``install`` sets after
-        the replicas), then count it done. It raises only if the worker is dying: its jobs stay in hand,
+        """Run and answer one batch (``take_batch`` gives only jobs whose served version holds a replica of
+        this worker), then count it done. It raises only if the worker is dying: its jobs stay in hand,
         answered by ``_run``."""
         self.calls.hand.append(batch)
-        replica = self.replicas.models[batch[0].model]
-        name = replica.context.name
-        run_batch(batch, name, functools.partial(self._attempt, replica),
-                  metrics.child(metrics.QUEUE_DURATION, name, self.device))
+        replica = batch[0].served.replicas.get(self.name)
+        if replica is None:  # its version retired since the worker took it (a drain that stopped waiting)
+            model, version = batch[0].model
+            for job in batch:
+                job.fail(UnknownModel(f"model {model!r} version {version} was unloaded"))
+        else:
+            name = replica.context.name
+            run_batch(batch, name, functools.partial(self._attempt, replica),
+                      metrics.child(metrics.QUEUE_DURATION, name, self.device))
         self.calls.hand.pop()
         self.queue.done(len(batch))
 
     def _attempt(self, replica: Model, jobs: list[Job]) -> None:
         """One forward pass of ``replica`` over ``jobs``, each answered its rows; raises what the model raised."""
         started = time.perf_counter()
-        slot = self.replicas.slot
+        slot = self.holding.slot
         if not slot.isolation:
             paddle.set_device(self.device)  # what naive code does before each batch
         name = replica.context.name

@@ -5,6 +5,7 @@ memory gauge.
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import logging
 import threading
@@ -47,10 +48,12 @@ class WorkerPool:
     """All workers, and a thread that replaces dead ones."""
 
     def __init__(self, queues: dict[str, DeviceQueue], entries: dict[str, Entry], settings, call=None,
-                 listed_only: frozenset[str] = frozenset()) -> None:
-        """``call``: the engine's way in for a model's call to another; ``listed_only``: devices whose workers
-        load only the models whose instance_group names their kind (the CPU, added for such models)."""
-        self.queues, self.entries, self.settings, self.call = queues, entries, settings, call
+                 listed_only: frozenset[str] = frozenset(), served=None) -> None:
+        """``entries``: what the workers load at start, each on the workers its instance_group places it on;
+        ``call``: the engine's way in for a model's call to another; ``listed_only``: devices whose workers
+        load only the models whose instance_group names their kind (the CPU, added for such models);
+        ``served``: the engine's, whose generations say what a replacement worker builds."""
+        self.queues, self.settings, self.call, self.served = queues, settings, call, served
         self.listed_only = listed_only
         self.workers: list[Worker] = []
         self._stopping = threading.Event()
@@ -59,34 +62,43 @@ class WorkerPool:
         self.accelerator_devices = [device for device in queues if device != "cpu"]
         for device, queue in queues.items():
             for i in range(queue.workers):
-                self.workers.append(self._new(f"{device}/{i}", device, queue))
+                held = [e for e in entries.values()
+                        if i < e.instances(device, queue.workers, listed_only=device in listed_only)]
+                self.workers.append(self._new(f"{device}/{i}", device, queue, held))
 
     @property
     def accelerators(self) -> int:
         return len(self.accelerator_devices)
 
-    def _new(self, name: str, device: str, queue: DeviceQueue) -> Worker:
-        index = int(name.rsplit("/", 1)[1])
-        held = [e for e in self.entries.values()
-                if index < e.instances(device, queue.workers, listed_only=device in self.listed_only)]
-        return Worker(name, device, queue, held, self.settings, self.accelerators, self.shares, self.call)
+    @property
+    def layout(self) -> dict[str, int]:
+        """Each device's number of workers."""
+        return {device: queue.workers for device, queue in self.queues.items()}
 
-    def start(self, timeout: float = 300) -> None:
+    def _new(self, name: str, device: str, queue: DeviceQueue, entries: list[Entry], served=None) -> Worker:
+        return Worker(name, device, queue, entries, self.settings, self.accelerators, self.shares, self.call, served)
+
+    def start(self, timeout: float = 300) -> dict[str, tuple[dict, dict[str, str]]]:
+        """Start every worker and wait until each has loaded its models: by worker name, (the replicas it
+        built, the models that did not load there and why). ``StartupError`` when one dies first."""
         for device in self.accelerator_devices:
             metrics.DEVICE_MEMORY.labels(device).set_function(functools.partial(device_memory, device))
         for worker in self.workers:
             worker.start()
         deadline = time.monotonic() + timeout
+        loaded = {}
         for worker in self.workers:
-            while not worker.ready.wait(0.1):
-                if not worker.alive():
-                    raise StartupError(f"worker {worker.name} failed to start: {worker.error!r}")
-                if time.monotonic() > deadline:
-                    raise StartupError(f"worker {worker.name} did not load its models in {timeout}s")
+            try:
+                loaded[worker.name] = worker.ready.result(max(0.0, deadline - time.monotonic()))
+            except concurrent.futures.TimeoutError:
+                raise StartupError(f"worker {worker.name} did not load its models in {timeout}s") from None
+            except BaseException as exc:  # noqa: BLE001 - its thread died before it was ready
+                raise StartupError(f"worker {worker.name} failed to start: {exc!r}") from None
         self._replacer.start()
+        return loaded
 
     def ready(self) -> bool:
-        return all(w.ready.is_set() and w.alive() for w in self.workers)
+        return all(w.ready.done() and w.alive() for w in self.workers)
 
     def _replace_dead(self) -> None:
         while not self._stopping.wait(0.2):
@@ -95,7 +107,7 @@ class WorkerPool:
                     continue
                 log.error("replacing dead worker %s", worker.name)
                 metrics.WORKER_RESTARTS.labels(worker.device).inc()
-                fresh = self._new(worker.name, worker.device, worker.queue)
+                fresh = self._new(worker.name, worker.device, worker.queue, [], self.served)
                 self.workers[i] = fresh
                 fresh.start()
 

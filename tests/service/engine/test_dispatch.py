@@ -11,19 +11,43 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import paddle
 import pytest
 from support import ManualClock, wait_until
 
-from placeenv.serve.engine.dispatch import DeviceQueue, Job, Settled, shape_key
+from placeenv.serve.engine.dispatch import DeviceQueue
+from placeenv.serve.engine.job import Job, Settled, shape_key
 from placeenv.serve.engine.forward import Handed
+from placeenv.serve.engine.generation import Slots
+
+#: The one worker of each test's queue.
+WORKER = "cpu/0"
+_SERVED: dict = {}
+
+
+def served_of(model: tuple[str, int]) -> SimpleNamespace:
+    """What a queue reads of a job's served version (generation.py's ``ServedVersion``): its replicas by
+    worker (the one worker here holds every model but ``gone``), its devices, those where every worker
+    holds it, and its batch limits (set by ``_limits``). One for each model, as a generation has."""
+    if model not in _SERVED:
+        holders = {} if model[0] == "gone" else {WORKER: None}
+        _SERVED[model] = SimpleNamespace(replicas=Slots(holders), devices=frozenset({"cpu"}),
+                                         everywhere=frozenset({"cpu"}) if holders else frozenset(), limits=(8, 0.0))
+    return _SERVED[model]
+
+
+def _limits(limits: dict) -> None:
+    """Each model's batch limits: (max examples, max delay)."""
+    for model, found in limits.items():
+        served_of(model).limits = found
 
 
 def _job(loop, model: tuple[str, int] = ("m", 1), shape: tuple | None = None) -> Job:
     return Job(model=model, inputs={}, examples=1, batched=True, loop=loop, future=Settled(lambda answer, error: None),
-               arrived=time.perf_counter(), deadline=time.perf_counter() + 60, shape=shape)
+               arrived=time.perf_counter(), deadline=time.perf_counter() + 60, shape=shape, served=served_of(model))
 
 
 def _gathering(limit: int = 4, delay: float = 2.0):
@@ -33,12 +57,11 @@ def _gathering(limit: int = 4, delay: float = 2.0):
     clock = ManualClock()
     queue = DeviceQueue("cpu", 64, 1, clock=clock)
     loop = asyncio.new_event_loop()
-    queue.models = {("m", 1)}
     for _ in range(2):  # two queued: the worker takes both, and gathers for more
         queue.offer(_job(loop))
     found: list = []
-    limits = {("m", 1): (limit, delay)}
-    thread = threading.Thread(target=lambda: found.extend(queue.take_batch(limits, wait=5)))
+    _limits({("m", 1): (limit, delay)})
+    thread = threading.Thread(target=lambda: found.extend(queue.take_batch(WORKER, wait=5)))
     thread.start()
     wait_until(lambda: clock.sleeping == 1, 5, "the worker did not start gathering")
     return queue, clock, loop, found, thread
@@ -120,10 +143,9 @@ def test_another_models_or_shapes_arrivals_do_not_keep_a_batch_waiting(other):
         loop.close()
 
 
-def _queue(loop, jobs: list[tuple[str, int]], uniform: bool = True) -> tuple[DeviceQueue, dict[str, Job]]:
+def _queue(loop, jobs: list[tuple[str, int]]) -> tuple[DeviceQueue, dict[str, Job]]:
     """A queue holding a job for each (name, priority) of ``jobs``, offered in that order; the jobs by name."""
     queue = DeviceQueue("cpu", 64, 1, clock=ManualClock())
-    queue.models, queue.uniform = {("m", 1), ("other", 1)}, uniform
     made = {}
     for name, priority in jobs:
         made[name] = _job(loop, ("other", 1) if name.startswith("o") else ("m", 1))
@@ -134,22 +156,22 @@ def _queue(loop, jobs: list[tuple[str, int]], uniform: bool = True) -> tuple[Dev
 
 def _taken(queue: DeviceQueue, limits) -> list[list[Job]]:
     """Every batch a worker takes from ``queue`` until it is empty (none waits: the delay is 0)."""
+    _limits(limits)
     batches = []
     while len(queue):
-        batches.append(queue.take_batch(limits, wait=0))
+        batches.append(queue.take_batch(WORKER, wait=0))
     return batches
 
 
-@pytest.mark.parametrize("uniform", [True, False], ids=["uniform", "some-models"])
-def test_a_high_priority_job_is_taken_before_every_normal_job_already_queued(uniform):
+def test_a_high_priority_job_is_taken_before_every_normal_job_already_queued():
     # Normal jobs n1..n3, then h1 and h2 of priority 1: one at a time, the highs come first, in their
     # own arrival order, then the normal ones in theirs. The control: the same jobs at priority 0 keep
-    # their arrival order. (Both the uniform queue's fast path and the look through held models.)
+    # their arrival order.
     loop = asyncio.new_event_loop()
     try:
         one = {("m", 1): (1, 0.0)}
         for high, expected in ((1, ["h1", "h2", "n1", "n2", "n3"]), (0, ["n1", "n2", "n3", "h1", "h2"])):
-            queue, made = _queue(loop, [("n1", 0), ("n2", 0), ("n3", 0), ("h1", high), ("h2", high)], uniform)
+            queue, made = _queue(loop, [("n1", 0), ("n2", 0), ("n3", 0), ("h1", high), ("h2", high)])
             names = {id(job): name for name, job in made.items()}
             assert [names[id(b[0])] for b in _taken(queue, one)] == expected, high
     finally:
@@ -163,13 +185,13 @@ def test_a_batch_begun_by_a_high_priority_job_is_still_of_one_model():
     loop = asyncio.new_event_loop()
     try:
         queue, made = _queue(loop, [("o1", 0), ("n1", 0), ("h1", 1)])
-        limits = {("m", 1): (8, 0.0), ("other", 1): (8, 0.0)}
-        first = queue.take_batch(limits, wait=0)
+        _limits({("m", 1): (8, 0.0), ("other", 1): (8, 0.0)})
+        first = queue.take_batch(WORKER, wait=0)
         assert first == [made["h1"], made["n1"]]
         high_other = _job(loop, ("other", 1))
         high_other.priority = 1
         queue.offer(high_other)
-        assert queue.take_batch(limits, wait=0) == [high_other, made["o1"]]
+        assert queue.take_batch(WORKER, wait=0) == [high_other, made["o1"]]
         assert len(queue) == 0
     finally:
         loop.close()
@@ -214,22 +236,21 @@ def test_a_cancel_past_the_deadline_is_the_deadlines_answer():
         loop.close()
 
 
-@pytest.mark.parametrize("uniform", [True, False], ids=["uniform", "mixed"])
-def test_an_unloaded_versions_jobs_leave_the_queue_and_the_rest_are_taken(uniform):
-    """A version dropped by every worker (an unload whose drain stopped waiting): its jobs block no one
-    once withdrawn. The control: before, a uniform queue's workers take nothing past its job at the head."""
+def test_a_version_no_worker_here_holds_blocks_no_one_and_its_jobs_are_withdrawn():
+    """A version whose replicas name no worker of this queue (an unload whose drain stopped waiting): the
+    worker takes the jobs behind its jobs, and withdrawing its replicas takes its jobs out (the control:
+    another version's replicas withdraw none)."""
     loop = asyncio.new_event_loop()
     try:
         queue = DeviceQueue("cpu", 64, 1, clock=ManualClock())
-        queue.models, queue.uniform = {("m", 1)}, uniform
         for model in (("gone", 1), ("m", 1), ("gone", 1), ("m", 1)):
             assert queue.offer(_job(loop, model))
-        held = {("m", 1): (8, 0.0)}
-        if uniform:
-            assert queue.take_batch(held, wait=0) == []  # the head is a job no worker here runs
-        assert [job.model for job in queue.withdraw({("gone", 1)})] == [("gone", 1), ("gone", 1)]
-        taken = queue.take_batch(held, wait=0)
-        assert [job.model for job in taken] == [("m", 1), ("m", 1)] and len(queue) == 0
+        _limits({("m", 1): (8, 0.0)})
+        taken = queue.take_batch(WORKER, wait=0)
+        assert [job.model for job in taken] == [("m", 1), ("m", 1)] and len(queue) == 2
+        assert queue.withdraw({served_of(("m", 1)).replicas}) == []
+        assert [job.model for job in queue.withdraw({served_of(("gone", 1)).replicas})] == [("gone", 1)] * 2
+        assert len(queue) == 0
     finally:
         loop.close()
 
@@ -259,7 +280,6 @@ def test_the_shape_key_is_each_inputs_dims_after_the_first_and_leaves_padded_dim
 def _shaped(loop, jobs: list[tuple[str, tuple, int]]) -> tuple[DeviceQueue, dict[str, Job]]:
     """A queue holding a job of model "m" for each (name, shape, priority), offered in that order."""
     queue = DeviceQueue("cpu", 64, 1, clock=ManualClock())
-    queue.models = {("m", 1)}
     made = {}
     for name, shape, priority in jobs:
         made[name] = _job(loop, shape=shape)

@@ -171,6 +171,7 @@ def test_a_load_swaps_generations_under_concurrent_requests(engine, repository):
     version of the generation it came in under; the old generation retires with its count at zero, and
     its version leaves the queues and the workers."""
     before = engine.on_loop(lambda: engine.engine.served.generation)
+    old = before.versions[("affine", 1)].replicas.items()
     new_version(repository, 2)
     try:
         load = engine.later(engine.engine.load("affine"))
@@ -192,10 +193,11 @@ def test_a_load_swaps_generations_under_concurrent_requests(engine, repository):
     # did not serve (2 before the swap, 1 after): no request failed for the swap itself.
     assert set(served) == {1, 2}, served
     assert all(isinstance(e, UnknownModel) for e in refused), refused
-    queues, workers = engine.on_loop(lambda: ([q.models for q in engine.engine.dispatcher.queues.values()],
-                                              [set(w.replicas.held) for w in engine.engine.pool.workers]))
-    assert all(("affine", 1) not in models and ("affine", 2) in models for models in queues)
-    assert all(("affine", 1) not in held for held in workers)
+    # Version 1's replicas, which only the old generation served, finalized and let go of once it retired;
+    # version 2's on the same workers.
+    assert old and all(replica.network is None for _, replica in old)
+    assert not before.versions[("affine", 1)].replicas.items()
+    assert after.versions[("affine", 2)].replicas.names() == tuple(name for name, _ in old)
     engine.wait(engine.engine.load("affine"))  # the repository as it was: version 1 again
     assert np.allclose(engine.submit("affine", X).result(WAIT_S).outputs["y"], X * 2 + 1)
 
@@ -209,6 +211,7 @@ def test_a_call_under_a_retired_generation_runs_what_that_generation_served(engi
     connection, _ = gate.accept()
     with connection:
         old = engine.on_loop(lambda: engine.engine.served.generation)
+        replicas = old.versions[("affine", 1)].replicas.items()
         unload = engine.later(engine.engine.unload("affine"))
         wait_until(lambda: "affine" not in engine.on_loop(lambda: engine.engine.catalog().models), WAIT_S,
                    "the catalog still has affine")
@@ -222,7 +225,8 @@ def test_a_call_under_a_retired_generation_runs_what_that_generation_served(engi
     assert old.admitted == 0
     with pytest.raises(UnknownModel):  # retired: nothing serves it now
         engine.submit("affine", X).result(WAIT_S)
-    assert all(("affine", 1) not in w.replicas.held for w in engine.on_loop(lambda: list(engine.engine.pool.workers)))
+    assert replicas and all(replica.network is None for _, replica in replicas)  # finalized on their workers
+    assert not old.versions[("affine", 1)].replicas.items()  # and let go of
     refused = engine.submit("hold_call", X)
     connection, _ = gate.accept()
     connection.close()

@@ -111,7 +111,7 @@ def test_the_pool_counts_the_accelerators_it_serves(repository):
     pool = WorkerPool(queues, entries, Settings(workers_per_device=2))
     # The CPU does not count: a Predictor there is the fast path whatever the count.
     assert pool.accelerators == 2
-    assert {w.replicas.slot.accelerators for w in pool.workers} == {2}
+    assert {w.holding.slot.accelerators for w in pool.workers} == {2}
 
 
 @pytest.mark.parametrize("name", ["digits", "mobilenet"])

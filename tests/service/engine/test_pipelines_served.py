@@ -23,14 +23,16 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import numpy as np
+import paddle
 import pytest
 import tritonclient.grpc as tg
 import tritonclient.http as th
 from support import wait_until
 from support.servers import TEST_REPOSITORY, ServiceProcess, free_port, workers_held
 
+import placeenv
 from placeenv.serve.config import Settings
-from placeenv.serve.engine.dispatch import Job
+from placeenv.serve.engine.job import Job
 from placeenv.serve.engine.local import local_gateway
 from placeenv.serve.engine.path import Completion
 from placeenv.serve.http.app import create_app
@@ -93,6 +95,11 @@ def test_a_tensor_handed_to_the_next_step_on_its_device_is_neither_downloaded_no
         assert handed == (0, 0, 0)
         # The control: the same count sees the host round trip, one download and one upload.
         assert through_the_host == (2, 1, 1)
+    # The loop ran on this (the main) thread: chain_host's second step preprocessed there, in a callback
+    # from a worker on sim:1. Its PlaceEnv('cpu') closed back onto the loop's own device, not the worker's
+    # (a callback run in a copy of the worker's context left the main thread's Tracer on sim:1).
+    paddle.set_device("sim:2")
+    assert placeenv.device_name(paddle.Tensor(np.ones(1, "float32")).place) == "sim:2"
 
 
 # -- a real service ------------------------------------------------------------------------------

@@ -6,7 +6,8 @@
   as it was after; a call from a thread the engine did not start refused clearly, even with the context
   copied, where the worker's own thread's call goes through (the control); a worker waiting for a call
   serves its queue's other models, never those in hand;
-* the replicas (``replica.Replicas``): staged, installed and dropped on the calling thread.
+* the replicas (``replica.stage``, ``Holding``): built on the calling thread, a replacement's refilling its
+  slot in the version that names it, each finalized once let go of.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import concurrent.futures
 import contextvars
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -24,9 +26,11 @@ from support.servers import TEST_REPOSITORY
 import placeenv
 from placeenv.serve.engine.batch import PlaceChecker, run_batch
 from placeenv.serve.engine.calls import Calls
-from placeenv.serve.engine.dispatch import DeviceQueue, Job, Settled
+from placeenv.serve.engine.dispatch import DeviceQueue
+from placeenv.serve.engine.job import Job, Settled
 from placeenv.serve.engine.forward import forward
-from placeenv.serve.engine.replica import Replicas, Slot
+from placeenv.serve.engine.generation import Generation, Slots
+from placeenv.serve.engine.replica import Holding, Slot, finalize_all, stage
 from placeenv.serve.models.base import NOT_SERVING, SERVING, Model, ModelError, Serving, serving
 from placeenv.serve.models.repository import read
 from placeenv.serve.protocol.errors import ModelFailed, Timeout
@@ -133,7 +137,8 @@ def test_a_call_from_a_thread_the_engine_did_not_start_is_refused_even_with_the_
 
 def test_a_worker_waiting_for_a_call_serves_its_queues_other_models_never_one_in_hand(loop):
     queue = DeviceQueue("cpu", 8, 1)
-    held = {("a", 1): (4, 0.0), ("b", 1): (4, 0.0)}
+    served = {model: SimpleNamespace(replicas=Slots({"cpu/0": None}), devices=frozenset({"cpu"}),
+                                     everywhere=frozenset({"cpu"}), limits=(4, 0.0)) for model in ("a", "b")}
     answered = concurrent.futures.Future()
     ran = []
 
@@ -145,11 +150,11 @@ def test_a_worker_waiting_for_a_call_serves_its_queues_other_models_never_one_in
         calls.hand.pop()
         queue.done(len(batch))
 
-    calls = Calls("cpu", queue, lambda: held, None, run)
+    calls = Calls("cpu/0", "cpu", queue, None, run)
     answers = {}
-    in_hand = [job_of(loop, answers, "a-running", model=("a", 1))]
-    for name, model in (("a-queued", ("a", 1)), ("b-queued", ("b", 1))):
-        assert queue.offer(job_of(loop, answers, name, model=model))
+    in_hand = [job_of(loop, answers, "a-running", model=("a", 1), served=served["a"])]
+    for name, model in (("a-queued", "a"), ("b-queued", "b")):
+        assert queue.offer(job_of(loop, answers, name, model=(model, 1), served=served[model]))
     calls.hand.append(in_hand)
     calls.serve_until(answered, deadline=float("inf"))
     assert ran == [["b-queued"]] and answered.done()
@@ -157,20 +162,26 @@ def test_a_worker_waiting_for_a_call_serves_its_queues_other_models_never_one_in
     assert calls.jobs() == in_hand
 
 
-def test_a_workers_replicas_are_staged_installed_and_dropped_on_the_calling_thread():
+def test_replicas_are_built_on_the_calling_thread_and_a_replacement_refills_its_slot():
     found = read([Path(TEST_REPOSITORY)], ["affine"], max_batch_size=8, max_batch_delay_ms=0)
     entry = found.entries["affine"]
-    replicas = Replicas(Slot("test/0", "cpu", placeenv.to_place("cpu"), PlaceChecker("test/0", "cpu"), True),
-                        [entry])
-    replicas.load_all()
-    assert not replicas.failed and set(replicas.held) == {("affine", 1)}
-    replica = replicas.models["affine", 1]
+    slot = Slot("cpu/0", "cpu", placeenv.to_place("cpu"), PlaceChecker("cpu/0", "cpu"), True)
+    built, failed = Holding(slot, [entry]).load()
+    assert not failed and set(built) == {("affine", 1)}
+    replica = built["affine", 1]
     x = np.ones((2, 4), dtype=np.float32)
     np.testing.assert_allclose(forward(replica, [{"x": x}], True, 2)["y"], x * 2 + 1)
-    staged = replicas.stage(entry, [1])
-    assert replicas.models["affine", 1] is replica  # staged beside what it serves
-    replaced = replicas.install(entry, staged)
-    assert replaced == {("affine", 1): replica} and replicas.models["affine", 1] is staged["affine", 1]
-    replicas.drop([("affine", 1)], replaced)
-    assert not replicas.models and not replicas.held and not replicas.backends
-    assert replica.network is None and staged["affine", 1].network is None  # both finalized
+    # A generation serves it; the worker dies and lets go of what it holds (its replica finalized), and a
+    # replacement under the same name refills its slot. The control: another slot's worker holds nothing.
+    generation = Generation.build(found.entries, {}, {("affine", 1): {"cpu/0": replica}}, {"cpu": 1})
+    served = SimpleNamespace(generation=generation, retiring=[])
+    assert Holding(Slot("cpu/1", "cpu", slot.place, slot.check, True), [], served).load() == ({}, {})
+    Holding(slot, [entry], served).release()
+    assert replica.network is None
+    assert Holding(slot, [], served).load() == ({}, {})
+    fresh = generation.versions["affine", 1].replicas["cpu/0"]
+    assert fresh is not replica and fresh.network is not None
+    np.testing.assert_allclose(forward(fresh, [{"x": x}], True, 2)["y"], x * 2 + 1)
+    staged = stage(slot, entry, [1])  # a load's build, beside what is served
+    finalize_all([fresh, *staged.values()], slot.name)
+    assert fresh.network is None and staged["affine", 1].network is None

@@ -505,7 +505,7 @@ def test_the_worker_pool_gives_an_instance_group_model_to_one_worker_per_sim_dev
     settings = Settings(devices="sim:0,sim:1,cpu", workers_per_device=2)
     queues = {d: DeviceQueue(d, 4, 2) for d in ("sim:0", "sim:1", "cpu")}
     pool = WorkerPool(queues, entries, settings)  # not started: which worker would load what
-    held = {w.name: sorted(e.name for e in w.replicas.entries) for w in pool.workers}
+    held = {w.name: sorted(e.name for e in w.holding.entries) for w in pool.workers}
     assert held == {
         "sim:0/0": ["everywhere", "grouped"], "sim:0/1": ["everywhere"],
         "sim:1/0": ["everywhere", "grouped"], "sim:1/1": ["everywhere"],
