@@ -4,7 +4,7 @@ a count, not a time, so the VM's neighbours (±20% on every timed figure) do not
     python benchmarks/calls_per_request.py REV [REV ...] [--requests 300] [--repeats 3]
 
 Each tree's service (digits on sim:0,sim:1, one worker a device, as against.py's) runs under a
-profile hook in every thread that counts calls while switched on (SIGUSR1 on, SIGUSR2 off and
+profile hook in every thread that counts calls while switched on (SIGRTMIN+3 on, SIGRTMIN+4 off and
 written). One client sends ``--requests`` requests one at a time to ``/predict`` and to v2 JSON, so
 batches are of one and the count is the request path's own: the event loop's thread (HTTP, the
 gateway, the engine's admission and answer) and the others (the worker's batch and forward pass).
@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import httpx
@@ -48,8 +49,8 @@ def stop(*_):
 
 sys.setprofile(hook)
 threading.setprofile(hook)
-signal.signal(signal.SIGUSR1, start)
-signal.signal(signal.SIGUSR2, stop)
+signal.signal(signal.SIGRTMIN + 3, start)  # (SIGUSR1 is the service's own: stop gracefully)
+signal.signal(signal.SIGRTMIN + 4, stop)
 sys.argv = ["placeenv.serve"]
 runpy.run_module("placeenv.serve", run_name="__main__", alter_sys=True)
 """
@@ -71,14 +72,18 @@ def count(tree: Path, requests: int, repeats: int, tmp: Path) -> dict[str, list[
                     http.post(path, content=body, headers={"content-type": "application/json"})
                 for _ in range(repeats):
                     out.unlink(missing_ok=True)
-                    server.proc.send_signal(signal.SIGUSR1)
+                    server.proc.send_signal(signal.SIGRTMIN + 3)
                     # The switch is the first thing the loop does next: a request answered means it is on.
                     http.get("/healthz")
                     for _ in range(requests):
                         answer = http.post(path, content=body, headers={"content-type": "application/json"})
                         assert answer.status_code == 200, answer.text
-                    server.proc.send_signal(signal.SIGUSR2)
+                    server.proc.send_signal(signal.SIGRTMIN + 4)
                     http.get("/healthz")
+                    # The handler runs at the main thread's next Python bytecode: it may come after the answer.
+                    deadline = time.monotonic() + 30
+                    while not out.exists() and time.monotonic() < deadline:
+                        http.get("/healthz")
                     numbers = [int(n) for n in out.read_text().split()]
                     found.setdefault(path, []).append(tuple(n / requests for n in numbers))
     finally:

@@ -35,43 +35,29 @@ from .stats import Stats
 Key = tuple[str, int]
 
 
-class Slots:
+class Slots(dict):
     """A served version's replicas, one a worker that holds it (by the worker's name): built and put here
-    before the version is served, finalized once no generation serves it. The one thing of a served version
-    that changes: a worker that died is replaced under its name, and the replacement refills its slot."""
+    before the version is served, finalized once no generation serves it, then let go of (``clear``: a
+    reference left to the version, a request's or the control's, holds no weights). The one thing of a
+    served version that changes: a worker that died is replaced under its name, and the replacement
+    refills its slot. A dict (a worker's ``name in slots`` on every batch is the dict's own, no call of
+    ours) compared by identity: one version's replicas, whichever generations serve it."""
 
-    __slots__ = ("_replicas",)
-
-    def __init__(self, replicas: Mapping[str, Model]) -> None:
-        self._replicas = dict(replicas)
-
-    def __contains__(self, worker: str) -> bool:
-        return worker in self._replicas
-
-    def __getitem__(self, worker: str) -> Model:
-        return self._replicas[worker]
-
-    def items(self):
-        return list(self._replicas.items())
+    __slots__ = ()
+    __hash__ = object.__hash__
+    __eq__ = object.__eq__
+    __ne__ = object.__ne__
 
     def names(self) -> tuple[str, ...]:
-        return tuple(self._replicas)
+        return tuple(self)
 
     def refill(self, worker: str, replica: Model) -> None:
         """``worker``'s replica from now on: a replacement's (the dead worker finalized its own)."""
-        self._replicas = {**self._replicas, worker: replica}  # a new dict: other threads read it unlocked
-
-    def clear(self) -> None:
-        """No generation serves the version any more: its replicas are finalized, and let go of here, so
-        that a reference left to the version (a request's, the control's) holds no weights."""
-        self._replicas = {}
-
-    def get(self, worker: str) -> Model | None:
-        return self._replicas.get(worker)
+        self[worker] = replica
 
     def vacate(self, worker: str) -> None:
         """``worker`` holds it no more: a replacement that could not build it."""
-        self._replicas = {name: r for name, r in self._replicas.items() if name != worker}
+        self.pop(worker, None)
 
 
 def device_of(worker: str) -> str:

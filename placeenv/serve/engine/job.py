@@ -118,7 +118,7 @@ class Job:
     def _answer(self, answer, error: BaseException | None) -> bool:
         if not self.claim():
             return False
-        on_loop(self.loop, self.future.settle, answer, error)
+        self.loop.call_soon_threadsafe(self.future.settle, answer, error, context=contextvars.Context())  # (on_loop)
         return True
 
     def resolve(self, answer) -> bool:
@@ -207,7 +207,7 @@ def resolve_all(answers: list[tuple[Job, Any]]) -> None:
         if job.claim():
             by_loop.setdefault(job.loop, []).append((job.future, value))
     for loop, settled in by_loop.items():
-        on_loop(loop, _settle_all, settled)
+        loop.call_soon_threadsafe(_settle_all, settled, context=contextvars.Context())  # (on_loop)
 
 
 def _settle_all(settled: list) -> None:

@@ -30,7 +30,7 @@ import placeenv
 from placeenv import PlaceEnv
 
 from .. import metrics
-from ..models.base import NOT_SERVING, InputError, ModelError, Serving, host_inputs, serving
+from ..models.base import NOT_SERVING, SERVING, InputError, ModelError, Serving, host_inputs
 from ..protocol.errors import Cancelled, InvalidInput, ModelFailed, ServiceError, Timeout, UnknownModel
 from ..protocol.request import Result, Work
 from .dispatch import Dispatcher
@@ -250,11 +250,13 @@ class RequestPath:
         # Arrays read over a binary body or the link's frames are read-only; a model's preprocess may
         # change its inputs in place.
         arrays = {n: a if a.flags.writeable else a.copy() for n, a in arrays.items()}
+        token = SERVING.set(NOT_SERVING if parameters is None else Serving(parameters))
         try:
-            with serving(NOT_SERVING if parameters is None else Serving(parameters)):
-                prepared = host_inputs(template.context, template.preprocess(arrays))
+            prepared = host_inputs(template.context, template.preprocess(arrays))
         except ModelError as exc:
             raise ModelFailed(str(exc)) from None
+        finally:
+            SERVING.reset(token)
         for value in prepared.values():
             if not isinstance(value, np.ndarray):
                 self.check_cpu("preprocess", placeenv.device_name(value.place))

@@ -46,7 +46,6 @@ class ModelError(RuntimeError):
     """A model broke its contract (the request's failure, not the client's)."""
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
 class Serving:
     """What a model's code reads of the request it serves: its parameters (``Model.request_parameters``),
     and in a batch's forward pass what ``Model.infer`` needs: the engine's way in for a call (under the
@@ -54,16 +53,19 @@ class Serving:
     deadline, the models they are inside of (a call to one of them is a cycle), and the worker's calls
     (``engine/calls.py``: it serves its own queue while it waits), with its thread's identity.
 
-    The engine sets it by a token pair (``serving``) around a request's preprocess and a batch's forward,
-    as ``PlaceEnv`` sets a device: a call served meanwhile sets its own and leaves this one as it was."""
+    The engine sets it by a token pair (``SERVING.set`` and ``reset``; ``serving`` for a block) around a
+    request's preprocess and a batch's forward, as ``PlaceEnv`` sets a device: a batch served meanwhile
+    sets its own and leaves this one as it was. Read-only by convention: nothing changes one once set."""
 
-    parameters: dict[str, Any] | None = None  # None: the request sent none
-    call: Callable | None = None  # None: no call can be made here (a preprocess)
-    loop: Any = None
-    deadline: float = 0.0
-    chain: tuple[str, ...] = ()
-    worker: Any = None
-    thread: int = 0  # the worker thread's ``threading.get_ident()``: a call from another is refused
+    __slots__ = ("parameters", "call", "loop", "deadline", "chain", "worker", "thread")
+
+    def __init__(self, parameters: dict[str, Any] | None = None, call: Callable | None = None, loop: Any = None,
+                 deadline: float = 0.0, chain: tuple[str, ...] = (), worker: Any = None, thread: int = 0) -> None:
+        # Made for every batch: a plain class (a frozen dataclass's __init__ sets each field by a call).
+        self.parameters = parameters  # None: the request sent none
+        self.call = call  # None: no call can be made here (a preprocess)
+        self.loop, self.deadline, self.chain, self.worker = loop, deadline, chain, worker
+        self.thread = thread  # the worker thread's ``threading.get_ident()``: a call from another is refused
 
 
 NOT_SERVING = Serving()

@@ -171,7 +171,7 @@ def test_a_load_swaps_generations_under_concurrent_requests(engine, repository):
     version of the generation it came in under; the old generation retires with its count at zero, and
     its version leaves the queues and the workers."""
     before = engine.on_loop(lambda: engine.engine.served.generation)
-    old = before.versions[("affine", 1)].replicas.items()
+    old = list(before.versions[("affine", 1)].replicas.items())
     new_version(repository, 2)
     try:
         load = engine.later(engine.engine.load("affine"))
@@ -211,7 +211,7 @@ def test_a_call_under_a_retired_generation_runs_what_that_generation_served(engi
     connection, _ = gate.accept()
     with connection:
         old = engine.on_loop(lambda: engine.engine.served.generation)
-        replicas = old.versions[("affine", 1)].replicas.items()
+        replicas = list(old.versions[("affine", 1)].replicas.items())
         unload = engine.later(engine.engine.unload("affine"))
         wait_until(lambda: "affine" not in engine.on_loop(lambda: engine.engine.catalog().models), WAIT_S,
                    "the catalog still has affine")
