@@ -153,6 +153,7 @@ class Engine:
         for worker, (built, _) in loaded.items():
             for key, replica in built.items():
                 replicas.setdefault(key, {})[worker] = replica
+            built.clear()  # (each worker's ready future holds it: the generation alone holds the replicas)
         self.served.swap(Generation.build(entries, pipelines, replicas, self.pool.layout), retiring=False)
         self.repository = None  # (a version unloaded later is not kept by it)
         # Paddle, FastAPI and the models leave many long-lived objects that a full collection

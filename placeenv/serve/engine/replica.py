@@ -56,16 +56,17 @@ class Holding:
     """What one worker's slot holds: the replicas its worker builds when it starts, and those it lets go of
     when its thread ends. The replicas belong to the served versions (generation.py, ``Slots``): at the
     service's start the engine builds the first generation on what each worker loaded of its ``entries``;
-    a worker that replaces a dead one under the same name refills its slot in each version that names it
-    (``served``: the engine's, whose generations say which). No thread of its own: the worker's calls it."""
+    a worker that replaces a dead one under the same name (``replacement``) refills its slot in each version
+    that names it. ``served``: the engine's, whose generations say which versions name the slot (None: a
+    worker of no engine, a test's). No thread of its own: the worker's calls it."""
 
-    def __init__(self, slot: Slot, entries: list[Entry], served=None) -> None:
-        self.slot, self.entries, self.served = slot, entries, served
+    def __init__(self, slot: Slot, entries: list[Entry], served=None, replacement: bool = False) -> None:
+        self.slot, self.entries, self.served, self.replacement = slot, entries, served, replacement
 
     def load(self) -> tuple[dict[Key, Model], dict[str, str]]:
         """The replicas built (at the service's start: every version of ``entries``; for a replacement, none
         to hand back: each is in its slot already), and the models that did not load, with why."""
-        if self.served is not None:
+        if self.replacement:
             return {}, self._refill()
         built, failed = {}, {}
         entries, self.entries = self.entries, []  # from here on, the generation says what the worker holds

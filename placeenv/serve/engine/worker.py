@@ -92,15 +92,17 @@ class Worker:
     """One thread, one device, taking batches of the versions that hold a replica of its name."""
 
     def __init__(self, name: str, device: str, queue: DeviceQueue, entries: list[Entry], settings,
-                 accelerators: int = 1, shares: Shares | None = None, call=None, served=None) -> None:
-        """``entries``: what it loads at the service's start; ``served``: the engine's, for a worker that
-        replaces a dead one (it refills its slot in each version that names it). ``accelerators``: the
+                 accelerators: int = 1, shares: Shares | None = None, call=None, served=None,
+                 replacement: bool = False) -> None:
+        """``entries``: what it loads at the service's start; ``served``: the engine's, whose generations
+        say what it holds (what it finalizes when it ends; a ``replacement`` of a dead worker refills its
+        slot in each version that names it). ``accelerators``: the
         devices of this process that are not the CPU; ``shares``: the weights this device's workers share
         (None: each loads its own); ``call``: the engine's way in for a model's call to another, given the
         generation the batch's request was admitted under (None: refused)."""
         self.name, self.device, self.queue = name, device, queue
         self.holding = Holding(Slot(name, device, placeenv.to_place(device), PlaceChecker(name, device),
-                                    settings.isolation == "on", accelerators, shares), entries, served)
+                                    settings.isolation == "on", accelerators, shares), entries, served, replacement)
         self.mailbox = Mailbox(name, queue.wake)
         self.calls = Calls(name, device, queue, call, self._batch)
         # Once loaded: (the replicas built, the models that did not load and why); its exception if it died first.

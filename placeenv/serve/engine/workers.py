@@ -75,8 +75,10 @@ class WorkerPool:
         """Each device's number of workers."""
         return {device: queue.workers for device, queue in self.queues.items()}
 
-    def _new(self, name: str, device: str, queue: DeviceQueue, entries: list[Entry], served=None) -> Worker:
-        return Worker(name, device, queue, entries, self.settings, self.accelerators, self.shares, self.call, served)
+    def _new(self, name: str, device: str, queue: DeviceQueue, entries: list[Entry],
+             replacement: bool = False) -> Worker:
+        return Worker(name, device, queue, entries, self.settings, self.accelerators, self.shares, self.call,
+                      self.served, replacement)
 
     def start(self, timeout: float = 300) -> dict[str, tuple[dict, dict[str, str]]]:
         """Start every worker and wait until each has loaded its models: by worker name, (the replicas it
@@ -107,7 +109,7 @@ class WorkerPool:
                     continue
                 log.error("replacing dead worker %s", worker.name)
                 metrics.WORKER_RESTARTS.labels(worker.device).inc()
-                fresh = self._new(worker.name, worker.device, worker.queue, [], self.served)
+                fresh = self._new(worker.name, worker.device, worker.queue, [], replacement=True)
                 self.workers[i] = fresh
                 fresh.start()
 

@@ -21,17 +21,21 @@ import socket
 import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import numpy as np
 import paddle
 import pytest
 from support import wait_until
+
+import placeenv.sim
 from support.servers import TEST_REPOSITORY
 
 from placeenv.serve.config import Settings
 from placeenv.serve.engine import control
 from placeenv.serve.engine.engine import running
+from placeenv.serve.models.repository import BUNDLED
 from placeenv.serve.protocol.errors import ModelFailed, UnknownModel
 from placeenv.serve.protocol.request import Work
 
@@ -293,3 +297,39 @@ def test_the_devices_cache_is_emptied_with_every_worker_between_two_batches(engi
     concurrent.futures.wait(answers, WAIT_S)
     assert seen and all(all(held) for held in seen), seen
     engine.wait(engine.engine.load("affine"))  # the repository as it was: version 1 again
+
+
+def test_a_stopped_engine_finalizes_every_replica_on_its_worker(repository):
+    """Each worker, as its thread ends, finalizes the replicas its slot holds in the generation served (the
+    generation holds them; the worker keeps no list of its own): every replica of every version, on both
+    workers. (Holding's own test has the control: a slot that names no version finalizes nothing.)"""
+    found = InProcess(Settings(devices="sim:0", workers_per_device=2, model_repository=str(repository),
+                               models="affine", shutdown_grace_s=WAIT_S))
+    try:
+        assert np.allclose(found.submit("affine", X).result(WAIT_S).outputs["y"], X * 2 + 1)
+        generation = found.on_loop(lambda: found.engine.served.generation)
+    finally:
+        found.close()
+    replicas = list(generation.versions[("affine", 1)].replicas.items())
+    assert [name for name, _ in replicas] == ["sim:0/0", "sim:0/1"]
+    assert all(replica.network is None for _, replica in replicas), replicas
+
+
+def test_an_unload_lets_go_of_the_replicas_loaded_at_start_and_their_memory(tmp_path):
+    """A model loaded at the service's start, unloaded: its replicas are freed (the generation held them
+    alone: the workers' start reports, which carried them to it, let go of them) and each device's memory
+    goes back. (Without the reports let go of, the replicas lived on and no byte went back.)"""
+    for name in ("digits", "spare"):
+        shutil.copytree(BUNDLED / "digits", tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
+    found = InProcess(Settings(devices="sim:0,sim:1", workers_per_device=2, model_repository=str(tmp_path),
+                               models="digits,spare", model_control_mode="explicit", shutdown_grace_s=WAIT_S))
+    try:
+        held = found.on_loop(lambda: [weakref.ref(replica) for _, replica in
+                                      found.engine.served.generation.versions[("spare", 1)].replicas.items()])
+        used = [placeenv.sim.stats(i).memory_used for i in (0, 1)]
+        found.wait(found.engine.unload("spare"))
+        assert len(held) == 4 and all(ref() is None for ref in held)
+        after = [placeenv.sim.stats(i).memory_used for i in (0, 1)]
+        assert all(a < u for a, u in zip(after, used)), (used, after)
+    finally:
+        found.close()

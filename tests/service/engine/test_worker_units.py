@@ -175,10 +175,10 @@ def test_replicas_are_built_on_the_calling_thread_and_a_replacement_refills_its_
     # replacement under the same name refills its slot. The control: another slot's worker holds nothing.
     generation = Generation.build(found.entries, {}, {("affine", 1): {"cpu/0": replica}}, {"cpu": 1})
     served = SimpleNamespace(generation=generation, retiring=[])
-    assert Holding(Slot("cpu/1", "cpu", slot.place, slot.check, True), [], served).load() == ({}, {})
-    Holding(slot, [entry], served).release()
+    assert Holding(Slot("cpu/1", "cpu", slot.place, slot.check, True), [], served, True).load() == ({}, {})
+    Holding(slot, [entry], served).release()  # (as the first worker of the slot ends)
     assert replica.network is None
-    assert Holding(slot, [], served).load() == ({}, {})
+    assert Holding(slot, [], served, replacement=True).load() == ({}, {})
     fresh = generation.versions["affine", 1].replicas["cpu/0"]
     assert fresh is not replica and fresh.network is not None
     np.testing.assert_allclose(forward(fresh, [{"x": x}], True, 2)["y"], x * 2 + 1)
