@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import atexit
 import bisect
+import functools
 import logging
 import os
 import threading
@@ -77,20 +78,16 @@ REFUSAL_DURATION = ("inference_refusal_duration_seconds", "Time from arrival to 
 IN_FLIGHT = ("inference_in_flight_requests", "Inference requests handed to the engine and not yet answered.", ())
 
 
-_CHILDREN: dict[tuple, Any] = {}
-
-
+@functools.lru_cache(maxsize=None)
 def child(metric, *labels: str):
-    """``metric.labels(*labels)``, looked up once: ``labels()`` takes a lock on every call.
+    """``metric.labels(*labels)``, looked up once: ``labels()`` takes a lock on every call, and a cached
+    lookup is the cache's own C call, with no Python frame (a batch makes several).
 
     For the request path, whose label values are known models, devices, stages
     and outcomes, so the cache is bounded. Two threads racing on a first lookup
     both get the one child Prometheus keeps for those labels.
     """
-    found = _CHILDREN.get((metric, *labels))
-    if found is None:
-        found = _CHILDREN[(metric, *labels)] = metric.labels(*labels)
-    return found
+    return metric.labels(*labels)
 
 
 class LoopMetrics(Collector):

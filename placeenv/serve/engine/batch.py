@@ -9,7 +9,6 @@ is its request's answer (``failure``). No thread and no device: a test runs it w
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from collections.abc import Callable
@@ -76,27 +75,15 @@ def run_batch(jobs: list[Job], model: str, attempt: Callable[[list[Job]], None],
                 job.fail(failure(model, alone))
 
 
-@functools.lru_cache(maxsize=None)
-def batch_metrics(model: str, device: str) -> tuple:
-    """A batch's series, looked up once for each model and device (a C call a batch once cached): its jobs'
-    time in the queue, its examples, its compute time."""
-    return (metrics.QUEUE_DURATION.labels(model, device), metrics.BATCH_SIZE.labels(model),
-            metrics.COMPUTE_DURATION.labels(model, device))
-
-
 class PlaceChecker:
     """Counts every place check; a mismatch is a leak, counted with its labels and logged."""
 
     def __init__(self, worker: str, device: str) -> None:
         self.worker, self.device = worker, device
-        self.counted: dict = {}  # stage -> its checks' counter (several checks a batch: no lookup of labels)
 
     def __call__(self, stage: str, actual: str, expected: str | None = None) -> bool:
         expected = self.device if expected is None else expected
-        counter = self.counted.get(stage)
-        if counter is None:
-            counter = self.counted[stage] = metrics.PLACE_CHECKS.labels(stage, self.device)
-        counter.inc()
+        metrics.child(metrics.PLACE_CHECKS, stage, self.device).inc()
         if actual == expected:
             return True
         metrics.DEVICE_LEAKS.labels(self.worker, expected, actual, stage).inc()

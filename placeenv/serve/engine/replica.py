@@ -104,11 +104,10 @@ class Holding:
                 found.setdefault(id(served.replicas), served)
         return list(found.values())
 
-    def release(self, built: dict[Key, Model] | None = None) -> None:
-        """The worker's thread ends: each replica it holds finalized (and ``built``, what it loaded that no
-        generation took: a start that failed)."""
-        held = [served.replicas[self.slot.name] for served in self._held() if self.slot.name in served.replicas]
-        finalize_all({id(r): r for r in [*held, *(built or {}).values()]}.values(), self.slot.name)
+    def release(self) -> None:
+        """The worker's thread ends: each replica it holds finalized."""
+        finalize_all([served.replicas[self.slot.name] for served in self._held() if self.slot.name in served.replicas],
+                     self.slot.name)
 
 
 class WarmUpFailed(RuntimeError):

@@ -35,7 +35,7 @@ from ..models import runtimes
 from ..models.base import JIT_LOAD_LOCK, SERVING, Model
 from ..models.repository import Entry
 from ..protocol.errors import ModelFailed, UnknownModel
-from .batch import PlaceChecker, batch_metrics, run_batch, step_checker
+from .batch import PlaceChecker, run_batch, step_checker
 from .calls import Calls
 from .dispatch import DeviceQueue
 from .job import Job
@@ -176,7 +176,8 @@ class Worker:
                 job.fail(UnknownModel(f"model {model!r} version {version} was unloaded"))
         else:
             name = replica.context.name
-            run_batch(batch, name, functools.partial(self._attempt, replica), batch_metrics(name, self.device)[0])
+            run_batch(batch, name, functools.partial(self._attempt, replica),
+                      metrics.child(metrics.QUEUE_DURATION, name, self.device))
         self.calls.hand.pop()
         self.queue.done(len(batch))
 
@@ -190,8 +191,7 @@ class Worker:
         check = step_checker(slot.check, jobs)  # a pipeline's steps: a leak is counted for each step too
         check("worker", paddle.get_device())
         examples = sum(job.examples for job in jobs)
-        _, sizes, computed = batch_metrics(name, self.device)
-        sizes.observe(examples)
+        metrics.child(metrics.BATCH_SIZE, name).observe(examples)
         keep = frozenset().union(*(job.keep for job in jobs))
         stamps: list[float] = []
         token = SERVING.set(self.calls.context(jobs, name))  # what Model.infer and request_parameters read
@@ -199,7 +199,7 @@ class Worker:
             results = forward(replica, [job.inputs for job in jobs], jobs[0].batched, examples, check, keep, stamps)
         finally:
             SERVING.reset(token)
-        computed.observe(time.perf_counter() - started)
+        metrics.child(metrics.COMPUTE_DURATION, name, self.device).observe(time.perf_counter() - started)
         joined, executed, answered = stamps[1] - stamps[0], stamps[2] - stamps[1], stamps[3] - stamps[2]
         answer_batch(jobs, results, Batch(examples, int(joined * 1e9), int(executed * 1e9), int(answered * 1e9)),
                      self.device, self.name)

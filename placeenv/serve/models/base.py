@@ -17,11 +17,10 @@ runs it. A ``model.py`` overrides what it needs.
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import dataclasses
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -53,7 +52,7 @@ class Serving:
     deadline, the models they are inside of (a call to one of them is a cycle), and the worker's calls
     (``engine/calls.py``: it serves its own queue while it waits), with its thread's identity.
 
-    The engine sets it by a token pair (``SERVING.set`` and ``reset``; ``serving`` for a block) around a
+    The engine sets it by a token pair (``SERVING.set`` and ``reset``) around a
     request's preprocess and a batch's forward, as ``PlaceEnv`` sets a device: a batch served meanwhile
     sets its own and leaves this one as it was. Read-only by convention: nothing changes one once set."""
 
@@ -70,16 +69,6 @@ class Serving:
 
 NOT_SERVING = Serving()
 SERVING: contextvars.ContextVar[Serving] = contextvars.ContextVar("placeenv_serving", default=NOT_SERVING)
-
-
-@contextlib.contextmanager
-def serving(context: Serving) -> Iterator[Serving]:
-    """``context`` is what the model's code on this thread reads until the block ends; then what was."""
-    token = SERVING.set(context)
-    try:
-        yield context
-    finally:
-        SERVING.reset(token)
 
 
 @dataclasses.dataclass(frozen=True)

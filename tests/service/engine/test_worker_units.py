@@ -31,7 +31,7 @@ from placeenv.serve.engine.job import Job, Settled
 from placeenv.serve.engine.forward import forward
 from placeenv.serve.engine.generation import Generation, Slots
 from placeenv.serve.engine.replica import Holding, Slot, finalize_all, stage
-from placeenv.serve.models.base import NOT_SERVING, SERVING, Model, ModelError, Serving, serving
+from placeenv.serve.models.base import NOT_SERVING, SERVING, Model, ModelError, Serving
 from placeenv.serve.models.repository import read
 from placeenv.serve.protocol.errors import ModelFailed, Timeout
 
@@ -94,15 +94,19 @@ def test_a_job_past_its_deadline_is_answered_timeout_and_not_run(loop):
 def test_a_batchs_context_is_set_by_a_token_pair_and_left_as_it_was_after():
     outer, inner = Serving({"who": "outer"}), Serving({"who": "inner"})
     assert SERVING.get() is NOT_SERVING
-    with serving(outer):
-        with serving(inner):  # a batch served while the outer one's call waits
-            assert SERVING.get() is inner
+    token = SERVING.set(outer)
+    try:
+        inner_token = SERVING.set(inner)  # a batch served while the outer one's call waits
+        assert SERVING.get() is inner
+        SERVING.reset(inner_token)
         assert SERVING.get() is outer
         seen = []
         thread = threading.Thread(target=lambda: seen.append(SERVING.get()))
         thread.start()
         thread.join()
         assert seen == [NOT_SERVING]  # another thread does not see it
+    finally:
+        SERVING.reset(token)
     assert SERVING.get() is NOT_SERVING
 
 
@@ -126,10 +130,13 @@ def test_a_call_from_a_thread_the_engine_did_not_start_is_refused_even_with_the_
         thread.start()
         thread.join()
 
-    with serving(Serving(None, call, thread=threading.get_ident())):
+    token = SERVING.set(Serving(None, call, thread=threading.get_ident()))
+    try:
         assert model.infer("other", {"x": np.zeros(1)}) == {"y": np.zeros(1)}  # the control: its own thread
         from_another()
         from_another(contextvars.copy_context())
+    finally:
+        SERVING.reset(token)
     assert made == ["other"]
     assert "this thread" in failed["bare"] and "serves none" in failed["bare"]
     assert "not on another" in failed["copied"] and "even with its context copied" in failed["copied"]
