@@ -42,8 +42,9 @@ PRIVATE_NAMES_ALLOWED = {
     "tests/library/test_placeenv.py",
     "tests/library/test_seeds.py",
 }
-#: The contract's own test: it checks the version guard and what the patch swaps.
-CONTRACT_IMPORT_ALLOWED = {"tests/library/test_install.py"}
+#: The contract's own test: it checks the version guard and what the patch swaps; and the count of a request's
+#: copies, which wraps the contract's copies (every tensor the request path makes or moves goes through them).
+CONTRACT_IMPORT_ALLOWED = {"tests/library/test_install.py", "tests/service/engine/test_request_copies.py"}
 #: This file: its negative controls quote what the rules forbid.
 SELF = Path(__file__).resolve()
 

@@ -18,7 +18,7 @@ import paddle
 import placeenv
 
 from .job import Job, Settled, resolve_all
-from ..models.base import Model, batch_tensor, host_tensor, move_to
+from ..models.base import Model, batch_tensor, host_view, move_to
 
 
 
@@ -124,7 +124,7 @@ def forward(replica: Model, inputs: list[dict], batched: bool, examples: int, ch
 def _inputs_on(replica: Model, inputs: list[dict], check) -> dict:
     """Each input of the batch's requests as one tensor on ``replica``'s place: host arrays joined into
     one host tensor and moved, a step's ``Handed`` tensors joined where they are (``_joined``), the dims
-    its model pads padded first."""
+    its model pads padded first. A model that ``takes_arrays`` gets host arrays (``_arrays``)."""
     context = replica.context
     on_host = placeenv.device_name(replica.place) == "cpu"  # a CPU worker: its host tensors are in place
     moved = {}
@@ -134,6 +134,9 @@ def _inputs_on(replica: Model, inputs: list[dict], check) -> dict:
         handed = any(isinstance(part, Handed) for part in parts)  # (a padded one is a tensor where it was)
         if padding and len(parts) > 1 and spec.name in padding:
             parts = padded(parts, *padding[spec.name])
+        if replica.takes_arrays:
+            moved[spec.name] = _arrays(parts)
+            continue
         if handed:
             tensor = _joined(parts, replica.place)
         else:
@@ -143,6 +146,20 @@ def _inputs_on(replica: Model, inputs: list[dict], check) -> dict:
         moved[spec.name] = tensor
         check("batch", placeenv.device_name(tensor.place))
     return moved
+
+
+def _arrays(parts: list) -> np.ndarray:
+    """A batch's parts of one input as one host array: a request's own array when the batch is one (no
+    copy), the parts joined by numpy, a tensor part (a step's ``Handed`` rows) read back to the host."""
+    arrays = [part if isinstance(part, np.ndarray) else _host_rows(part) for part in parts]
+    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+
+
+def _host_rows(part) -> np.ndarray:
+    if isinstance(part, Handed):
+        tensor = part.tensor if part.rows is None else part.tensor[part.rows[0]:part.rows[1]]
+        return tensor.numpy()
+    return part.numpy()
 
 
 def answer_batch(jobs: list[Job], results: dict, batch: Batch, device: str, worker: str) -> None:
@@ -267,7 +284,7 @@ def _joined(parts: list, place) -> paddle.Tensor:
             else:
                 pieces.append([part.tensor, part.device, *(part.rows or (None, None))])
         else:  # a batch-mate's host array (or its preprocess's CPU tensor)
-            tensor = host_tensor(part) if isinstance(part, np.ndarray) else part
+            tensor = host_view(part) if isinstance(part, np.ndarray) else part
             pieces.append([tensor, placeenv.device_name(tensor.place), None, None])
     tensors = []
     for tensor, where, start, stop in pieces:

@@ -7,6 +7,7 @@ each version's weights (``DeviceShare``). A request's typed tensors pass through
     preprocess(inputs)   host numpy arrays in, host arrays out; CPU, any thread, under PlaceEnv('cpu')
     -> batched along the first dimension and moved to the worker's device
     execute(inputs)      device tensors in, tensors out; the worker thread, under PlaceEnv(place)
+                         (host arrays in, arrays or tensors out, where the model sets ``takes_arrays``)
     postprocess(outputs) tensors in, host numpy arrays out; the worker thread
 
 and ``finalize()`` runs when the worker stops. Every method has a default, so a bare
@@ -116,6 +117,9 @@ class Model:
     choice = None  # what backend auto measured (models/choice.py), as the config endpoint shows it
     # The call that runs the device's runtime session (ONNX Runtime, OpenVINO): host arrays in and out.
     runtime_run = None
+    # An execute that works on the host (a pipeline step on a CPU worker: PaddleX's own pipeline) sets it:
+    # its inputs come as the requests' host arrays, joined by numpy, never made tensors to be read back.
+    takes_arrays = False
 
     def __init__(self) -> None:
         self.network: paddle.nn.Layer | None = None
@@ -281,13 +285,13 @@ def host_inputs(context: ModelContext, preprocessed: Any) -> dict[str, np.ndarra
 def batch_tensor(parts: list[np.ndarray | paddle.Tensor]) -> paddle.Tensor:
     """One host tensor of ``parts`` joined along the first dimension (one part: the part itself).
 
-    Host arrays are joined by numpy and copied into Paddle once per batch, since a copy into
-    a tensor costs about the same for one example as for a whole batch. Tensors (a preprocess
-    that makes them) are joined by Paddle, on their place.
+    Host arrays are joined by numpy (one request: its own array) and the tensor is a view of them, no
+    copy: the move to a device is the one copy, and a CPU worker's network reads them where they are.
+    Tensors (a preprocess that makes them) are joined by Paddle, on their place.
     """
     if all(isinstance(part, np.ndarray) for part in parts):
-        return host_tensor(parts[0] if len(parts) == 1 else np.concatenate(parts))
-    tensors = [host_tensor(part) if isinstance(part, np.ndarray) else part for part in parts]
+        return host_view(parts[0] if len(parts) == 1 else np.concatenate(parts))
+    tensors = [host_view(part) if isinstance(part, np.ndarray) else part for part in parts]
     # One copy on the host (the inputs' place), not .numpy() + np.concatenate + a new
     # tensor, which holds the GIL several times longer (docs/benchmarks.md).
     return tensors[0] if len(tensors) == 1 else paddle.concat(tensors)

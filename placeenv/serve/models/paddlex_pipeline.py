@@ -331,6 +331,7 @@ class PaddleXPipeline(Model):
 
     inputs = (IMAGE,)
     outputs = (RESULT,)
+    takes_arrays = True  # the page goes to PaddleX as the array it was decoded into
 
     def load(self, context):
         parameters = context.parameters
@@ -357,7 +358,8 @@ class PaddleXPipeline(Model):
 
     def execute(self, inputs):
         spec = input_of(self.kind)
-        given = inputs[spec.name].numpy()[0]
+        given = inputs[spec.name]  # (a tensor in a subclass that takes none: read back)
+        given = (given if isinstance(given, np.ndarray) else given.numpy())[0]
         page = series(given.tobytes()) if spec is CSV else given
         settings = checks.settings(self.context.parameters["settings"], self.request_parameters)
         options = {key: settings.pop(key) for key in RENDERING.get(self.kind, {}) if key in settings}

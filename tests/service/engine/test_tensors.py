@@ -1,6 +1,7 @@
 """The request path's tensor shortcuts give the answers of the slow ways they replace: ``host_tensor``
-is ``paddle.to_tensor`` on the CPU, ``move_to`` is ``Tensor.to``, ``placeenv.device_name`` follows a
-place object that changes, and the path a worker takes with a request leaks no Python objects.
+is ``paddle.to_tensor`` on the CPU, ``host_view`` the same over the array's own memory, ``move_to`` is
+``Tensor.to``, ``placeenv.device_name`` follows a place object that changes, and the path a worker takes
+with a request leaks no Python objects.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import pytest
 import placeenv
 from placeenv import PlaceEnv
 from placeenv.serve.models import BUNDLED, scan
-from placeenv.serve.models.base import host_tensor, move_to
+from placeenv.serve.models.base import batch_tensor, host_tensor, host_view, move_to
 
 
 def test_device_name_cache_follows_a_place_object_that_changes():
@@ -51,6 +52,25 @@ def test_host_tensor_is_to_tensor_on_cpu(dtype):
     assert ours.numpy()[0, 0, 0] == 0
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16", "float64", "int64", "int32", "uint8", "bool"])
+def test_host_view_is_to_tensor_on_cpu_over_the_arrays_memory(dtype):
+    """What a batch's host arrays become (batch_tensor): the request's own memory, so that the move to a
+    device is its one copy."""
+    array = (np.arange(24).reshape(2, 3, 4) % 5).astype(dtype)
+    ours, stock = host_view(array), paddle.to_tensor(array, place=paddle.CPUPlace())
+    assert (ours.dtype, ours.shape, ours.stop_gradient, placeenv.device_name(ours.place)) == (
+        stock.dtype, stock.shape, stock.stop_gradient, "cpu")
+    assert np.array_equal(ours.numpy(), stock.numpy())
+    assert np.array_equal(move_to(ours, placeenv.to_place("sim:2")).numpy(), array)
+    joined = batch_tensor([array])
+    array[0, 0, 0] = 1  # a view: the tensors read the array's memory (the control: host_tensor's copy does not)
+    assert ours.numpy()[0, 0, 0] == joined.numpy()[0, 0, 0] == 1 and stock.numpy()[0, 0, 0] == 0
+    del array
+    assert ours.numpy().shape == (2, 3, 4)  # the view keeps the array alive
+    strided = np.arange(24, dtype="float32").reshape(4, 6)[:, ::2]  # not contiguous: made so first, its shape kept
+    assert np.array_equal(host_view(strided).numpy(), strided)
+
+
 @pytest.mark.parametrize("device", ["sim:2", "cpu"])
 @pytest.mark.parametrize("stop_gradient", [True, False])
 def test_move_to_is_tensor_to(device, stop_gradient):
@@ -79,6 +99,7 @@ def test_the_request_path_leaks_no_python_objects():
         with PlaceEnv("cpu"):
             host = host_tensor(model.preprocess({"pixels": example})["pixels"])
         model.postprocess(model.execute({"pixels": move_to(host, model.place)}))
+        model.postprocess(model.execute({"pixels": move_to(batch_tensor([example]), model.place)}))
         model.postprocess(model.execute({"pixels": move_to(paddle.concat(jobs), model.place)}))
 
     assert _objects_left_after(request) < 30
