@@ -32,7 +32,7 @@ def host_tensor(array: np.ndarray):
 def host_view(array: np.ndarray):
     """A CPU tensor over ``array``'s memory (made C-contiguous first, its shape kept), no copy: it keeps the
     array alive."""
-    return _pd.view_host(np.require(array, requirements="C"))
+    return _pd.view_host(array if array.flags.c_contiguous else np.ascontiguousarray(array))
 
 
 def move_to(tensor, place):
