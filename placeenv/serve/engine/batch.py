@@ -45,7 +45,7 @@ def run_batch(jobs: list[Job], model: str, attempt: Callable[[list[Job]], None],
     for job in jobs:
         if job.answered:  # (a timer or a cancel answered it meanwhile)
             continue
-        if job.deadline > now:
+        if job.request.deadline > now:
             live.append(job)
         else:
             job.expire()  # its deadline passed in the queue
@@ -66,7 +66,7 @@ def run_batch(jobs: list[Job], model: str, attempt: Callable[[list[Job]], None],
         for job in live:
             if job.answered:
                 continue
-            if job.deadline <= clock():
+            if job.request.deadline <= clock():
                 job.expire()
                 continue
             try:
@@ -93,7 +93,7 @@ class PlaceChecker:
 
 def step_checker(check: PlaceChecker, jobs: list[Job]):
     """``check``, which for a pipeline's steps among ``jobs`` counts a leak for each step too."""
-    steps = {job.step for job in jobs if job.step is not None}
+    steps = {job.options.step for job in jobs if job.options.step is not None}
     if not steps:
         return check
 

@@ -48,11 +48,12 @@ class Calls:
         """What ``model``'s code reads while it runs ``jobs`` (one batch: their parameters are equal,
         ``dispatch.batch_key``) on this thread: a call made from it has their strictest deadline."""
         first = jobs[0]
+        parameters = first.request.parameters
         if self.call is None:
-            return NOT_SERVING if first.parameters is None else Serving(first.parameters)
-        chain = (*dict.fromkeys(m for job in jobs for m in job.chain), model)
-        return Serving(first.parameters, functools.partial(self.call, first.generation), first.loop,
-                       min(job.deadline for job in jobs), chain, self, threading.get_ident())
+            return NOT_SERVING if parameters is None else Serving(parameters)
+        chain = (*dict.fromkeys(m for job in jobs for m in job.options.chain), model)
+        return Serving(parameters, functools.partial(self.call, first.generation), first.loop,
+                       min(job.request.deadline for job in jobs), chain, self, threading.get_ident())
 
     def serve_until(self, answered: concurrent.futures.Future, deadline: float) -> None:
         """While a model on this worker waits for a call (``answered``): run jobs from this worker's queue,

@@ -91,7 +91,7 @@ class DeviceQueue:
             if self.closed or len(self._jobs) >= self.capacity:
                 return False
             job.device, job.queue, job.enqueued = self.device, self, time.perf_counter()
-            if job.priority:
+            if job.request.priority:
                 self._jobs.insert(self._high, job)
                 self._high += 1
             else:
@@ -142,7 +142,7 @@ class DeviceQueue:
                 if first is None:
                     return None if self.closed and not self._jobs else []
             max_examples, max_delay = first.served.limits
-            batch, examples = [first], first.examples
+            batch, examples = [first], first.request.examples
             # Wait for more only under load (others were queued too): an idle
             # service answers a lone request at once instead of paying the delay.
             until = self.clock.now() + (max_delay if self._jobs else 0.0)
@@ -152,7 +152,7 @@ class DeviceQueue:
                 nxt = self._next_of(first, max_examples - examples)
                 if nxt is not None:
                     batch.append(nxt)
-                    examples += nxt.examples
+                    examples += nxt.request.examples
                     continue
                 left = until - self.clock.now()
                 if left <= 0 or self.closed:
@@ -197,7 +197,7 @@ class DeviceQueue:
         # shape, in arrival order; others keep their place in line.
         replicas, shape = first.served.replicas, first.shape
         return self._take(lambda job: job.served.replicas is replicas and job.shape == shape
-                          and job.examples <= room, within=64)
+                          and job.request.examples <= room, within=64)
 
     def _take(self, wanted, within: int | None = None) -> Job | None:
         """The first job ``wanted`` accepts, among the first ``within`` (all when None), out of the queue."""
@@ -273,12 +273,13 @@ class Dispatcher:
             raise Overloaded(FULL)
 
     def submit(self, job: Job) -> DeviceQueue:
-        if self.closed and job.step is None:
+        if self.closed and job.options.step is None:
             raise Draining(STOPPING)
         devices = job.served.devices
         # A step whose tensors are on a device runs there if it can: moving them costs copies.
-        if job.prefer in devices and self.queues[job.prefer].offer(job):
-            return self.queues[job.prefer]
+        prefer = job.options.prefer
+        if prefer in devices and self.queues[prefer].offer(job):
+            return self.queues[prefer]
         # Each model's own turns: a pipeline's other steps, queued in between, must not keep its turn
         # on one device.
         turn = self._turns[job.model] = self._turns.get(job.model, -1) + 1

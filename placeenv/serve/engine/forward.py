@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import time
 
+import msgspec
 import numpy as np
 import paddle
 
@@ -174,23 +175,23 @@ def answer_batch(jobs: list[Job], results: dict, batch: Batch, device: str, work
     if tensors:
         kept = {name: where for name, value in tensors.items()
                 if (where := placeenv.device_name(value.place)) != "cpu"}
-        handed_to_all = kept.keys() & set.intersection(*(set(job.keep) for job in jobs))
+        handed_to_all = kept.keys() & set.intersection(*(set(job.options.keep) for job in jobs))
         results = {name: value.numpy() if name in tensors else value
                    for name, value in results.items() if name not in handed_to_all}
     if len(jobs) == 1:
         job = jobs[0]
         part = results if not kept else {
-            **results, **{name: Handed(tensors[name], kept[name]) for name in job.keep & kept.keys()}}
+            **results, **{name: Handed(tensors[name], kept[name]) for name in job.options.keep & kept.keys()}}
         job.resolve(Answer(part, device, worker, examples, job.started, batch))
         return
     answers, offset = [], 0
     for job in jobs:
-        rows = (offset, offset + job.examples)
-        handed = job.keep & kept.keys()
+        rows = (offset, offset + job.request.examples)
+        handed = job.options.keep & kept.keys()
         part = {name: value[offset:rows[1]] for name, value in results.items() if name not in handed}
         part.update((name, Handed(tensors[name], kept[name], rows)) for name in handed)
         answers.append((job, Answer(part, device, worker, examples, job.started, batch)))
-        offset += job.examples
+        offset = rows[1]
     resolve_all(answers)
 
 
@@ -234,7 +235,8 @@ def split(job: Job, limit: int) -> list[Job]:
     place: no forward pass takes more than its model's limit, and the parts may share batches with other
     jobs, on any device. Each part answers ``job``: once every part has, with their outputs joined in order
     (``joined_answer``); at a part's failure, with that failure, once (``Job.fail`` withdraws the rest)."""
-    starts = range(0, job.examples, limit)
+    examples = job.request.examples
+    starts = range(0, examples, limit)
     answers: list[Answer | None] = [None] * len(starts)
     left = [len(starts)]
 
@@ -250,10 +252,12 @@ def split(job: Job, limit: int) -> list[Job]:
 
     parts = []
     for i, start in enumerate(starts):
-        stop = min(start + limit, job.examples)
+        stop = min(start + limit, examples)
         inputs = {name: sliced(value, start, stop) for name, value in job.inputs.items()}
         # A part keeps no tensor for a next step: the parts' answers are joined as host arrays.
-        part = dataclasses.replace(job, inputs=inputs, examples=stop - start, keep=frozenset(), future=None)
+        part = dataclasses.replace(job, request=msgspec.structs.replace(job.request, examples=stop - start),
+                                   inputs=inputs, options=dataclasses.replace(job.options, keep=frozenset()),
+                                   future=None)
         part.future = Settled(functools.partial(settled, i, part))  # (it names the part: made first)
         parts.append(part)
     job.parts = tuple(parts)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..protocol.errors import Cancelled, Timeout
+from ..protocol.request import Work
 
 log = logging.getLogger(__name__)
 
@@ -71,30 +72,26 @@ REQUEST = StepOptions()
 
 @dataclass(eq=False)
 class Job:
-    """One accepted request. ``resolve``/``fail`` answer it; the first answer wins.
+    """One accepted request in the engine. ``resolve``/``fail`` answer it; the first answer wins.
 
-    What it was admitted as are its fields; the parts of a job queued as parts are derived from it by
-    ``dataclasses.replace`` (forward.split), so a new field reaches them. Its state in the engine (where
-    it was queued, when it started, whether it is answered) is not: each part has its own."""
+    ``request`` is the request as the gateway admitted it (``Work``: its model, rows, arrival, deadline,
+    priority and parameters), the same object from admission to answer; ``options`` is what a pipeline's
+    step or a model's call adds to it. A step's job holds its step's request, derived from its pipeline's
+    by ``msgspec.structs.replace``; the parts of a job queued as parts are derived from it by
+    ``dataclasses.replace`` (forward.split: each part's request the request with its rows), so a new field
+    reaches them. Its state in the engine (where it was queued, when it started, whether it is answered) is
+    not: each part has its own."""
 
     model: tuple[str, int]  # (name, version): what a batch may share, with ``shape``
+    request: Work  # its rows (``examples``: 1 for a model that does not batch), deadline, priority, parameters
     inputs: dict[str, Any]  # preprocessed host arrays or CPU tensors [n, ...], in the model's input order
-    examples: int  # n; 1 for a model that does not batch
     batched: bool  # the model batches along the first dimension (its outputs are split by rows)
     loop: asyncio.AbstractEventLoop
     future: Future | None  # settled once, on the loop thread: the engine's ``Completion``, or a ``Settled``
-    arrived: float
-    deadline: float
-    # A pipeline's step or a model's call: its ``StepOptions``, one by one.
-    keep: frozenset[str] = frozenset()
-    prefer: str = ""
-    step: tuple[str, str] | None = None
-    chain: tuple[str, ...] = ()  # the models this request is inside of, outermost first (calls: no cycle)
-    priority: int = 0  # 1: ahead of every normal job in its queue
+    options: StepOptions = REQUEST  # a pipeline's step's or a model's call's
     # Each input's dims after the first (``shape_key``), and its request's parameters if it sent any
     # (``batch_key``): a batch joins only jobs of one model, one shape and the same parameters.
     shape: Any = None
-    parameters: dict[str, Any] | None = None  # its request's parameters for the model (Work.parameters)
     generation: Any = None  # what it was admitted under (engine/generation.py): what its calls are looked up in
     # The ServedVersion of ``model`` in ``generation``: the devices that may take it, its batch limits, and
     # its replicas, one a worker that holds it (what a worker runs it on).
@@ -139,13 +136,13 @@ class Job:
 
     def expire(self) -> bool:
         """Answer ``Timeout`` (the request's deadline passed)."""
-        return self.fail(Timeout(f"no answer within {self.deadline - self.arrived:.3g} s"))
+        return self.fail(Timeout(f"no answer within {self.request.deadline - self.request.arrived:.3g} s"))
 
     def cancel(self) -> bool:
         """The client left: answer ``Cancelled`` and leave the queue, so no worker runs it (one that took
         it into a batch drops it: it is answered); a worker running it has its answer dropped. Past the
         deadline it is the deadline's answer instead, whoever saw it first. On the loop thread."""
-        if self.deadline <= time.perf_counter():
+        if self.request.deadline <= time.perf_counter():
             return self.expire()
         error = Cancelled("the client cancelled the request")
         if self.started or any(part.started for part in self.parts):

@@ -271,11 +271,9 @@ class RequestPath:
             metrics.ON_LOOP.observe(metrics.ON_LOOP.preprocess, (work.model,), time.perf_counter() - work.arrived)
         limit = served.entry.max_batch_size
         job = Job(
-            model=served.key, inputs=tensors, examples=work.examples, batched=limit > 0, loop=loop,
-            future=completion, arrived=work.arrived, deadline=work.deadline, priority=work.priority,
+            model=served.key, request=work, inputs=tensors, batched=limit > 0, loop=loop, future=completion,
+            options=options, generation=completion.generation, served=served,
             shape=batch_key(shape_key(tensors, served.version.context.padding), work.parameters) if limit > 0 else None,
-            parameters=work.parameters, keep=options.keep, prefer=options.prefer, step=options.step,
-            chain=options.chain, generation=completion.generation, served=served,
         )
         if ticket is not None and not ticket.attach(job):
             raise Cancelled("the client cancelled the request")
@@ -285,7 +283,7 @@ class RequestPath:
             self.dispatcher.submit(job)  # Overloaded or Draining
         completion.job = job
         # A timer, not asyncio.wait(timeout=): one handle instead of a waiter future and callbacks.
-        completion.timer = loop.call_later(max(0.0, job.deadline - time.perf_counter()), job.expire)
+        completion.timer = loop.call_later(max(0.0, work.deadline - time.perf_counter()), job.expire)
         return job
 
     def _submit_parts(self, job: Job, limit: int) -> None:

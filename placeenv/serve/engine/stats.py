@@ -37,7 +37,7 @@ class Stats:
         self.success += 1
         self.success_ns += int((time.perf_counter() - taken) * 1e9)
         self.queue_ns += int((answer.compute_started - job.enqueued) * 1e9)
-        self.inferences += job.examples
+        self.inferences += job.request.examples
         self.last_inference_ms = int(time.time() * 1000)
         for batch in answer.batches:  # (more than one for a job run as parts: forward.split)
             self.input_ns += batch.input_ns

@@ -190,9 +190,9 @@ class Worker:
         name = replica.context.name
         check = step_checker(slot.check, jobs)  # a pipeline's steps: a leak is counted for each step too
         check("worker", paddle.get_device())
-        examples = sum(job.examples for job in jobs)
+        examples = sum(job.request.examples for job in jobs)
         metrics.child(metrics.BATCH_SIZE, name).observe(examples)
-        keep = frozenset().union(*(job.keep for job in jobs))
+        keep = frozenset().union(*(job.options.keep for job in jobs))
         stamps: list[float] = []
         token = SERVING.set(self.calls.context(jobs, name))  # what Model.infer and request_parameters read
         try:

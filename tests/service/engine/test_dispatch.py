@@ -22,6 +22,7 @@ from placeenv.serve.engine.dispatch import DeviceQueue
 from placeenv.serve.engine.job import Job, Settled, shape_key
 from placeenv.serve.engine.forward import Handed
 from placeenv.serve.engine.generation import Slots
+from placeenv.serve.protocol.request import Work
 
 #: The one worker of each test's queue.
 WORKER = "cpu/0"
@@ -46,8 +47,9 @@ def _limits(limits: dict) -> None:
 
 
 def _job(loop, model: tuple[str, int] = ("m", 1), shape: tuple | None = None) -> Job:
-    return Job(model=model, inputs={}, examples=1, batched=True, loop=loop, future=Settled(lambda answer, error: None),
-               arrived=time.perf_counter(), deadline=time.perf_counter() + 60, shape=shape, served=served_of(model))
+    request = Work(model[0], model[1], 1, [], time.perf_counter(), time.perf_counter() + 60, False)
+    return Job(model=model, request=request, inputs={}, batched=True, loop=loop,
+               future=Settled(lambda answer, error: None), shape=shape, served=served_of(model))
 
 
 def _gathering(limit: int = 4, delay: float = 2.0):
@@ -149,7 +151,7 @@ def _queue(loop, jobs: list[tuple[str, int]]) -> tuple[DeviceQueue, dict[str, Jo
     made = {}
     for name, priority in jobs:
         made[name] = _job(loop, ("other", 1) if name.startswith("o") else ("m", 1))
-        made[name].priority = priority
+        made[name].request.priority = priority
         assert queue.offer(made[name])
     return queue, made
 
@@ -189,7 +191,7 @@ def test_a_batch_begun_by_a_high_priority_job_is_still_of_one_model():
         first = queue.take_batch(WORKER, wait=0)
         assert first == [made["h1"], made["n1"]]
         high_other = _job(loop, ("other", 1))
-        high_other.priority = 1
+        high_other.request.priority = 1
         queue.offer(high_other)
         assert queue.take_batch(WORKER, wait=0) == [high_other, made["o1"]]
         assert len(queue) == 0
@@ -210,7 +212,7 @@ def test_a_cancelled_job_leaves_its_queue_and_is_answered_once():
         assert made["h1"].cancel() and made["n1"].cancel()
         assert not made["h1"].cancel()  # answered already: a second cancel does nothing
         h2 = _job(loop)
-        h2.priority = 1
+        h2.request.priority = 1
         queue.offer(h2)
         assert [b[0] for b in _taken(queue, {("m", 1): (1, 0.0)})] == [h2, made["n2"]]
         loop.run_until_complete(asyncio.sleep(0))  # the answers are set on the loop, as a worker's are
@@ -228,7 +230,7 @@ def test_a_cancel_past_the_deadline_is_the_deadlines_answer():
         answers = []
         for job in made.values():
             job.future = Settled(lambda value, error, answers=answers: answers.append(error))
-        made["n1"].deadline = time.perf_counter() - 1  # its deadline passed while it waited
+        made["n1"].request.deadline = time.perf_counter() - 1  # its deadline passed while it waited
         assert made["n1"].cancel() and made["n2"].cancel()
         loop.run_until_complete(asyncio.sleep(0))
         assert [type(e).__name__ for e in answers] == ["Timeout", "Cancelled"]
@@ -283,7 +285,7 @@ def _shaped(loop, jobs: list[tuple[str, tuple, int]]) -> tuple[DeviceQueue, dict
     made = {}
     for name, shape, priority in jobs:
         made[name] = _job(loop, shape=shape)
-        made[name].priority = priority
+        made[name].request.priority = priority
         assert queue.offer(made[name])
     return queue, made
 

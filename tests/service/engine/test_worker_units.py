@@ -34,6 +34,7 @@ from placeenv.serve.engine.replica import Holding, Slot, finalize_all, stage
 from placeenv.serve.models.base import NOT_SERVING, SERVING, Model, ModelError, Serving
 from placeenv.serve.models.repository import read
 from placeenv.serve.protocol.errors import ModelFailed, Timeout
+from placeenv.serve.protocol.request import Work
 
 
 @pytest.fixture
@@ -45,8 +46,8 @@ def loop():
 
 def job_of(loop, answers: dict, name: str, model=("m", 1), deadline: float = 1e12, **given) -> Job:
     """A job whose answer goes to ``answers[name]``, as (answer, error), once the loop has turned."""
-    job = Job(model=model, inputs={"x": name}, examples=1, batched=True, loop=loop, future=None, arrived=0.0,
-              deadline=deadline, **given)
+    job = Job(model=model, request=Work(model[0], model[1], 1, [], 0.0, deadline, False), inputs={"x": name},
+              batched=True, loop=loop, future=None, **given)
     job.future = Settled(lambda answer, error: answers.__setitem__(name, (answer, error)))
     return job
 
