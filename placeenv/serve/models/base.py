@@ -287,14 +287,21 @@ def batch_tensor(parts: list[np.ndarray | paddle.Tensor]) -> paddle.Tensor:
 
     Host arrays are joined by numpy (one request: its own array) and the tensor is a view of them, no
     copy: the move to a device is the one copy, and a CPU worker's network reads them where they are.
-    Tensors (a preprocess that makes them) are joined by Paddle, on their place.
+    An array over a body's or a link frame's bytes (read-only, maybe unaligned: a model without a
+    preprocess of its own) is copied, so that no execute writes into them. Tensors (a preprocess that
+    makes them) are joined by Paddle, on their place.
     """
     if all(isinstance(part, np.ndarray) for part in parts):
-        return host_view(parts[0] if len(parts) == 1 else np.concatenate(parts))
-    tensors = [host_view(part) if isinstance(part, np.ndarray) else part for part in parts]
+        return _host(parts[0]) if len(parts) == 1 else host_view(np.concatenate(parts))
+    tensors = [_host(part) if isinstance(part, np.ndarray) else part for part in parts]
     # One copy on the host (the inputs' place), not .numpy() + np.concatenate + a new
     # tensor, which holds the GIL several times longer (docs/benchmarks.md).
     return tensors[0] if len(tensors) == 1 else paddle.concat(tensors)
+
+
+def _host(array: np.ndarray) -> paddle.Tensor:
+    flags = array.flags
+    return host_view(array) if flags.writeable and flags.aligned else host_tensor(array)
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:

@@ -69,6 +69,16 @@ def test_host_view_is_to_tensor_on_cpu_over_the_arrays_memory(dtype):
     assert ours.numpy().shape == (2, 3, 4)  # the view keeps the array alive
     strided = np.arange(24, dtype="float32").reshape(4, 6)[:, ::2]  # not contiguous: made so first, its shape kept
     assert np.array_equal(host_view(strided).numpy(), strided)
+    # A body's bytes (read-only): a batch's tensor copies them, so that no execute writes into a request's body.
+    body = bytes(np.arange(6, dtype="float32").tobytes())
+    frozen = np.frombuffer(body, "float32").reshape(2, 3)
+    copied = batch_tensor([frozen])
+    copied[0, 0] = 7.0
+    assert frozen[0, 0] == 0.0 and np.array_equal(copied.numpy()[1], frozen[1])
+    writable = frozen.copy()
+    viewed = batch_tensor([writable])  # the control: a request's own array is viewed, not copied
+    viewed[0, 0] = 7.0
+    assert writable[0, 0] == 7.0
 
 
 @pytest.mark.parametrize("device", ["sim:2", "cpu"])
