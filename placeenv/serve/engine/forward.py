@@ -19,7 +19,7 @@ import paddle
 import placeenv
 
 from .job import Job, Settled, resolve_all
-from ..models.base import Model, batch_tensor, host_view, move_to
+from ..models.base import Model, batch_tensor, move_to, request_tensor
 
 
 
@@ -69,6 +69,11 @@ class Handed:
     def shape(self) -> list[int]:
         shape = self.tensor.shape
         return shape if self.rows is None else [self.rows[1] - self.rows[0], *shape[1:]]
+
+    @property
+    def taken(self) -> paddle.Tensor:
+        """Its rows of the tensor, where it is (the tensor itself when they are all of it)."""
+        return self.tensor if self.rows is None else self.tensor[self.rows[0]:self.rows[1]]
 
 
 def unchecked(stage: str, actual: str, expected: str | None = None) -> bool:
@@ -152,15 +157,9 @@ def _inputs_on(replica: Model, inputs: list[dict], check) -> dict:
 def _arrays(parts: list) -> np.ndarray:
     """A batch's parts of one input as one host array: a request's own array when the batch is one (no
     copy), the parts joined by numpy, a tensor part (a step's ``Handed`` rows) read back to the host."""
-    arrays = [part if isinstance(part, np.ndarray) else _host_rows(part) for part in parts]
+    arrays = [part if isinstance(part, np.ndarray) else (part.taken if isinstance(part, Handed) else part).numpy()
+              for part in parts]
     return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
-
-
-def _host_rows(part) -> np.ndarray:
-    if isinstance(part, Handed):
-        tensor = part.tensor if part.rows is None else part.tensor[part.rows[0]:part.rows[1]]
-        return tensor.numpy()
-    return part.numpy()
 
 
 def answer_batch(jobs: list[Job], results: dict, batch: Batch, device: str, worker: str) -> None:
@@ -223,9 +222,7 @@ def padded(parts: list, dims: tuple[int, ...], value: float) -> list:
         elif isinstance(part, np.ndarray):
             found.append(np.pad(part, widths, constant_values=value))
         else:  # a tensor: padded where it is (a step's Handed rows taken out first)
-            tensor = part.tensor if isinstance(part, Handed) else part
-            if isinstance(part, Handed) and part.rows is not None:
-                tensor = tensor[part.rows[0]:part.rows[1]]
+            tensor = part.taken if isinstance(part, Handed) else part
             found.append(paddle.nn.functional.pad(tensor, [w for pair in widths for w in pair], value=value))
     return found
 
@@ -288,7 +285,7 @@ def _joined(parts: list, place) -> paddle.Tensor:
             else:
                 pieces.append([part.tensor, part.device, *(part.rows or (None, None))])
         else:  # a batch-mate's host array (or its preprocess's CPU tensor)
-            tensor = host_view(part) if isinstance(part, np.ndarray) else part
+            tensor = request_tensor(part) if isinstance(part, np.ndarray) else part
             pieces.append([tensor, placeenv.device_name(tensor.place), None, None])
     tensors = []
     for tensor, where, start, stop in pieces:

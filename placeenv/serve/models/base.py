@@ -292,14 +292,16 @@ def batch_tensor(parts: list[np.ndarray | paddle.Tensor]) -> paddle.Tensor:
     makes them) are joined by Paddle, on their place.
     """
     if all(isinstance(part, np.ndarray) for part in parts):
-        return _host(parts[0]) if len(parts) == 1 else host_view(np.concatenate(parts))
-    tensors = [_host(part) if isinstance(part, np.ndarray) else part for part in parts]
+        return request_tensor(parts[0]) if len(parts) == 1 else host_view(np.concatenate(parts))
+    tensors = [request_tensor(part) if isinstance(part, np.ndarray) else part for part in parts]
     # One copy on the host (the inputs' place), not .numpy() + np.concatenate + a new
     # tensor, which holds the GIL several times longer (docs/benchmarks.md).
     return tensors[0] if len(tensors) == 1 else paddle.concat(tensors)
 
 
-def _host(array: np.ndarray) -> paddle.Tensor:
+def request_tensor(array: np.ndarray) -> paddle.Tensor:
+    """A host tensor of one request's array: a view of it (``host_view``), or a copy (``host_tensor``) of an
+    array over a body's or a link frame's bytes, read-only and maybe unaligned, that no execute may write."""
     flags = array.flags
     return host_view(array) if flags.writeable and flags.aligned else host_tensor(array)
 
