@@ -25,6 +25,7 @@ from .batch import failure
 from .dispatch import DeviceQueue
 from .job import Job
 
+
 class Calls:
     """The batches a worker has in hand, outermost first (``hand``), and what its models' calls need: its
     ``name``, ``device`` and ``queue``, the engine's way in for a call (``call(generation, ...)``, or None:
