@@ -154,7 +154,7 @@ def test_its_models_are_the_modules_paddlex_builds(served):
     assert [o["name"] for o in outputs] == ["result", "markdown"]
 
 
-def _locust(url: str, csv, seconds: int = 20, finish: int = 300, until=None):
+def _locust(url: str, csv, seconds: int = 10, finish: int = 300, until=None):
     """Locust's load test (loadtest/, which drives POST /ocr with real pages, as images and PDFs, when a
     PaddleX OCR pipeline is served, and POST /layout-parsing with PDFs of document pages when a PP-StructureV3
     one is, checking each answer against what was drawn) and its leak gate; its exit code and output. Its 4

@@ -62,7 +62,7 @@ def test_dashboards_have_data_no_leaks_and_the_gate_can_fire(tmp_path):
     prom = Prometheus(tmp_path, {"isolation_on": on_port, "isolation_off": off_port})
     try:
         with ServiceProcess(port=on_port, MODELS=MODELS) as on:
-            run = locust(on.url, 15, tmp_path / "on")
+            run = locust(on.url, 8, tmp_path / "on")
             assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
             assert "leak gate: PASS" in run.stdout + run.stderr
             wait_for_scrapes(prom, "isolation_on", since=time.time())
