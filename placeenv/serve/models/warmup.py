@@ -112,7 +112,10 @@ def typical_shapes(directory: Path) -> dict[str, list[int]]:
     try:
         import yaml  # pyyaml, the service's
 
-        shapes = yaml.safe_load(path.read_text(encoding="utf-8"))["Hpi"]["backend_configs"]["paddle_infer"][
+        # libyaml's safe loader where pyyaml has it: a recogniser's file holds its character dictionary (some
+        # 18,000 lines), 0.48 s a load in pure Python, 0.05 s in C, the same mapping.
+        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+        shapes = yaml.load(path.read_text(encoding="utf-8"), Loader=loader)["Hpi"]["backend_configs"]["paddle_infer"][
             "trt_dynamic_shapes"]
         return {name: [int(d) for d in ranges[1]] for name, ranges in shapes.items()
                 if all(int(d) > 0 for d in ranges[1])}
