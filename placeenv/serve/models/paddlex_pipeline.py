@@ -29,6 +29,7 @@ import numpy as np
 
 from ..protocol import paddlex as checks
 from ..protocol.errors import ServiceError
+from . import paddlex_yaml
 from .base import InputError, Model, TensorSpec
 
 #: The inference engine's name in PaddleX (``engine=`` of its ``create_pipeline``).
@@ -123,6 +124,7 @@ def register(model_names: set[str]) -> dict[str, str]:
     with _REGISTERED_LOCK:
         if not _ENGINE:
             _ENGINE.append(_engine_class())
+            paddlex_yaml.read_once()
         for model_name in sorted(model_names):
             if try_get_binding(model_name, ENGINE) is not None:
                 continue
