@@ -144,21 +144,6 @@ def every_device_served(stack: Stack, at_least: int) -> None:
                lambda: f"not every device served {at_least} requests: {counts()}", interval=0.2)
 
 
-def test_every_replica_and_every_device_serves_with_no_leak(stack):
-    code, output = stack.locust("steady", lambda: every_device_served(stack, STEADY_PER_DEVICE))
-    result = gate(output)
-    assert code == 0 and result["pass"], output[-3000:]
-    assert set(result["served"]) == every_device(stack)
-    assert all(n > 0 for n in result["served"].values()), result["served"]
-    assert result["leaks"] == 0 and result["failures"] == 0
-    # The dashboard's per-replica panels draw one line per replica.
-    per_replica = [expr for expr in dashboard_exprs() if "by (instance" in expr]
-    assert len(per_replica) == 4
-    for expr in per_replica:
-        instances = {sample["metric"]["instance"] for sample in stack.prometheus.query(expr)}
-        assert instances == {stack.instance(i) for i in range(REPLICAS)}, expr
-
-
 def load_reaches_every_replica(stack: Stack) -> None:
     """Until each replica has answered requests through nginx: the load is under way everywhere."""
     wait_until(lambda: all(served(stack, i) > 0 for i in range(REPLICAS)), STEP_S,
@@ -179,14 +164,38 @@ def roll(stack: Stack, exits: list[int], replicas: range = range(REPLICAS)) -> N
                    interval=0.2)
 
 
-def test_rolling_restart_under_load_loses_no_request(stack):
+def per_replica_panels_draw_every_replica(stack: Stack) -> None:
+    """Until the dashboard's per-replica panels draw one line per replica (Prometheus has scraped each
+    replica under load)."""
+    per_replica = [expr for expr in dashboard_exprs() if "by (instance" in expr]
+    assert len(per_replica) == 4
+    every = {stack.instance(i) for i in range(REPLICAS)}
+
+    def drawn(expr: str) -> set[str]:
+        return {sample["metric"]["instance"] for sample in stack.prometheus.query(expr)}
+
+    for expr in per_replica:
+        wait_until(lambda: drawn(expr) == every, STEP_S, lambda: f"{expr} draws {sorted(drawn(expr))}", interval=0.5)
+
+
+def test_every_device_serves_with_no_leak_and_a_rolling_restart_under_load_loses_no_request(stack):
+    """One run of load through nginx: first steady, until every device of every replica has served
+    ``STEADY_PER_DEVICE`` requests (each replica's share is load, not luck) and the dashboard draws each
+    replica; then each replica in turn drained, stopped and started again. No request fails, no device
+    leaks, and the gate, reading every replica through Prometheus, passes."""
     exits = []
     errors_before = len(stack.nginx.errors())
-    code, output = stack.locust("rolling", lambda: roll(stack, exits))
+
+    def steady_then_roll() -> None:
+        every_device_served(stack, STEADY_PER_DEVICE)
+        per_replica_panels_draw_every_replica(stack)
+        roll(stack, exits)
+
+    code, output = stack.locust("rolling", steady_then_roll)
     result = gate(output)
-    print(f"rolling restart: {result['requests']} requests, {result['failures']} failures")
+    print(f"steady, then a rolling restart: {result['requests']} requests, {result['failures']} failures")
     assert exits == [0] * REPLICAS
-    assert result["failures"] == 0 and code == 0 and result["pass"], output[-3000:]
+    assert result["failures"] == 0 and result["leaks"] == 0 and code == 0 and result["pass"], output[-3000:]
     assert set(result["served"]) == every_device(stack) and all(n > 0 for n in result["served"].values())
     # Each replica drained and stopped after serving (its log's last word).
     for log in stack.replicas.logs[-REPLICAS:]:

@@ -218,15 +218,26 @@ def test_a_predictor_workers_place_checks_catch_a_leak_only_without_isolation(re
             body = v2_body(two_inputs(1 + i % 4, 1 + i % 7))
             return httpx.post(f"{proc.url}/v2/models/two-predictor/infer", json=body, timeout=60).status_code
 
+        def cpu_leaks() -> float:
+            return sum(n for worker, n in proc.by_label("placeenv_device_leaks_total", "worker").items()
+                       if worker.startswith("cpu/"))
+
+        # (Without isolation the warm-up may have leaked already: what counts is what grows under the traffic.)
+        before = cpu_leaks()
+        # 400 requests, 16 in flight, in rounds of 50; the control's run ends at the round where its CPU
+        # workers counted a leak (what it shows is that they do).
+        codes = []
         with ThreadPoolExecutor(16) as pool:
-            codes = list(pool.map(one, range(400)))
-        leaks = {worker: n for worker, n in proc.by_label("placeenv_device_leaks_total", "worker").items()}
+            while len(codes) < 400 and not (isolation == "off" and cpu_leaks() > before):
+                codes += pool.map(one, range(len(codes), len(codes) + 50))
+        grown = cpu_leaks() - before
+        leaks = proc.by_label("placeenv_device_leaks_total", "worker")
         checks = proc.by_label("placeenv_place_checks_total", "stage")
-    assert len(codes) == 400 and checks.get("execute", 0) > 0
+    assert checks.get("execute", 0) > 0
     if isolation == "on":
         assert codes == [200] * 400 and leaks == {}, leaks
     else:  # the negative control: the Predictor's workers see the device move under them
-        assert any(worker.startswith("cpu/") for worker in leaks), leaks
+        assert grown > 0, (len(codes), leaks)
 
 
 def test_a_model_py_that_overrides_execute_keeps_jit_load_under_auto_and_may_opt_in(repository, tmp_path):
