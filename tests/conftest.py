@@ -16,6 +16,7 @@ Shared helpers are in ``support/`` (``from support import run_threads, wait_unti
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 
@@ -33,6 +34,22 @@ import placeenv  # noqa: E402
 # those calls take by default: a route on a service under load (a model's reload, the first /docs) meets
 # it on this machine and misses it on one 4x slower beside a busy loop. The tests' own timeouts stay.
 httpx._config.DEFAULT_TIMEOUT_CONFIG.__init__(60.0)
+
+# httpx builds an SSL context for every client, and every httpx.get or post is a client of its own: 43 ms of CPU
+# each (certifi's bundle parsed again), so a test polling a service every 0.2 s spent a core doing it (a third of
+# the service room's CPU, docs/testing.md). The tests' traffic is plain HTTP on 127.0.0.1, and a client that
+# asks for the default verification gets one context, made once; any other is httpx's own.
+_create_ssl_context = httpx._transports.default.create_ssl_context
+_default_ssl_context = functools.cache(_create_ssl_context)
+
+
+def _ssl_context(verify=True, cert=None, trust_env=True):
+    if verify is True and cert is None and trust_env is True:
+        return _default_ssl_context()
+    return _create_ssl_context(verify=verify, cert=cert, trust_env=trust_env)
+
+
+httpx._transports.default.create_ssl_context = _ssl_context
 
 ROOMS = ("library", "service", "e2e")
 HERE = Path(__file__).resolve().parent
