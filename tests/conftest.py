@@ -35,10 +35,10 @@ import placeenv  # noqa: E402
 # it on this machine and misses it on one 4x slower beside a busy loop. The tests' own timeouts stay.
 httpx._config.DEFAULT_TIMEOUT_CONFIG.__init__(60.0)
 
-# httpx builds an SSL context for every client, and every httpx.get or post is a client of its own: 43 ms of CPU
-# each (certifi's bundle parsed again), so a test polling a service every 0.2 s spent a core doing it (a third of
-# the service room's CPU, docs/testing.md). The tests' traffic is plain HTTP on 127.0.0.1, and a client that
-# asks for the default verification gets one context, made once; any other is httpx's own.
+# httpx builds an SSL context for every client, and every httpx.get or post is a client of its own, each parsing
+# certifi's bundle again: the tests' polling loops spent much of their CPU on it (docs/benchmarks.md, "The suite's
+# CPU, a second pass"). The tests' traffic is plain HTTP on 127.0.0.1, and a client that asks for the default
+# verification gets one context, made once; any other is httpx's own.
 _create_ssl_context = httpx._transports.default.create_ssl_context
 _default_ssl_context = functools.cache(_create_ssl_context)
 
