@@ -24,12 +24,11 @@ _READ_KEPT = 64
 
 def read_once() -> None:
     """PaddleX's ``YAMLReaderBackend.read_file``: each file parsed once while it is unchanged (its path, time
-    and size), each read a copy of its own (PaddleX may change what it read); once per process."""
+    and size), each read a copy of its own (PaddleX may change what it read). ``register`` calls it once, when
+    it registers the engine; a second call would only put the same reader in place again."""
     import yaml
     from paddlex.inference.utils.io.readers import YAMLReaderBackend
 
-    if getattr(YAMLReaderBackend.read_file, "placeenv_once", False):
-        return
     loader = getattr(yaml, "CFullLoader", yaml.FullLoader)
 
     def read_file(self, in_path, **kwargs):
@@ -46,5 +45,4 @@ def read_once() -> None:
                     _READ[key] = found
         return copy.deepcopy(found)  # (PaddleX may change what it read)
 
-    read_file.placeenv_once = True
     YAMLReaderBackend.read_file = read_file
