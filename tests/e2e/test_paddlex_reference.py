@@ -3,7 +3,10 @@ for any change of its inputs (an image, a pipeline file's export, the venv), and
 
 from __future__ import annotations
 
+import re
+
 import pytest
+from loadtest import pages
 from support import paddlex_reference
 
 
@@ -41,3 +44,16 @@ def test_an_answer_is_kept_by_every_input_of_its_run(venv, tmp_path):
     assert asked(b"page") == [{"rec_texts": ["run 3"]}]
     (venv / paddlex_reference.MARKER).write_text('{"paddlex": "3.7.2", "made": "again"}\n')
     assert asked(b"page") == [{"rec_texts": ["run 4"]}] and len(runs) == 4
+
+
+def test_a_pdf_is_kept_by_its_pages_not_by_when_and_as_which_file_it_was_saved():
+    """PDFium gives each saved file a new random ``/ID`` and the time it was saved: two PDFs of one page differ in
+    these alone, and key alike; a PDF of another page keys apart (the control)."""
+    first, again = (paddlex_reference.pdf_of([pages.page(0).data]) for _ in range(2))
+    saved_before = re.sub(rb"/CreationDate\(D:\d{14}", b"/CreationDate(D:19990101000000", first)
+    assert saved_before != first
+    assert paddlex_reference.pdf_content(saved_before) == paddlex_reference.pdf_content(first)
+    other = paddlex_reference.pdf_of([pages.page(1).data])
+    assert first != again and len(first) == len(again)
+    assert paddlex_reference.pdf_content(first) == paddlex_reference.pdf_content(again)
+    assert paddlex_reference.pdf_content(first) != paddlex_reference.pdf_content(other)

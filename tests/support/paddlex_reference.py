@@ -37,6 +37,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -332,7 +333,15 @@ def reference_pdf(pipeline_yaml: Path | str, pdf: bytes, fields: tuple[str, ...]
                  env=environment())
             return json.loads(out.read_text())
 
-    return _kept([PDF_RUNNER, _pipeline_text(pipeline_yaml), json.dumps(fields), pdf], compute)
+    return _kept([PDF_RUNNER, _pipeline_text(pipeline_yaml), json.dumps(fields), pdf_content(pdf)], compute)
+
+
+def pdf_content(pdf: bytes) -> bytes:
+    """``pdf`` without what PDFium writes anew into every file it saves (``pdf_of``'s too): the trailer's random
+    file identifier (``/ID``) and the time of saving (``/CreationDate``, ``/ModDate``). What a reader renders
+    depends on neither, and a kept answer keyed by them would never be found again."""
+    pdf = re.sub(rb"/ID\s*\[\s*<[0-9A-Fa-f]*>\s*<[0-9A-Fa-f]*>\s*\]", b"/ID[]", pdf)
+    return re.sub(rb"/(CreationDate|ModDate)\s*\([^()]*\)", rb"/\1()", pdf)
 
 
 #: The script reference_documents runs in the venv: argv is the pipeline YAML, a JSON list of image paths and
