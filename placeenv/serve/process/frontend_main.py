@@ -55,8 +55,15 @@ def main(argv: list[str] | None = None) -> int:
         client = EngineClient(endpoint(str(run)))
         await client.connect()
         gateway = Gateway(settings, client, peers_ready=flags.all, on_stopping=stopping)
-        # The engine's own vote leaves with its process (metrics.process_dead): this one says it is gone.
-        client.on_change = lambda up: metrics.READY.set(1 if up and not gateway.stopping else 0)
+        def changed(up: bool) -> None:
+            # The engine's own vote leaves with its process (metrics.process_dead): this one says it is gone.
+            # Its flag goes too, so that no front end says the service is ready (every flag) while another
+            # still refuses requests, its link to a new engine not yet up.
+            ready = up and not gateway.stopping
+            flags.set(index + 1, ready)
+            metrics.READY.set(1 if ready else 0)
+
+        client.on_change = changed
         beating = asyncio.ensure_future(runtime.beating(beats, index + 1))
         flags.set(index + 1, True)
         metrics.READY.set(1)  # service_ready is the lowest of every process's (metrics.py)

@@ -147,6 +147,15 @@ def test_a_killed_front_end_is_replaced_while_the_other_serves():
         assert before[1] in children(proc.proc.pid)["frontend"]  # the other one was left alone
 
 
+def ready_flags(supervisor: int):
+    """A reader of the service's readiness flags (runtime.ReadyFlags: the engine's byte, then each front end's)."""
+    (frontend, *_) = children(supervisor)["frontend"]
+    environment = dict(item.split(b"=", 1) for item in (Path("/proc") / str(frontend) / "environ").read_bytes()
+                       .split(b"\0") if b"=" in item)
+    path = Path(environment[runtime.RUN_DIR.encode()].decode()) / "ready"
+    return path.read_bytes
+
+
 def test_a_killed_engine_answers_its_requests_in_flight_at_once_and_comes_back():
     timeout_s = 60
     with ServiceProcess(**SETTINGS, REQUEST_TIMEOUT_S=timeout_s) as proc, ThreadPoolExecutor(4) as pool:
@@ -163,10 +172,16 @@ def test_a_killed_engine_answers_its_requests_in_flight_at_once_and_comes_back()
         # requests wait for their deadline; only the engine's death answers them at once. The bound
         # is the deadline's, not this machine's: well before it, however slow the machine.
         assert codes == [503] * 6 and waited < timeout_s / 2, (codes, waited)
+        # Each front end's readiness goes with its link to the engine: the service is ready again only once
+        # every front end reaches the new engine (else /readyz, answered by one that reached it, said 200 while
+        # the other still refused with 503).
+        flags = ready_flags(proc.proc.pid)
+        wait_until(lambda: flags()[1:] == b"\0\0", 30, f"the front ends still say they are ready: {flags()}")
         assert httpx.get(proc.url + "/readyz", timeout=5).status_code == 503 or children(proc.proc.pid)["engine"]
         wait_until(lambda: children(proc.proc.pid)["engine"] not in ([], [engine]), 30, "no new engine")
         proc.wait_ready(120)
-        assert predict(proc.url).status_code == 200
+        assert flags() == b"\1\1\1"
+        assert [predict(proc.url).status_code for _ in range(8)] == [200] * 8  # a new connection each: either front end
 
 
 def test_with_restart_never_a_killed_engine_ends_the_service_non_zero():
