@@ -65,8 +65,7 @@ def main(argv: list[str] | None = None) -> int:
 
         client.on_change = changed
         beating = asyncio.ensure_future(runtime.beating(beats, index + 1))
-        flags.set(index + 1, True)
-        metrics.READY.set(1)  # service_ready is the lowest of every process's (metrics.py)
+        changed(True)  # service_ready is the lowest of every process's (metrics.py)
         try:
             yield gateway
         finally:

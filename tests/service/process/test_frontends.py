@@ -147,13 +147,16 @@ def test_a_killed_front_end_is_replaced_while_the_other_serves():
         assert before[1] in children(proc.proc.pid)["frontend"]  # the other one was left alone
 
 
+def run_dir(child: int) -> Path:
+    """The run directory (flags, beats) the supervisor gave its ``child`` process."""
+    environ = dict(entry.split(b"=", 1) for entry in Path(f"/proc/{child}/environ").read_bytes().split(b"\0") if entry)
+    return Path(environ[runtime.RUN_DIR.encode()].decode())
+
+
 def ready_flags(supervisor: int):
     """A reader of the service's readiness flags (runtime.ReadyFlags: the engine's byte, then each front end's)."""
     (frontend, *_) = children(supervisor)["frontend"]
-    environment = dict(item.split(b"=", 1) for item in (Path("/proc") / str(frontend) / "environ").read_bytes()
-                       .split(b"\0") if b"=" in item)
-    path = Path(environment[runtime.RUN_DIR.encode()].decode()) / "ready"
-    return path.read_bytes
+    return (run_dir(frontend) / "ready").read_bytes
 
 
 def test_a_killed_engine_answers_its_requests_in_flight_at_once_and_comes_back():
@@ -263,9 +266,7 @@ def test_a_stalled_engine_bounds_what_a_front_end_holds_and_every_request_is_ans
 def beat_age(child: int, index: int) -> float | None:
     """Seconds since process ``index`` of the run last beat, read from the run directory the
     supervisor gave ``child``; None before its first beat."""
-    environ = dict(entry.split(b"=", 1) for entry in Path(f"/proc/{child}/environ").read_bytes().split(b"\0") if entry)
-    return runtime.Heartbeats(Path(environ[runtime.RUN_DIR.encode()].decode()) / "beats").silent_for(
-        index, time.monotonic())
+    return runtime.Heartbeats(run_dir(child) / "beats").silent_for(index, time.monotonic())
 
 
 @pytest.mark.parametrize("role, hung_after_s", [("engine", 2), ("frontend", 2), ("engine", 0)])
