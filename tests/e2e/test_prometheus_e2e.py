@@ -4,12 +4,14 @@ Checks that every PromQL expression the Grafana dashboards use returns data,
 that no device leaked, and that every device served, with Locust's traffic through
 the bundled pipelines too (classify, ocr: a leak in any step of theirs counts); then,
 as the negative control, that the same queries see leaks (and the Locust gate fails)
-with ``PLACEENV_ISOLATION=off``, in the pipelines' steps too.
+with ``PLACEENV_ISOLATION=off``, in the pipelines' steps too. The run with isolation is also the load-test
+report's real run (loadtest/report.py: its picture and summary, as docs/loadtest.png is made).
 """
 
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -20,6 +22,8 @@ from support import wait_until
 from support.dashboards import dashboard_exprs
 from support.servers import Prometheus, ServiceProcess, free_port
 from support.tools import need_tool
+
+from loadtest import report
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCUST = str(Path(sys.executable).with_name("locust"))
@@ -37,12 +41,25 @@ PIPELINE_STEPS = {("classify", "classify_decode"), ("classify", "mobilenet"), ("
                   ("ocr", "ocr_decode"), ("ocr", "ocr_det"), ("ocr", "ocr_read"), ("ocr_read", "ocr_rec")}
 
 
-def locust(url: str, seconds: int, csv: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
+PNG = b"\x89PNG"
+#: Locust's -t where a run ends at a check (SIGTERM, which Locust answers with its gate): only an outer bound.
+BOUND_S = 300
+
+
+def locust(url: str, seconds: int, csv: Path, until=None) -> tuple[int, str]:
+    """Locust's 16 users for ``seconds``, or, with ``until``, until that check holds; (exit code, output)."""
+    run = subprocess.Popen(
         [LOCUST, "-f", "loadtest/", "--host", url, "-u", "16", "-r", "8", "-t", f"{seconds}s",
-         "--csv", str(csv), "--html", str(csv) + ".html"],
-        cwd=ROOT, capture_output=True, text=True, timeout=seconds + 120, check=False,
-    )
+         "--csv", str(csv), "--csv-full-history", "--html", str(csv) + ".html"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        if until is not None:
+            wait_until(lambda: until() or run.poll() is not None, seconds, "the check never held", interval=0.2)
+            run.send_signal(signal.SIGTERM)
+        output, _ = run.communicate(timeout=seconds + 120)
+    finally:
+        run.kill()
+    return run.returncode, output
 
 
 def wait_for_scrapes(prom: Prometheus, job: str, since: float, timeout: float = 30) -> None:
@@ -62,9 +79,9 @@ def test_dashboards_have_data_no_leaks_and_the_gate_can_fire(tmp_path):
     prom = Prometheus(tmp_path, {"isolation_on": on_port, "isolation_off": off_port})
     try:
         with ServiceProcess(port=on_port, MODELS=MODELS) as on:
-            run = locust(on.url, 8, tmp_path / "on")
-            assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-            assert "leak gate: PASS" in run.stdout + run.stderr
+            code, output = locust(on.url, 8, tmp_path / "on")
+            assert code == 0, output[-3000:]
+            assert "leak gate: PASS" in output
             wait_for_scrapes(prom, "isolation_on", since=time.time())
             empty = [expr for expr in exprs if not prom.query(expr)]
             assert empty == [], f"dashboard queries with no data: {empty}"
@@ -79,13 +96,29 @@ def test_dashboards_have_data_no_leaks_and_the_gate_can_fire(tmp_path):
             assert {(s["metric"]["pipeline"], s["metric"]["step"]) for s in prom.query(steps)} >= PIPELINE_STEPS
             assert prom.value('sum(placeenv_pipeline_step_device_leaks_total{job="isolation_on"}) or vector(0)') == 0
 
+        # The report of that run: what a reader takes from docs/loadtest.png (the run's requests, leaks and
+        # verdict, every device's share), drawn from Locust's CSVs and the sampler's.
+        summary = report.render(str(tmp_path / "on"), str(tmp_path / "on.png"))
+        assert (tmp_path / "on.png").read_bytes().startswith(PNG)
+        assert summary["requests"] > 0 and summary["leaks"] == 0
+        assert summary["verdict"] == "PASS", summary["problems"]
+        assert set(summary["served"]) == {"sim:0", "sim:1", "sim:2", "sim:3"}
+        assert all(n > 0 for n in summary["served"].values())
+        assert summary["p50_ms"] <= summary["p99_ms"]
+        assert summary["samples"] >= 3, "the sampler's rows are all read, one point per sample"
+
         with ServiceProcess(port=off_port, MODELS=MODELS, ISOLATION="off") as off:
-            run = locust(off.url, 8, tmp_path / "off")
-            assert run.returncode != 0, "the leak gate did not fire with isolation off"
-            assert "leak gate: FAIL" in run.stdout + run.stderr
+            # The run ends once a device and a pipeline's step have leaked under its load (the gate counts what
+            # grew: the warm-up may have leaked already): what it shows is that the gate fires.
+            leaks = ("placeenv_device_leaks_total", "placeenv_pipeline_step_device_leaks_total")
+            before = [off.total(name) for name in leaks]
+            code, output = locust(off.url, BOUND_S, tmp_path / "off",
+                                  until=lambda: all(off.total(name) > n for name, n in zip(leaks, before)))
+            assert code != 0, "the leak gate did not fire with isolation off"
+            assert "leak gate: FAIL" in output
             # It fired for leaks during the run (not only for failed requests): the gate counts what grew.
-            grown = re.search(r"(\d+) device leaks, e\.g\.", run.stdout + run.stderr)
-            assert grown and int(grown.group(1)) > 0, run.stdout[-3000:] + run.stderr[-3000:]
+            grown = re.search(r"(\d+) device leaks, e\.g\.", output)
+            assert grown and int(grown.group(1)) > 0, output[-3000:]
             wait_for_scrapes(prom, "isolation_off", since=time.time())
             assert prom.value('sum(placeenv_device_leaks_total{job="isolation_off"}) or vector(0)') > 0
             # The pipelines' steps leaked too, counted by step.
