@@ -34,8 +34,22 @@ RUN python3 -m venv /opt/venv \
          && pip config --site set global.cert /opt/build-ca.pem; \
        fi
 
-# The service's virtualenv without the project: its dependencies, read from pyproject.toml alone, so
-# that a change to the source rebuilds the project's small layer, not these gigabytes.
+# The service's dependencies, read from pyproject.toml alone: the grpc and openvino extras' requirements, the
+# placeenv[...] extras they name expanded (tomllib from Python 3.11, pip's vendored tomli before it). A change
+# elsewhere in the file (the tests' settings) makes the same list, which the deps stage copies by its content,
+# so its install is kept.
+FROM pip-base AS requirements
+COPY pyproject.toml /src/pyproject.toml
+RUN python -c "import importlib, sys; \
+toml = importlib.import_module('tomllib' if sys.version_info >= (3, 11) else 'pip._vendor.tomli'); \
+project = toml.load(open('/src/pyproject.toml', 'rb'))['project']; \
+extras = project['optional-dependencies']; \
+of = lambda extra: [r for given in extras[extra] \
+                    for r in (of(given[9:-1]) if given.startswith('placeenv[') else [given])]; \
+print('\n'.join(dict.fromkeys(project['dependencies'] + of('grpc') + of('openvino'))))" > /src/requirements.txt
+
+# The service's virtualenv without the project: its dependencies alone, so that a change to the source
+# rebuilds the project's small layer, not these gigabytes.
 FROM pip-base AS deps
 # cpu: the paddlepaddle wheel from PyPI (what pyproject.toml depends on).
 # gpu: paddlepaddle-gpu from Paddle's own index, in place of the CPU wheel.
@@ -44,17 +58,8 @@ ARG PADDLE_GPU_INDEX=https://www.paddlepaddle.org.cn/packages/stable/cu126/
 # Paddle first, in its own layer: by far the largest download, and it changes
 # far less often than the project's source.
 RUN pip install 'paddlepaddle>=3.3,<3.4'
-COPY pyproject.toml /src/pyproject.toml
-# The grpc and openvino extras' requirements, the placeenv[...] extras they name expanded (tomllib from Python 3.11,
-# pip's vendored tomli before it).
-RUN python -c "import importlib, sys; \
-toml = importlib.import_module('tomllib' if sys.version_info >= (3, 11) else 'pip._vendor.tomli'); \
-project = toml.load(open('/src/pyproject.toml', 'rb'))['project']; \
-extras = project['optional-dependencies']; \
-of = lambda extra: [r for given in extras[extra] \
-                    for r in (of(given[9:-1]) if given.startswith('placeenv[') else [given])]; \
-print('\n'.join(dict.fromkeys(project['dependencies'] + of('grpc') + of('openvino'))))" > /tmp/requirements.txt \
-    && pip install -r /tmp/requirements.txt \
+COPY --from=requirements /src/requirements.txt /tmp/requirements.txt
+RUN pip install -r /tmp/requirements.txt \
     && if [ "$PADDLE" = "gpu" ]; then \
          pip uninstall -y paddlepaddle \
          && pip install 'paddlepaddle-gpu>=3.3,<3.4' -i "$PADDLE_GPU_INDEX"; \

@@ -267,7 +267,7 @@ def test_dockerfile():
     args = {a.split("=")[0]: a.partition("=")[2] for a in _instructions("ARG")}
     assert args["BASE"] == "python:3.11-slim" and "EXTRA_CA_CERTS" in args
     stages = {line.split()[-1]: line.split()[0] for line in _instructions("FROM")}
-    assert set(stages) == {"pip-base", "deps", "build", "build-locust", "locust", "api"}
+    assert set(stages) == {"pip-base", "requirements", "deps", "build", "build-locust", "locust", "api"}
     assert _instructions("FROM")[-1] == "${BASE} AS api", "the api is the default target"
     runs = " ".join(_instructions("RUN"))
     assert re.search(r"apt-get install[^&]*\bg\+\+", runs), "g++ compiles the sim device"
@@ -276,6 +276,9 @@ def test_dockerfile():
     assert "of('grpc')" in runs and "pip install --no-deps --no-index /tmp/wheels/*.whl" in runs
     copied = _instructions("COPY")
     assert copied.index("pyproject.toml /src/pyproject.toml") < copied.index(". /src")
+    # The deps stage installs the list by its content (the requirements stage's), not pyproject.toml itself: a
+    # change to the tests' settings keeps the install.
+    assert "--from=requirements /src/requirements.txt /tmp/requirements.txt" in copied
     assert "pip install -r /tmp/requirements.txt" in runs, "locust: loadtest/requirements.txt alone"
     assert "python -m placeenv.sim build" in runs, "the sim plugin is built into the image"
     env = _env_instructions()
