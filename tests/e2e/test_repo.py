@@ -40,10 +40,10 @@ def test_an_exception_in_a_worker_thread_fails_its_test(tmp_path):
     empty = tmp_path / "empty.ini"
     empty.write_text("[pytest]\n")
 
-    def run(config):
+    def run(config):  # (-n 0: one process, not the suite's xdist workers, which the file's addopts start)
         return subprocess.run(
             [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", str(config),
-             "--rootdir", str(tmp_path), str(tmp_path / "test_thread.py")],
+             "--rootdir", str(tmp_path), "-n", "0", str(tmp_path / "test_thread.py")],
             capture_output=True, text=True, timeout=120,
         )
 
