@@ -119,11 +119,11 @@ def test_dashboards_have_data_no_leaks_and_the_gate_can_fire(tmp_path):
             leaks = ("placeenv_device_leaks_total", "placeenv_pipeline_step_device_leaks_total")
             before = [off.total(name) for name in leaks]
 
-            def grown() -> bool:
+            def leaked() -> bool:
                 samples = off.metrics()
                 return all(total(samples, name) > n for name, n in zip(leaks, before))
 
-            code, output = locust(off.url, BOUND_S, tmp_path / "off", until=grown)
+            code, output = locust(off.url, BOUND_S, tmp_path / "off", until=leaked)
             assert code != 0, "the leak gate did not fire with isolation off"
             assert "leak gate: FAIL" in output
             # It fired for leaks during the run (not only for failed requests): the gate counts what grew.
