@@ -144,8 +144,9 @@ INVALID = [  # (name, body, expected status)
 
 
 @events.init.add_listener
-def _clock(**_):
-    """Brings gevent's clock up to date just before Locust arms ``--run-time``.
+def _clock(environment, **_):
+    """Reads what the service serves and draws its pages (``_prepare``), then brings gevent's clock up to date
+    just before Locust arms ``--run-time``.
 
     Locust (2.47.0, and every version that arms the limit with ``gevent.spawn_later``) times the
     run on the event loop's cached clock, which libev refreshes only when the loop runs. The hub
@@ -153,8 +154,12 @@ def _clock(**_):
     clock still reads the moment before this locustfile's imports (numpy, tritonclient, scikit-
     learn's digits, the encoded bodies above): their CPU time came off ``-t``, all of it on a slow
     machine, where a run stopped with no request sent (docs/observability.md). ``init`` is the
-    last event before Locust arms the timer, with no blocking work in between.
+    last event before Locust arms the timer, with no blocking work in between. The pages are drawn here for
+    the same reason: drawn when the test starts, on a slow machine they took all of a short ``-t`` (a run of
+    10 s beside five busy processes sent no request).
     """
+    if environment.parsed_options is not None and environment.host:
+        _prepare(environment)
     gevent.get_hub().loop.update_now()
 
 
@@ -337,9 +342,10 @@ class Client(FastHttpUser):
 _state: dict = {}
 
 
-@events.test_start.add_listener
-def _start(environment, **_):
-    if environment.parsed_options is None or not environment.host:
+def _prepare(environment) -> None:
+    """What the run's service serves (its tasks), and the pages of its PaddleX pipelines, drawn once: at
+    ``init`` where the host is given, else when the test starts (a host typed into the web UI)."""
+    if _state.get("prepared") == environment.host:
         return
     try:
         models = httpx.get(environment.host + "/v1/models", timeout=10).json()["models"]
@@ -367,6 +373,14 @@ def _start(environment, **_):
     unserved = {task for task, model in TASK_MODELS.items() if model not in served}
     Client.tasks = [t for t in Client.tasks if t.__name__ not in unserved]  # before any user starts
     Client.network_timeout = environment.parsed_options.network_timeout
+    _state["prepared"] = environment.host
+
+
+@events.test_start.add_listener
+def _start(environment, **_):
+    if environment.parsed_options is None or not environment.host:
+        return
+    _prepare(environment)
     if environment.parsed_options.prometheus:
         _state["start"] = time.time()
         return

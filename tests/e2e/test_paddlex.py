@@ -16,6 +16,7 @@ import concurrent.futures
 import json
 import shutil
 
+import cv2
 import httpx
 import numpy as np
 import pytest
@@ -53,9 +54,11 @@ def reference(tmp_path_factory, page_set):
 
 
 @pytest.fixture(scope="module")
-def served(repository):
+def served(repository, pdf):
+    """The service, its PDF limits those of ``pdf``, the largest the tests send to be read: 4 pages, its bytes."""
     grpc_port = free_port()
-    proc = ServiceProcess(devices="cpu", models="ocr", model_repository=repository, grpc_port=grpc_port)
+    proc = ServiceProcess(devices="cpu", models="ocr", model_repository=repository, grpc_port=grpc_port,
+                          max_pdf_pages=4, max_pdf_bytes=len(pdf) + 10)
     try:
         yield proc.wait_ready(), f"127.0.0.1:{grpc_port}"
     finally:
@@ -124,26 +127,18 @@ def test_a_pdf_is_read_as_paddlex_serving_reads_it_its_pages_answered_in_order(s
     assert len({tuple(p["rec_texts"]) for p in pruned}) == 4  # four pages, each its own text, in order
 
 
-def test_a_pdf_over_the_limits_is_refused_before_a_page_is_rendered(pdf, repository):
-    proc = ServiceProcess(devices="cpu", models="ocr", model_repository=repository, max_pdf_pages=3,
-                          max_pdf_bytes=len(pdf) + 10)
-    try:
-        proc.wait_ready()
-        body = {"file": base64.b64encode(pdf).decode(), "fileType": 0}
-        answer = httpx.post(f"{proc.url}/ocr", json=body, timeout=60)
-        assert answer.status_code == 422 and "the PDF has 4 pages; send one of at most 3 pages" in \
-            answer.json()["errorMsg"], answer.text
-        big = paddlex_reference.pdf_of([pages.page(i).data for i in range(8)])
-        answer = httpx.post(f"{proc.url}/ocr", json={"file": base64.b64encode(big).decode(), "fileType": 0},
-                            timeout=60)
-        assert answer.status_code == 422 and "(--max-pdf-bytes)" in answer.json()["errorMsg"], answer.text
-        # The control: a PDF within both limits is read.
-        small = paddlex_reference.pdf_of([pages.page(0).data])
-        answer = httpx.post(f"{proc.url}/ocr", json={"file": base64.b64encode(small).decode(), "fileType": 0},
-                            timeout=120)
-        assert answer.status_code == 200 and answer.json()["result"]["dataInfo"]["numPages"] == 1, answer.text
-    finally:
-        proc.stop()
+def test_a_pdf_over_the_limits_is_refused_before_a_page_is_rendered(served, pdf):
+    """The limits are the 4-page ``pdf``'s, which the test above reads (the control: a PDF within both is read)."""
+    proc, _ = served
+    blank = cv2.imencode(".png", np.full((32, 32, 3), 255, np.uint8))[1].tobytes()
+    five = paddlex_reference.pdf_of([blank] * 5)  # more pages, fewer bytes
+    assert len(five) < len(pdf)
+    answer = httpx.post(f"{proc.url}/ocr", json={"file": base64.b64encode(five).decode(), "fileType": 0}, timeout=60)
+    assert answer.status_code == 422 and "the PDF has 5 pages; send one of at most 4 pages" in \
+        answer.json()["errorMsg"], answer.text
+    big = paddlex_reference.pdf_of([pages.page(i).data for i in range(8)])
+    answer = httpx.post(f"{proc.url}/ocr", json={"file": base64.b64encode(big).decode(), "fileType": 0}, timeout=60)
+    assert answer.status_code == 422 and "(--max-pdf-bytes)" in answer.json()["errorMsg"], answer.text
 
 
 def test_grpc_answers_as_http(served, page_set, reference):

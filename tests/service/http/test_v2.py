@@ -17,6 +17,7 @@ program run here with ``paddle.jit.load``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import gzip
 import json
 import threading
@@ -45,7 +46,8 @@ SIM = ("sim:0", "sim:1", "sim:2", "sim:3")
 #: ``gate`` (tests/repository) holds a worker until the test lets it go: batching without racing the clock.
 MODELS = ("digits", "mobilenet", "fresh", "exported", "dtypes", "gate")
 MAX_BODY = 1_000_000
-X_TEST, _ = held_out_split()
+#: The held-out digits, split when a test first asks (scikit-learn's import, not at collection in every worker).
+held_out = functools.cache(held_out_split)
 
 #: Every datatype the protocol names and the service takes, as numpy and Paddle spell it.
 DTYPES = {
@@ -204,7 +206,8 @@ def outputs_of(result: triton.InferResult) -> dict[str, dict]:
 
 
 def pixels(i: int, rows: int = 2) -> np.ndarray:
-    return np.stack([X_TEST[(i * rows + r) % len(X_TEST)] for r in range(rows)]).astype(np.float32)
+    x_test, _ = held_out()
+    return np.stack([x_test[(i * rows + r) % len(x_test)] for r in range(rows)]).astype(np.float32)
 
 
 # -- server, model and repository metadata ----------------------------------------------------------------
