@@ -199,12 +199,13 @@ def test_locust_through_paddlex_servings_api_has_no_leak_and_reads_every_page(bo
     on two devices, sim:0 and sim:1 (the exports there, the pipelines on CPU workers of their own: where the
     CPU is a device too, its one worker a device would run them all, a page of PP-StructureV3 seconds): with
     isolation every answer reads as drawn and the leak gate passes; the control, stock Paddle (isolation off),
-    makes the place checks see other workers' devices and fails it. The control serves the OCR file alone (its
-    Locust users post to /ocr only: the same gate, through the same API, without a start of some 30 models),
-    its run ends at its first leak (what it shows is that the gate fires; its requests are cut short) and its
-    service is killed."""
+    makes the place checks see other workers' devices and fails it. The control serves the OCR file alone on
+    sim:0 (its Locust users post to /ocr only: the same gate, through the same API, without a start of some 30
+    models; the pipeline's CPU workers move the one device under the device's worker), its run ends at its first
+    leak (what it shows is that the gate fires; its requests are cut short) and its service is killed."""
     # A PP-StructureV3 PDF beside three other requests on a loaded 2-core machine takes over the default 60 s.
-    proc = ServiceProcess(devices="sim:0,sim:1", workers_per_device=1, model_repository=both,
+    proc = ServiceProcess(devices="sim:0,sim:1" if isolation == "on" else "sim:0", workers_per_device=1,
+                          model_repository=both,
                           models="ocr,documents" if isolation == "on" else "ocr", isolation=isolation,
                           request_timeout_s=240)
     try:
