@@ -156,7 +156,7 @@ def _clock(environment, **_):
     machine, where a run stopped with no request sent (docs/observability.md). ``init`` is the
     last event before Locust arms the timer, with no blocking work in between. The pages are drawn here for
     the same reason: drawn when the test starts, on a slow machine they took all of a short ``-t`` (a run of
-    10 s beside five busy processes sent no request).
+    10 s beside six busy test workers and a busy loop sent no request).
     """
     if environment.parsed_options is not None and environment.host:
         _prepare(environment)

@@ -15,6 +15,9 @@ import base64
 import concurrent.futures
 import json
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import cv2
 import httpx
@@ -293,3 +296,34 @@ def test_word_boxes_are_paddlexs(served, page_set):
     pruned = answer.json()["result"]["ocrResults"][0]["prunedResult"]
     assert pruned["return_word_box"] is True and pruned["text_word"] and len(pruned["text_word_boxes"]) == len(
         pruned["rec_texts"])
+
+
+#: Locust's own start of the load test, up to its ``init`` event (after which Locust arms ``-t``): what the
+#: locustfile then holds, as JSON.
+LOCUST_INIT = """
+import json, sys
+import loadtest.locustfile as locustfile  # (imports locust, and with it gevent's patches: a process of its own)
+from locust import events
+from locust.argument_parser import parse_options
+from locust.env import Environment
+
+options = parse_options(["-f", "loadtest/", "--host", sys.argv[1], "--headless", "-t", "1s"])
+environment = Environment(user_classes=[locustfile.Client], events=events, host=sys.argv[1], parsed_options=options)
+events.init.fire(environment=environment, runner=None, web_ui=None)
+print(json.dumps({"pages": len(locustfile.OCR_PAGES), "pdfs": len(locustfile.OCR_PDFS),
+                  "tasks": sorted(task.__name__ for task in locustfile.Client.tasks)}))
+"""
+
+
+def test_the_load_test_draws_its_pages_before_locust_arms_its_run_time(served):
+    """The load test reads what the service serves and draws the pages of its PaddleX pipelines at Locust's
+    ``init``, before ``-t`` runs: drawn when the test started, they took all of a 10 s run on a slow machine,
+    and no request was sent (docs/benchmarks.md). At ``init`` here: the PaddleX OCR pipeline's pages and
+    PDFs, and its tasks alone."""
+    proc, _ = served
+    root = Path(__file__).resolve().parents[2]
+    ran = subprocess.run([sys.executable, "-c", LOCUST_INIT, proc.url], cwd=root, capture_output=True, text=True,
+                         timeout=300)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert json.loads(ran.stdout.splitlines()[-1]) == {"pages": 8, "pdfs": 4,
+                                                       "tasks": ["paddlex_ocr", "paddlex_ocr_pdf"]}, ran.stdout
