@@ -205,9 +205,8 @@ def test_locust_through_paddlex_servings_api_has_no_leak_and_reads_every_page(bo
     leak (what it shows is that the gate fires; its requests are cut short) and its service is killed."""
     # A PP-StructureV3 PDF beside three other requests on a loaded 2-core machine takes over the default 60 s.
     proc = ServiceProcess(devices="sim:0,sim:1" if isolation == "on" else "sim:0", workers_per_device=1,
-                          model_repository=both,
-                          models="ocr,documents" if isolation == "on" else "ocr", isolation=isolation,
-                          request_timeout_s=240)
+                          model_repository=both, models="ocr,documents" if isolation == "on" else "ocr",
+                          isolation=isolation, request_timeout_s=240)
     try:
         proc.wait_ready(600)  # (some 30 models: on a busy 2-core machine, minutes)
         before = proc.total(LEAKS)  # (without isolation, the models' warm-up may have leaked already)

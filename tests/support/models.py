@@ -16,7 +16,11 @@ import placeenv
 from placeenv import PlaceEnv
 from placeenv.serve.engine import standalone
 from placeenv.serve.models import BUNDLED, Model, scan
-from placeenv.serve.models.train_digits import PIXEL_MAX
+from placeenv.serve.models.train_digits import PIXEL_MAX, held_out_split
+
+#: The held-out digits (x, y), split once a process when a test first asks: the split imports scikit-learn,
+#: which collecting the modules that use it does not need.
+held_out = functools.cache(held_out_split)
 
 
 def replica(entry, device: str, version: int | None = None) -> Model:

@@ -8,21 +8,17 @@ SIGTERM under load turns readiness off, then stops, and every request received i
 from __future__ import annotations
 
 import asyncio
-import functools
 import re
 
 import httpx
 import numpy as np
 import pytest
 from support import wait_until, wait_until_async
-from support.models import digits_locally
+from support.models import digits_locally, held_out
 from support.servers import ServiceProcess, workers_held
 
-from placeenv.serve.models.train_digits import held_out_split
 
 SIM = {"sim:0", "sim:1", "sim:2", "sim:3"}
-#: The held-out digits, split when a test first asks (scikit-learn's import, not at collection in every worker).
-held_out = functools.cache(held_out_split)
 
 
 def example(i: int) -> list[float]:

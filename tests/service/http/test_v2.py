@@ -17,7 +17,6 @@ program run here with ``paddle.jit.load``.
 from __future__ import annotations
 
 import asyncio
-import functools
 import gzip
 import json
 import threading
@@ -33,21 +32,18 @@ import pytest
 import tritonclient.http as triton
 from google.protobuf import json_format
 from support import wait_until
-from support.models import digits_locally, run_locally
+from support.models import digits_locally, held_out, run_locally
 from support.servers import REPOSITORIES, ServiceProcess, workers_held
 from tritonclient.grpc import model_config_pb2
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from placeenv import PlaceEnv
 from placeenv.serve.models.examples import mobilenet_home
-from placeenv.serve.models.train_digits import held_out_split
 
 SIM = ("sim:0", "sim:1", "sim:2", "sim:3")
 #: ``gate`` (tests/repository) holds a worker until the test lets it go: batching without racing the clock.
 MODELS = ("digits", "mobilenet", "fresh", "exported", "dtypes", "gate")
 MAX_BODY = 1_000_000
-#: The held-out digits, split when a test first asks (scikit-learn's import, not at collection in every worker).
-held_out = functools.cache(held_out_split)
 
 #: Every datatype the protocol names and the service takes, as numpy and Paddle spell it.
 DTYPES = {
