@@ -170,6 +170,10 @@ def _options(parser):
     parser.add_argument("--network-timeout", type=float, default=60.0,
                         help="seconds a request waits for its answer: above the service's --request-timeout-s, so "
                         "that a slow request's answer is the service's 504, not a timeout of the client's own")
+    parser.add_argument("--wait-s", type=float, default=0.05,
+                        help="the most a user waits between its requests (uniformly from 0): the default keeps the "
+                        "service as busy as its users can; more paces them, where the run is about what happens "
+                        "under load over time (restarts, model loads) rather than how much load")
     parser.add_argument("--prometheus", default="", help="leak gate: read every replica's growth from this "
                         "Prometheus (behind a load balancer, and across restarts) instead of --host's /metrics")
     parser.add_argument("--prometheus-settle-s", type=float, default=11.0,
@@ -373,6 +377,7 @@ def _prepare(environment) -> None:
     unserved = {task for task, model in TASK_MODELS.items() if model not in served}
     Client.tasks = [t for t in Client.tasks if t.__name__ not in unserved]  # before any user starts
     Client.network_timeout = environment.parsed_options.network_timeout
+    Client.wait_time = between(0.0, environment.parsed_options.wait_s)
     _state["prepared"] = environment.host
 
 

@@ -49,6 +49,16 @@ def run_time(output: str) -> float:
     return (logged("--run-time limit reached") - logged("Run time limit set to 4 seconds")).total_seconds()
 
 
+#: The most requests 8 users send in a 4 s run with ``--wait-s 2``: about 40 (each user's first at once, then
+#: one a second on average); 100 would need their waits to average a third of a second, 12 standard
+#: deviations below their mean.
+PACED_MOST = 100
+
+
+def requests(output: str) -> int:
+    return int(re.search(r"requests (\d+), failures", output)[1])
+
+
 def assert_runs_its_time(output: str) -> None:
     assert abs(run_time(output) - 4) <= RUN_TIME_SLACK_S, f"a -t 4s run lasted {run_time(output)} s"
 
@@ -139,6 +149,8 @@ def test_locust_with_nothing_listening_fails_once_with_a_verdict(tmp_path: Path,
     what = "Prometheus" if prometheus else "service"
     assert_one_failure_per_request_and_a_verdict(
         result, output, rf"leak gate: FAIL: {what} unreachable at {re.escape(source)} \(.*refused")
+    # The control of --wait-s (the test below): unpaced, the users send many more than PACED_MOST.
+    assert requests(output) > 3 * PACED_MOST, output[-3000:]
 
 
 @pytest.fixture
@@ -171,6 +183,9 @@ def cut_off_server():
 
 
 def test_locust_with_answers_cut_off_fails_once_with_a_verdict(tmp_path: Path, cut_off_server: str):
-    result, output = run_locust(tmp_path, cut_off_server)
+    """Paced too (``--wait-s 2``): its 8 users, each waiting a second between requests on average, send
+    about 32 in 4 s, where unpaced ones send hundreds (the test above)."""
+    result, output = run_locust(tmp_path, cut_off_server, "--wait-s", "2")
     assert_one_failure_per_request_and_a_verdict(
         result, output, rf"leak gate: FAIL: service unreachable at {re.escape(cut_off_server)} \(")
+    assert requests(output) <= PACED_MOST, output[-3000:]

@@ -21,6 +21,10 @@ from placeenv.serve.config import BUNDLED
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCUST = str(Path(sys.executable).with_name("locust"))
+#: Locust's --wait-s: each of the 32 users waits up to this long between requests. The loads are what
+#: the traffic meets while they happen, not how much of it there is: at full speed, the users took the
+#: service as much CPU as the machine gave it for as long as each load took.
+WAIT_S = 0.5
 
 
 def locust(url: str, seconds: int, csv: Path) -> subprocess.Popen:
@@ -28,7 +32,7 @@ def locust(url: str, seconds: int, csv: Path) -> subprocess.Popen:
     with open(str(csv) + ".log", "w") as log:
         return subprocess.Popen(
             [LOCUST, "-f", "loadtest/", "--host", url, "-u", "32", "-r", "32", "-t", f"{seconds}s",
-             "--max-failure-ratio", "0", "--csv", str(csv), "--html", str(csv) + ".html"],
+             "--max-failure-ratio", "0", "--wait-s", str(WAIT_S), "--csv", str(csv), "--html", str(csv) + ".html"],
             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True)
 
 

@@ -39,6 +39,10 @@ SETTINGS = {"DEVICES": "sim:0,sim:1", "WORKERS_PER_DEVICE": 1, "MODELS": "digits
 KILL_ERRORS_BOUND = 8
 #: Locust's -t: only an outer bound on a scenario's load (each ends it with SIGTERM once done).
 LOAD_BOUND_S = 600
+#: Locust's --wait-s: each user waits up to this long between requests. The scenarios are about what
+#: happens under load over time (restarts, a kill, a leak), not how much load: 8 users at full speed took
+#: the replicas as much CPU as the machine gave them for as long as the scenarios waited.
+WAIT_S = 0.25
 #: Requests every device serves in the steady run: enough that each replica's share is load, not luck.
 STEADY_PER_DEVICE = 40
 #: How long a scenario step may take: what nginx and a replica need, on a machine several times slower.
@@ -83,7 +87,7 @@ class Stack:
             [LOCUST, "-f", "loadtest/", "--host", (nginx or self.nginx).url, "-u", "8", "-r", "8",
              "-t", f"{LOAD_BOUND_S}s", "--csv", str(csv), "--html", f"{csv}.html",
              "--prometheus", self.prometheus.url, "--prometheus-settle-s", "2.5",
-             "--max-failure-ratio", str(max_failure_ratio)],
+             "--max-failure-ratio", str(max_failure_ratio), "--wait-s", str(WAIT_S)],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
         try:
