@@ -128,6 +128,11 @@ class Settings(BaseSettings):
         "full or when a twentieth of this passes with none for its model arriving), for models whose config "
         "does not say")
 
+    cpu_threads: int | None = Field(
+        None, ge=1, le=1024, description="threads a model's run uses on the CPU (ONNX Runtime, OpenVINO, a "
+        "Predictor's math library) where its config names none; default: every core this process may use. "
+        "In a container whose CPU limit is below the cores it sees, set the limit; on a machine shared with "
+        "other work, one thread a run costs the least CPU a page")
     preprocess_threads: int = Field(2, ge=1, le=64, description="CPU threads that preprocess large bodies")
     inline_preprocess_bytes: int = Field(
         4096, ge=0, description="bodies up to this size are preprocessed on the event loop thread, where "
@@ -245,6 +250,11 @@ class Settings(BaseSettings):
             keep_freed_memory(self.keep_host_block_mib << 20)
         logging.basicConfig(level=self.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         sys.setswitchinterval(self.gil_switch_interval_ms / 1000)
+        # Read by models/runtimes.py where a CPU run's threads are set, in this process and the engine it starts.
+        if self.cpu_threads is None:
+            os.environ.pop(CPU_THREADS, None)
+        else:
+            os.environ[CPU_THREADS] = str(self.cpu_threads)
 
     def wants_sim(self) -> bool:
         """Whether sim devices must be prepared before Paddle is imported."""
@@ -252,6 +262,10 @@ class Settings(BaseSettings):
         if names == ["auto"]:
             return not gpu_present()
         return any(name.split(":")[0].strip() == "sim" for name in names)
+
+
+#: The variable that carries ``cpu_threads`` to models/runtimes.py: its own setting's, as Settings reads it.
+CPU_THREADS = "PLACEENV_CPU_THREADS"
 
 
 #: glibc's mallopt parameters (malloc.h) and the environment variables glibc reads for them at start, that keep

@@ -43,9 +43,11 @@ class ServiceProcess:
         ``extra_env``: variables besides the settings."""
         self.port = port or free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith("PLACEENV_")}
+        # One thread a CPU run (PLACEENV_CPU_THREADS): the suite's workers keep the cores busy, and a run's
+        # second thread only adds its own overhead (8 OCR pages: 7.7 s of CPU against 9.2 s on two threads).
         env.update({"PLACEENV_DEVICES": "sim:0,sim:1,sim:2,sim:3", "PLACEENV_WORKERS_PER_DEVICE": "2",
                     "PLACEENV_MODELS": "digits", "PLACEENV_LOG_LEVEL": "info",
-                    "PLACEENV_MODEL_REPOSITORY": REPOSITORIES})
+                    "PLACEENV_MODEL_REPOSITORY": REPOSITORIES, "PLACEENV_CPU_THREADS": "1"})
         env.update({f"PLACEENV_{k.upper()}": str(v) for k, v in settings.items()})
         env.update(extra_env or {})
         env["PLACEENV_PORT"] = str(self.port)

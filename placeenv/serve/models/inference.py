@@ -15,7 +15,6 @@ model's ``/v2/models/{m}/config``.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Literal
 
@@ -23,6 +22,7 @@ import paddle
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from placeenv import device_name
+from placeenv.serve.models import runtimes
 
 Backend = Literal["auto", "jit", "inference", "onnxruntime", "openvino"]
 
@@ -76,8 +76,8 @@ class InferenceOptions(BaseModel):
         "convolutions its passes make, Paddle's own kernels running the rest (fused). A Predictor that "
         "cannot run its program with all is rebuilt with fused before oneDNN is turned off")
     cpu_threads: int | None = Field(
-        None, ge=1, le=1024, description="math-library threads a Predictor uses on the CPU; default: every "
-        "core (a run alone takes them all; runs that overlap share them)")
+        None, ge=1, le=1024, description="math-library threads a Predictor uses on the CPU; default: the "
+        "service's cpu_threads, else every core (a run alone takes them all; runs that overlap share them)")
     ir_optim: bool = Field(True, description="Paddle Inference's graph optimisation passes")
     gpu_memory_mb: int = Field(256, ge=1, description="the initial memory pool on a GPU")
     tensorrt: TensorRTOptions | None = Field(None, description="on GPUs only")
@@ -110,11 +110,6 @@ def why_jit(device: str, accelerators: int) -> str | None:
     return None
 
 
-def default_cpu_threads() -> int:
-    """Every core this process may use: a run alone (one request at a time) takes them all, and runs that
-    overlap (placeenv.native: several workers' runs without the GIL) share them, which measured faster
-    than a share of the cores each (docs/benchmarks.md, "Predictor runs without the GIL")."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def create(program: Path, place, options: InferenceOptions) -> paddle.inference.Predictor:
@@ -130,7 +125,7 @@ def create(program: Path, place, options: InferenceOptions) -> paddle.inference.
     kind, _, index = device.partition(":")
     if kind == "cpu":
         config.disable_gpu()
-        config.set_cpu_math_library_num_threads(options.cpu_threads or default_cpu_threads())
+        config.set_cpu_math_library_num_threads(options.cpu_threads or runtimes.default_threads())
         if options.onednn:
             config.enable_mkldnn()
             if options.onednn_ops == "fused":

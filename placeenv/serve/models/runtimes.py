@@ -36,7 +36,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from placeenv.cbuild import cache_root
-from placeenv.serve.config import trim_freed_memory
+from placeenv.serve.config import CPU_THREADS, trim_freed_memory
 
 Runtime = Literal["onnxruntime", "openvino"]
 RUNTIMES: tuple[Runtime, ...] = ("onnxruntime", "openvino")
@@ -51,8 +51,9 @@ class RuntimeOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     cpu_threads: int | None = Field(
-        None, ge=1, le=1024, description="threads a run uses on the CPU; default: every core this process may "
-        "use (a run alone takes them all; the device's workers' runs overlap and share them)")
+        None, ge=1, le=1024, description="threads a run uses on the CPU; default: the service's cpu_threads, "
+        "else every core this process may use (a run alone takes them all; the device's workers' runs overlap "
+        "and share them)")
     memory_arena: bool = Field(
         False, description="ONNX Runtime's CPU memory arena: off, each run's buffers go back to the system, "
         "so resident memory does not grow with every new input shape; on, it keeps them for the next run")
@@ -211,6 +212,12 @@ def _convert(graph: Path, params: Path, target: Path) -> str | None:
 
 
 def default_threads() -> int:
+    """Threads a CPU run uses where its model's options name none: the service's ``cpu_threads``, else every core
+    this process may use (a run alone takes them all, and runs that overlap share them, which measured faster
+    than a share of the cores each: docs/benchmarks.md, "Predictor runs without the GIL")."""
+    given = os.environ.get(CPU_THREADS)  # (set by config.Settings.set_up_process, which validates it)
+    if given:
+        return int(given)
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 

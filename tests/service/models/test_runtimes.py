@@ -516,3 +516,46 @@ def test_a_workers_openvino_request_keeps_no_input_after_its_run(tmp_path):
     assert held() is not None
     request.infer([np.ones((1, 3, 5), np.float32)], share_inputs=True)
     assert held() is None
+
+
+#: A service process's settings from its environment, set up as it sets them up at start; then the threads a
+#: CPU run takes where its model names none.
+DEFAULT_THREADS = """from placeenv.serve.config import Settings
+from placeenv.serve.models import runtimes
+Settings().set_up_process()
+print(runtimes.default_threads())
+"""
+
+
+def test_the_services_cpu_threads_is_every_runtimes_default(tmp_path, monkeypatch):
+    """PLACEENV_CPU_THREADS: each process of the service takes it at start, and it is the threads of ONNX
+    Runtime's and OpenVINO's runs (and a Predictor's math library: inference.create) whose model's options name
+    none; a model's own wins. The control: unset, every core this process may use."""
+    import os
+
+    cores = len(os.sched_getaffinity(0))
+    # Counts other than the control's, on a machine of one core too; OpenVINO takes at most the cores.
+    others, own = (1, 2) if cores > 1 else (2, 1)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PLACEENV_")}
+    for given, expected in ((None, cores), (others, others)):
+        env.pop("PLACEENV_CPU_THREADS", None)
+        if given is not None:
+            env["PLACEENV_CPU_THREADS"] = str(given)
+        found = subprocess.run([sys.executable, "-c", DEFAULT_THREADS], env=env, capture_output=True, text=True,
+                               timeout=120)
+        assert found.returncode == 0, found.stderr[-2000:]
+        assert int(found.stdout.split()[-1]) == expected, (given, found.stdout)
+
+    _dynamic_relu(tmp_path / "relu.onnx")
+
+    def threads(options: runtimes.RuntimeOptions) -> tuple[int, int]:
+        ort = runtimes.OnnxRuntimeSession(tmp_path / "relu.onnx", "cpu", options)
+        openvino = runtimes.OpenVinoSession(tmp_path / "relu.onnx", "cpu", options)
+        return (ort.session.get_session_options().intra_op_num_threads,
+                int(openvino.compiled.get_property("INFERENCE_NUM_THREADS")))
+
+    monkeypatch.delenv("PLACEENV_CPU_THREADS", raising=False)
+    assert threads(runtimes.RuntimeOptions()) == (cores, cores)  # the control
+    monkeypatch.setenv("PLACEENV_CPU_THREADS", str(others))  # as set_up_process sets it
+    assert threads(runtimes.RuntimeOptions()) == (others, min(others, cores))
+    assert threads(runtimes.RuntimeOptions(cpu_threads=own)) == (own, min(own, cores))  # the model's own
