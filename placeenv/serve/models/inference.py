@@ -110,8 +110,6 @@ def why_jit(device: str, accelerators: int) -> str | None:
     return None
 
 
-
-
 def create(program: Path, place, options: InferenceOptions) -> paddle.inference.Predictor:
     """A Predictor of the saved program at ``program`` (its path prefix) on ``place``."""
     json = program.with_suffix(".json")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -529,10 +530,9 @@ print(runtimes.default_threads())
 
 def test_the_services_cpu_threads_is_every_runtimes_default(tmp_path, monkeypatch):
     """PLACEENV_CPU_THREADS: each process of the service takes it at start, and it is the threads of ONNX
-    Runtime's and OpenVINO's runs (and a Predictor's math library: inference.create) whose model's options name
-    none; a model's own wins. The control: unset, every core this process may use."""
-    import os
-
+    Runtime's and OpenVINO's runs whose model's options name none; a model's own wins. (A Predictor's math
+    library takes the same ``runtimes.default_threads()``: inference.create, not checked here.) The control:
+    unset, every core this process may use."""
     cores = len(os.sched_getaffinity(0))
     # Counts other than the control's, on a machine of one core too; OpenVINO takes at most the cores.
     others, own = (1, 2) if cores > 1 else (2, 1)
