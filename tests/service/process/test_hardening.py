@@ -150,22 +150,26 @@ def bucket_holding(cumulative: dict[str, float], q: float) -> float:
 
 def most_served_ahead(results: list[tuple], read_delay: float) -> int:
     """The most requests that one admitted request saw answered on its device while it waited: those
-    answered between its arrival and its own answer, by the client's clock. The device's queue is FIFO
-    and holds at most ``QUEUE`` requests, its worker one more, one request a pass: at most ``QUEUE + 1``
-    are ahead of a request admitted. Its arrival is taken ``read_delay`` after it was sent (the longest
-    the service took to read a request during the load, which its refusals show), so that what the
-    device answered while the request waited unread is not counted. A count of passes, not a time: a
-    pass's length drifts with the machine's other work (beside a busy loop the slowest admitted request
-    took twice the median's time), the number of passes a queue holds does not. A service that admitted
-    more than its queues hold answers more than these ahead of the requests it admitted last."""
-    done: dict[str, list[float]] = {}
+    sent before it and answered between its arrival and its own answer, by the client's clock. The
+    device's queue is FIFO and holds at most ``QUEUE`` requests, its worker one more, one request a pass:
+    at most ``QUEUE + 1`` are ahead of a request admitted. Its arrival is taken ``read_delay`` after it
+    was sent (the longest the service took to read a request during the load, which its refusals show),
+    so that what the device answered while the request waited unread is not counted. Requests sent after
+    it are not counted either: the client reads answers that arrive together in any order (beside a busy
+    loop a stalled client once took answers to requests behind one in the same burst, and counted 9
+    ahead of a queue of 4). A count of passes, not a time: a pass's length drifts with the machine's
+    other work (beside a busy loop the slowest admitted request took twice the median's time), the number
+    of passes a queue holds does not. A service that admitted more than its queues hold answers more than
+    these ahead of the requests it admitted last, and those were all sent before them."""
+    done: dict[str, list[tuple[float, float]]] = {}
     admitted = []
     for status, latency, _, body, sent in results:
         if status == 200:
             device = json.loads(body)["device"]
-            done.setdefault(device, []).append(sent + latency)
-            admitted.append((device, sent + read_delay, sent + latency))
-    return max((sum(arrived < t < answered for t in done[device]) for device, arrived, answered in admitted),
+            done.setdefault(device, []).append((sent, sent + latency))
+            admitted.append((device, sent, sent + read_delay, sent + latency))
+    return max((sum(other_sent < sent and arrived < t < answered for other_sent, t in done[device])
+                for device, sent, arrived, answered in admitted),
                default=0)
 
 
