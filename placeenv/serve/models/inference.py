@@ -112,6 +112,11 @@ def why_jit(device: str, accelerators: int) -> str | None:
 
 def create(program: Path, place, options: InferenceOptions) -> paddle.inference.Predictor:
     """A Predictor of the saved program at ``program`` (its path prefix) on ``place``."""
+    return paddle.inference.create_predictor(predictor_config(program, place, options))
+
+
+def predictor_config(program: Path, place, options: InferenceOptions) -> paddle.inference.Config:
+    """The Paddle Inference config ``create`` builds its Predictor from."""
     json = program.with_suffix(".json")
     params = program.with_suffix(".pdiparams")
     config = paddle.inference.Config(str(json), str(params) if params.is_file() else "")
@@ -144,4 +149,4 @@ def create(program: Path, place, options: InferenceOptions) -> paddle.inference.
                                                   {n: r.opt for n, r in trt.shapes.items()})
     else:
         config.enable_custom_device(kind, int(index or 0))
-    return paddle.inference.create_predictor(config)
+    return config

@@ -32,7 +32,7 @@ from support.servers import ServiceProcess
 from support.threads import longest_stall
 
 from placeenv import PlaceEnv
-from placeenv.serve.models import choice, runtimes, scan
+from placeenv.serve.models import choice, inference, runtimes, scan
 from placeenv.tensors import host_tensor
 
 RNG = np.random.default_rng(0)
@@ -530,9 +530,9 @@ print(runtimes.default_threads())
 
 def test_the_services_cpu_threads_is_every_runtimes_default(tmp_path, monkeypatch):
     """PLACEENV_CPU_THREADS: each process of the service takes it at start, and it is the threads of ONNX
-    Runtime's and OpenVINO's runs whose model's options name none; a model's own wins. (A Predictor's math
-    library takes the same ``runtimes.default_threads()``: inference.create, not checked here.) The control:
-    unset, every core this process may use."""
+    Runtime's and OpenVINO's runs and of a Predictor's math library (the config ``inference.create`` builds
+    it from) whose model's options name none; a model's own wins. The control: unset, every core this
+    process may use."""
     cores = len(os.sched_getaffinity(0))
     # Counts other than the control's, on a machine of one core too; OpenVINO takes at most the cores.
     others, own = (1, 2) if cores > 1 else (2, 1)
@@ -547,15 +547,20 @@ def test_the_services_cpu_threads_is_every_runtimes_default(tmp_path, monkeypatc
         assert int(found.stdout.split()[-1]) == expected, (given, found.stdout)
 
     _dynamic_relu(tmp_path / "relu.onnx")
+    paddle.jit.save(paddle.nn.Linear(2, 2), str(tmp_path / "model"),
+                    input_spec=[paddle.static.InputSpec([None, 2], "float32")])
 
-    def threads(options: runtimes.RuntimeOptions) -> tuple[int, int]:
+    def threads(cpu_threads: int | None = None) -> tuple[int, int, int]:
+        options = runtimes.RuntimeOptions(cpu_threads=cpu_threads)
         ort = runtimes.OnnxRuntimeSession(tmp_path / "relu.onnx", "cpu", options)
         openvino = runtimes.OpenVinoSession(tmp_path / "relu.onnx", "cpu", options)
+        predictor = inference.predictor_config(tmp_path / "model", paddle.CPUPlace(),
+                                     inference.InferenceOptions(cpu_threads=cpu_threads))
         return (ort.session.get_session_options().intra_op_num_threads,
-                int(openvino.compiled.get_property("INFERENCE_NUM_THREADS")))
+                int(openvino.compiled.get_property("INFERENCE_NUM_THREADS")), predictor.cpu_math_library_num_threads())
 
     monkeypatch.delenv("PLACEENV_CPU_THREADS", raising=False)
-    assert threads(runtimes.RuntimeOptions()) == (cores, cores)  # the control
+    assert threads() == (cores, cores, cores)  # the control
     monkeypatch.setenv("PLACEENV_CPU_THREADS", str(others))  # as set_up_process sets it
-    assert threads(runtimes.RuntimeOptions()) == (others, min(others, cores))
-    assert threads(runtimes.RuntimeOptions(cpu_threads=own)) == (own, min(own, cores))  # the model's own
+    assert threads() == (others, min(others, cores), others)
+    assert threads(own) == (own, min(own, cores), own)  # the model's own
