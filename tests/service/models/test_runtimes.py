@@ -555,7 +555,7 @@ def test_the_services_cpu_threads_is_every_runtimes_default(tmp_path, monkeypatc
         ort = runtimes.OnnxRuntimeSession(tmp_path / "relu.onnx", "cpu", options)
         openvino = runtimes.OpenVinoSession(tmp_path / "relu.onnx", "cpu", options)
         predictor = inference.predictor_config(tmp_path / "model", paddle.CPUPlace(),
-                                     inference.InferenceOptions(cpu_threads=cpu_threads))
+                                               inference.InferenceOptions(cpu_threads=cpu_threads))
         return (ort.session.get_session_options().intra_op_num_threads,
                 int(openvino.compiled.get_property("INFERENCE_NUM_THREADS")), predictor.cpu_math_library_num_threads())
 
