@@ -71,11 +71,12 @@ def _parameters(parameters) -> dict:
             for key, value in parameters.items()}
 
 
-#: A call's gRPC deadline is the request's, a little early (a share of what is left, at most a bound):
-#: gRPC's own timer cancels the call a little either side of the time ``time_remaining()`` gives, and the
-#: service answers at the request's deadline before it, so a call that its deadline ends is always
-#: answered and counted as that deadline's, never as a client that left.
-EARLY, EARLY_MAX_S = 0.05, 0.01
+#: A call's gRPC deadline is the request's, a little early (a share of what is left, at most a bound): the
+#: client cancels the call when its deadline passes by its own clock, and the service reads the time left
+#: from the call's header, which reaches it later than the client sent it, by more than a few milliseconds
+#: on a loaded machine. An answer at the deadline itself would then come after the client's cancel, and the
+#: call would count as a client that left; answered before either, it counts as that deadline's.
+EARLY, EARLY_MAX_S = 0.05, 0.05
 
 
 def parameter(parameters, key: str):

@@ -123,7 +123,8 @@ def queued(proc: ServiceProcess, count: int) -> None:
 def counted(proc: ServiceProcess, name: str, before: float, more: int, **labels) -> None:
     """Wait until series ``name`` (with ``labels``) is ``before`` + ``more``; fail if it passes it."""
     wait_until(lambda: proc.total(name, **labels) >= before + more, WAIT_S,
-               lambda: f"{name}{labels} is {proc.total(name, **labels)}, not {before} + {more}")
+               lambda: f"{name}{labels} is {proc.total(name, **labels)}, not {before} + {more}; cancelled by "
+               f"stage: {proc.by_label('inference_cancelled_requests_total', 'stage')}")
     assert proc.total(name, **labels) == before + more, (name, labels)
 
 
