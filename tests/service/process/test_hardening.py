@@ -155,9 +155,9 @@ def most_served_ahead(results: list[tuple], read_delay: float) -> int:
     at most ``QUEUE + 1`` are ahead of a request admitted. Its arrival is taken ``read_delay`` after it
     was sent (the longest the service took to read a request during the load, which its refusals show),
     so that what the device answered while the request waited unread is not counted. Requests sent after
-    it are not counted either: the client reads answers that arrive together in any order (beside a busy
-    loop a stalled client once took answers to requests behind one in the same burst, and counted 9
-    ahead of a queue of 4). A count of passes, not a time: a pass's length drifts with the machine's
+    it are not counted either: the client reads answers that arrive together in any order (in CI a stalled
+    client once read a burst of answers, among them those to requests behind one, and counted 9 ahead of
+    a queue of 4). A count of passes, not a time: a pass's length drifts with the machine's
     other work (beside a busy loop the slowest admitted request took twice the median's time), the number
     of passes a queue holds does not. A service that admitted more than its queues hold answers more than
     these ahead of the requests it admitted last, and those were all sent before them."""
